@@ -1,0 +1,200 @@
+"""The actor process: batched envs, one policy call per batch step, Reverb writing.
+
+An actor needs only the learner's address: it registers, receives the run
+configuration (env, replay address, table, envs per actor, unroll length),
+subscribes to weights on a background thread (new versions are swapped in
+between steps, collection never pauses for them), and streams every batch step
+into Reverb with one `TrajectoryWriter` appending [B, ...] arrays (one append
+per batch step, ~1 µs per env step, against ~40 µs with one writer per env).
+Every `unroll_length` steps it creates an item of the last T+1 steps.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import reverb
+
+from actors.envs import make_batched_env
+from actors.policy import sample_actions, to_env_action
+from proto import arrays as proto_arrays
+from proto import rlfleet_pb2, rlfleet_pb2_grpc
+
+log = logging.getLogger("rlfleet.actor")
+
+HEARTBEAT_S = 1.0
+
+
+class ActorError(RuntimeError):
+    """An actor setup problem with a message that says how to fix it."""
+
+
+class _WeightsSubscriber(threading.Thread):
+    """Keeps the latest (version, arrays) from the learner's StreamWeights RPC; reconnects with backoff."""
+
+    def __init__(self, stub, actor_id: int, stop: threading.Event):
+        super().__init__(daemon=True, name="weights")
+        self.stub, self.actor_id, self.stop = stub, actor_id, stop
+        self.latest: tuple[int, dict] | None = None
+        self.ready = threading.Event()
+
+    def run(self):
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                min_version = self.latest[0] + 1 if self.latest else 0
+                for msg in self.stub.StreamWeights(rlfleet_pb2.StreamWeightsRequest(
+                        actor_id=self.actor_id, min_version=min_version)):
+                    self.latest = proto_arrays.from_proto(msg)
+                    self.ready.set()
+                    backoff = 0.5
+                    if self.stop.is_set():
+                        return
+            except grpc.RpcError as e:
+                log.warning("weights stream interrupted (%s); retrying in %.1fs", e.code(), backoff)
+            self.stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+class Actor:
+    """One actor process.
+
+    Args:
+        learner_address: host:port of the learner service.
+        num_envs: 0 to take the run's envs per actor; otherwise must equal it.
+        replay_address: override the replay address the learner announces
+            (an actor on another machine may reach Reverb under another name).
+        backend: override the env backend ("async" or "sync").
+        connect_timeout_s: how long to wait for the learner before failing.
+    Raises:
+        ActorError: learner unreachable, or registration refused.
+    """
+
+    def __init__(self, learner_address: str, num_envs: int = 0, replay_address: str | None = None,
+                 backend: str | None = None, connect_timeout_s: float = 30.0):
+        self.channel = grpc.insecure_channel(learner_address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            raise ActorError(f"learner {learner_address} unreachable after {connect_timeout_s:.0f}s; "
+                             "check the address (rlfleet up prints it) and that the learner runs.") from None
+        self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
+        self.host = socket.gethostname()
+        try:
+            resp = self.stub.RegisterActor(rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs))
+        except grpc.RpcError as e:
+            raise ActorError(f"learner refused registration: {e.details()}") from None
+        self.actor_id, self.config = resp.actor_id, resp.config
+        self.replay_address = replay_address or self.config.replay_address
+        self.backend = backend or self.config.env_backend or "async"
+        net = json.loads(self.config.network_json)
+        self.low = np.asarray(net["action_low"], np.float32)
+        self.high = np.asarray(net["action_high"], np.float32)
+        self.obs_dim = net["obs_dim"]
+        self.stop = threading.Event()
+        self.env_steps = 0
+        self.policy_version = -1
+        self.pending_returns: list[float] = []
+        self.pending_lengths: list[int] = []
+        self.lock = threading.Lock()
+
+    def _heartbeat_loop(self):
+        while not self.stop.wait(HEARTBEAT_S):
+            self._heartbeat()
+
+    def _heartbeat(self):
+        with self.lock:
+            returns, lengths = self.pending_returns, self.pending_lengths
+            self.pending_returns, self.pending_lengths = [], []
+        try:
+            resp = self.stub.Heartbeat(rlfleet_pb2.HeartbeatRequest(
+                actor_id=self.actor_id, env_steps=self.env_steps, policy_version=self.policy_version,
+                episode_returns=returns, episode_lengths=lengths, num_envs=self.config.num_envs,
+                host=self.host), timeout=5)
+            if resp.stop:
+                self.stop.set()
+        except grpc.RpcError as e:
+            with self.lock:  # keep the returns for the next heartbeat
+                self.pending_returns = returns + self.pending_returns
+                self.pending_lengths = lengths + self.pending_lengths
+            log.warning("heartbeat failed: %s", e.code())
+
+    def _wait_written(self, writer) -> bool:
+        """Blocks until at most 1 item is in flight (rate-limiter backpressure); False if stopping."""
+        while True:
+            try:
+                writer.flush(block_until_num_items=1, timeout_ms=500)
+                return True
+            except reverb.errors.DeadlineExceededError:
+                if self.stop.is_set():
+                    return False
+
+    def run(self) -> int:
+        """Collects until the learner says stop or SIGTERM/SIGINT; returns env steps taken."""
+        cfg = self.config
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop.set())
+        venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+        try:
+            if venv.single_observation_space.shape != (self.obs_dim,):
+                raise ActorError(f"env {cfg.env_id} here has observations of shape "
+                                 f"{venv.single_observation_space.shape}, the learner expects "
+                                 f"({self.obs_dim},): install the same gymnasium/mujoco versions.")
+            weights = _WeightsSubscriber(self.stub, self.actor_id, self.stop)
+            weights.start()
+            threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+            while not weights.ready.wait(0.5):
+                if self.stop.is_set():
+                    return 0
+            print(f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
+                  f"-> {self.replay_address}", flush=True)
+            self._collect(venv, weights)
+        finally:
+            self.stop.set()
+            venv.close()
+            self._heartbeat()  # final steps and episodes
+        return self.env_steps
+
+    def _collect(self, venv, weights: _WeightsSubscriber) -> None:
+        cfg = self.config
+        t, b = cfg.unroll_length, cfg.num_envs
+        rng = np.random.default_rng(cfg.seed)
+        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(b)])
+        episode_return = np.zeros(b, np.float64)
+        episode_length = np.zeros(b, np.int64)
+        client = reverb.Client(self.replay_address)
+        appended = 0
+        with client.trajectory_writer(num_keep_alive_refs=t + 1) as writer:
+            while not self.stop.is_set():
+                version, arrays = weights.latest
+                self.policy_version = version
+                action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
+                next_obs, reward, terminated, truncated, _ = venv.step(to_env_action(action, self.low, self.high))
+                done = np.logical_or(terminated, truncated)
+                writer.append(dict(
+                    observation=np.asarray(obs, np.float32), action=action,
+                    reward=np.asarray(reward, np.float32), done=done,
+                    behaviour_log_prob=log_prob, behaviour_mean=mean, behaviour_log_std=log_std,
+                    policy_version=np.full(b, version, np.int64)))
+                appended += 1
+                if appended > t and (appended - 1) % t == 0:
+                    writer.create_item(cfg.table, 1.0, {k: col[-(t + 1):] for k, col in writer.history.items()})
+                    if not self._wait_written(writer):
+                        break
+                obs = next_obs
+                episode_return += reward
+                episode_length += 1
+                self.env_steps += b
+                if done.any():
+                    with self.lock:
+                        self.pending_returns.extend(episode_return[done].tolist())
+                        self.pending_lengths.extend(episode_length[done].tolist())
+                    episode_return[done] = 0.0
+                    episode_length[done] = 0

@@ -1,0 +1,192 @@
+"""The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+
+import click
+
+ALGOS = ("ppo",)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"rlfleet: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _quiet_tf() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _parse_overrides(items: tuple[str, ...]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            _fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set learning_rate=1e-4")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _check_algo(algo: str) -> None:
+    if algo not in ALGOS:
+        _fail(f"--algo {algo}: not available in this version (available: {', '.join(ALGOS)}).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+_common = [
+    click.option("--algo", default="ppo", show_default=True, help="Algorithm: ppo (BatchPPO)."),
+    click.option("--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5."),
+    click.option("--config", "preset", default="default", show_default=True,
+                 help="Hyperparameter preset: default or paper (BatchPPO reference values)."),
+    click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                 help="Override one preset value (repeatable), e.g. --set learning_rate=1e-4."),
+]
+
+
+def common(f):
+    for opt in reversed(_common):
+        f = opt(f)
+    return f
+
+
+@main.command()
+@common
+@click.option("--total-steps", type=int, required=True, help="Env steps to train for.")
+@click.option("--logdir", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
+@click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
+@click.option("--env-backend", default="async", show_default=True,
+              type=click.Choice(["async", "sync"]), help="async: one process per env (BatchPPO); sync: in-process.")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continue from the latest checkpoint of this run directory.")
+@click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
+def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_per_actor, seed,
+       learner_port, env_backend, resume, report_interval):
+    """Run replay, learner and actors as local processes until --total-steps env steps."""
+    _quiet_tf()
+    _check_algo(algo)
+    from deploy.launcher import LaunchError, launch
+    overrides = _parse_overrides(overrides)
+    if envs_per_actor is not None:
+        overrides["envs_per_actor"] = envs_per_actor
+    if total_steps <= 0 or num_actors <= 0:
+        _fail("--total-steps and --actors must be positive.")
+    try:
+        code = launch(algo=algo, env_id=env_id, preset=preset, overrides=overrides, total_steps=total_steps,
+                      logdir=logdir, num_actors=num_actors, seed=seed, learner_port=learner_port,
+                      env_backend=env_backend, resume=resume, report_interval=report_interval)
+    except LaunchError as e:
+        _fail(str(e))
+    sys.exit(code)
+
+
+@main.command("replay")
+@common
+@click.option("--port", type=int, required=True, help="Port to serve Reverb on.")
+@click.option("--queue-items", type=int, default=None,
+              help="Queue capacity in items (default: one update batch): how far actors may run ahead.")
+def replay_cmd(algo, env_id, preset, overrides, port, queue_items):
+    """Run the Reverb replay server (tables for --algo/--env)."""
+    _quiet_tf()
+    _check_algo(algo)
+    from actors.envs import EnvError, env_spec
+    from learner.presets import make_config
+    from replay.server import ppo_tables, serve
+    try:
+        spec = env_spec(env_id)
+        cfg = make_config(preset, env_id, _parse_overrides(overrides))
+        items = queue_items or queue_items_for(cfg)
+        tables = ppo_tables(spec.obs_shape[0], spec.action_dim, cfg.envs_per_actor, cfg.unroll_length, items)
+    except (EnvError, ValueError) as e:
+        _fail(str(e))
+    serve(tables, port)
+
+
+def queue_items_for(cfg) -> int:
+    """Default queue capacity: enough items for one update batch (at least 2)."""
+    per_item = cfg.envs_per_actor * cfg.unroll_length
+    steps = cfg.batch_env_steps or 1000 * max(cfg.batch_episodes, 1)
+    return max(2, math.ceil(steps / per_item))
+
+
+@main.command("learner")
+@common
+@click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
+@click.option("--replay-for-actors", default=None, help="Replay address as actors dial it (default: --replay).")
+@click.option("--logdir", required=True, type=click.Path(file_okay=False))
+@click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
+@click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None)
+@click.option("--env-backend", default="async", show_default=True, type=click.Choice(["async", "sync"]))
+@click.option("--report-interval", default=5.0, show_default=True, type=float)
+@click.option("--checkpoint-interval", default=120.0, show_default=True, type=float, help="Seconds.")
+@click.option("--linger", default=0.0, type=float, help="Seconds to keep serving after the run ends.")
+@click.option("--port-file", default=None, help="Write the bound port here once serving.")
+def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_actors, logdir, total_steps,
+                port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file):
+    """Run the learner service (BatchPPO) against a running replay server."""
+    _quiet_tf()
+    _check_algo(algo)
+    from actors.envs import EnvError
+    from learner.service import Learner, LearnerError
+    try:
+        learner = Learner(env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
+                          preset=preset, overrides=_parse_overrides(overrides), seed=seed, resume=resume,
+                          report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval,
+                          replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger)
+        if port_file:
+            with open(port_file, "w") as f:
+                f.write(str(learner.port))
+        learner.run()
+    except (EnvError, ValueError, LearnerError) as e:
+        _fail(str(e))
+
+
+@main.command("actor")
+@click.option("--learner", "learner_address", required=True, help="Learner host:port.")
+@click.option("--replay", "replay_address", default=None, help="Override the replay address the learner announces.")
+@click.option("--num-envs", type=int, default=0, help="Must match the run's envs per actor (default: take it).")
+@click.option("--env-backend", default=None, type=click.Choice(["async", "sync"]))
+@click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
+def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout):
+    """Run one actor that joins the learner at --learner."""
+    _quiet_tf()
+    from actors.actor import Actor, ActorError
+    try:
+        Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout).run()
+    except ActorError as e:
+        _fail(str(e))
+
+
+@main.command("status")
+@click.option("--learner", "learner_address", required=True, help="Learner host:port.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON (snake_case fields).")
+@click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
+def status_cmd(learner_address, as_json, timeout):
+    """Query the learner's status RPC."""
+    from deploy.status import StatusError, format_status, get_status
+    try:
+        st = get_status(learner_address, timeout)
+    except StatusError as e:
+        _fail(str(e))
+    click.echo(json.dumps(st, indent=2) if as_json else format_status(st))
+
+
+if __name__ == "__main__":
+    main()

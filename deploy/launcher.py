@@ -1,0 +1,185 @@
+"""`rlfleet up`: the whole cluster as local OS processes on loopback ports.
+
+Starts `rlfleet replay`, `rlfleet learner` and K `rlfleet actor` processes (the
+same commands docker-compose runs), prints the learner address, shows progress
+until the learner reaches the env-step budget and finishes its final
+evaluation, then stops everything. A child that dies makes `up` fail with that
+child's log; Ctrl-C stops the actors, lets the learner checkpoint, stops replay.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import portpicker
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from actors.envs import EnvError, env_spec, require_continuous
+from deploy.status import StatusError, get_status
+from learner.presets import make_config
+
+LOOPBACK = "127.0.0.1"
+
+
+class LaunchError(RuntimeError):
+    """`up` could not start or lost a process; the message names the cause."""
+
+
+class _Child:
+    def __init__(self, name: str, args: list[str], logdir: str):
+        self.name = name
+        self.log_path = os.path.join(logdir, "logs", f"{name}.log")
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def tail(self, n: int = 25) -> str:
+        with open(self.log_path, "rb") as f:
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _fail_child(child: _Child) -> LaunchError:
+    return LaunchError(f"the {child.name} process exited with code {child.proc.returncode}; "
+                       f"last lines of {child.log_path}:\n{child.tail()}")
+
+
+def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        for c in children:
+            if c.proc.poll() is not None:
+                raise _fail_child(c)
+        if time.time() > deadline:
+            raise LaunchError(f"{what} did not become ready within {timeout:.0f}s; see {children[-1].log_path}")
+        time.sleep(0.3)
+
+
+def _replay_ready(address: str) -> bool:
+    import reverb
+    try:
+        reverb.Client(address).server_info(timeout=1)
+        return True
+    except Exception:
+        return False
+
+
+def _learner_ready(address: str) -> bool:
+    with grpc.insecure_channel(address) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+
+def _fmt(x, fmt="{:,.1f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def progress_line(st: dict, total_steps: int) -> str:
+    """One progress row for people: env steps, speed, learner steps, returns."""
+    return (f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
+            f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
+            f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
+            f"eval {_fmt(st['eval_return_mean'])}")
+
+
+def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
+           num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "async",
+           resume: str | None = None, report_interval: float = 5.0) -> int:
+    """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
+
+    Raises:
+        LaunchError: bad env/preset (before anything starts), or a child died.
+    """
+    try:
+        spec = env_spec(env_id)
+        require_continuous(spec, algo)
+        cfg = make_config(preset, env_id, overrides)
+    except (EnvError, ValueError) as e:
+        raise LaunchError(str(e)) from None
+    os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
+    replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
+    learner_address = f"{LOOPBACK}:{learner_port or portpicker.pick_unused_port()}"
+    sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
+    children: list[_Child] = []
+    actors: list[_Child] = []
+    try:
+        replay = _Child("replay", ["replay", *common, "--port", replay_address.split(":")[1]], logdir)
+        children.append(replay)
+        _wait_until(lambda: _replay_ready(replay_address), children, "the replay server", 120)
+        learner_args = ["learner", *common, "--replay", replay_address, "--logdir", logdir,
+                        "--total-steps", str(total_steps), "--port", learner_address.split(":")[1],
+                        "--bind", LOOPBACK, "--seed", str(seed), "--env-backend", env_backend,
+                        "--report-interval", str(report_interval), "--linger", "3"]
+        if resume:
+            learner_args += ["--resume", resume]
+        learner = _Child("learner", learner_args, logdir)
+        children.append(learner)
+        _wait_until(lambda: _learner_ready(learner_address), children, "the learner", 180)
+        print(f"rlfleet up: learner at {learner_address} (query it: rlfleet status --learner {learner_address})",
+              flush=True)
+        print(f"rlfleet up: {num_actors} actor(s) x {cfg.envs_per_actor} {env_id} envs; logs in "
+              f"{os.path.join(logdir, 'logs')}", flush=True)
+        for i in range(num_actors):
+            actor = _Child(f"actor-{i}", ["actor", "--learner", learner_address], logdir)
+            actors.append(actor)
+            children.append(actor)
+        next_report = time.time() + report_interval
+        while learner.proc.poll() is None:
+            for c in children:
+                if c is not learner and c.proc.poll() not in (None, 0):
+                    raise _fail_child(c)
+            if replay.proc.poll() is not None:
+                raise _fail_child(replay)
+            if time.time() >= next_report:
+                next_report = time.time() + report_interval
+                try:
+                    print(progress_line(get_status(learner_address, 5), total_steps), flush=True)
+                except StatusError as e:
+                    if learner.proc.poll() is None:
+                        print(f"rlfleet up: status unavailable: {e}", flush=True)
+            time.sleep(0.2)
+        if learner.proc.returncode != 0:
+            raise _fail_child(learner)
+        for a in actors:  # they were told to stop; give them a moment to flush
+            try:
+                a.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        summary_path = os.path.join(logdir, "summary.json")
+        with open(summary_path) as f:
+            summary = json.load(f)
+        print(f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
+              f"final eval return {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
+              f"episodes, {summary['wall_seconds']:.0f}s. Summary: {summary_path}", flush=True)
+        return 0
+    except KeyboardInterrupt:
+        print("\nrlfleet up: interrupted; stopping actors, checkpointing the learner...", flush=True)
+        for a in actors:
+            a.stop(10)
+        for c in children:
+            if c.name == "learner":
+                c.stop(120)
+        print(f"rlfleet up: stopped. Resume with: rlfleet up ... --resume {logdir} --logdir {logdir}", flush=True)
+        return 130
+    finally:
+        for c in reversed(children):
+            c.stop(30 if c.name == "learner" else 10)

@@ -1,0 +1,80 @@
+"""Client side of the learner's GetStatus RPC: fetch and format."""
+from __future__ import annotations
+
+import math
+
+import grpc
+from google.protobuf import json_format
+
+from proto import rlfleet_pb2, rlfleet_pb2_grpc
+
+
+class StatusError(RuntimeError):
+    """The learner could not be queried."""
+
+
+def get_status(address: str, timeout_s: float = 5.0) -> dict:
+    """Calls GetStatus on the learner at `address`.
+
+    Returns:
+        dict with the snake_case fields of ARCHITECTURE.md (NaN for values not yet known).
+    Raises:
+        StatusError: unreachable learner or RPC failure within `timeout_s` seconds.
+    """
+    with grpc.insecure_channel(address) as channel:
+        try:
+            msg = rlfleet_pb2_grpc.LearnerStub(channel).GetStatus(
+                rlfleet_pb2.GetStatusRequest(), timeout=timeout_s, wait_for_ready=False)
+        except grpc.RpcError as e:
+            raise StatusError(f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
+                              "check the address that `rlfleet up` printed and that the learner runs.") from None
+    return _to_dict(msg)
+
+
+def _to_dict(msg) -> dict:
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, including_default_value_fields=True)
+    # int64 fields come back as strings in proto JSON; scripts want numbers.
+    def fix(obj, desc):
+        for f in desc.fields:
+            if f.name not in obj:
+                continue
+            if f.message_type is not None and f.label == f.LABEL_REPEATED:
+                for sub in obj[f.name]:
+                    fix(sub, f.message_type)
+            elif f.type in (f.TYPE_INT64, f.TYPE_UINT64):
+                obj[f.name] = int(obj[f.name])
+            elif f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT) and isinstance(obj[f.name], str):
+                obj[f.name] = float(obj[f.name])  # "NaN"
+    fix(d, msg.DESCRIPTOR)
+    return d
+
+
+def _num(x, fmt="{:,.0f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def format_status(st: dict) -> str:
+    """A readable multi-line table of a status dict."""
+    lines = [
+        f"algo {st['algo']}  env {st['env_id']}  phase {st['phase']}  uptime {_num(st['uptime_seconds'])} s",
+        f"env steps {_num(st['env_steps'])} ({_num(st['env_steps_per_second'])}/s)   "
+        f"learner steps {_num(st['learner_steps'])} ({_num(st['learner_steps_per_second'], '{:,.1f}')}/s)   "
+        f"weights version {st['weights_version']}",
+        f"episode return (recent) {_num(st['episode_return_mean'], '{:,.1f}')}   "
+        f"eval return {_num(st['eval_return_mean'], '{:,.1f}')}   "
+        f"dropped env steps (policy lag) {_num(st.get('dropped_env_steps', 0))}",
+    ]
+    if st["algo"] == "qdagger":
+        lines.append(f"distillation coefficient {st['distillation_coefficient']:.3f}")
+    lines.append("")
+    lines.append(f"{'actor':>5}  {'host':<20} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}")
+    for a in st.get("actors", []):
+        lines.append(f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a['num_envs']:>5} {a['policy_version']:>10} "
+                     f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s")
+    if not st.get("actors"):
+        lines.append("  (no actors)")
+    lines.append("")
+    lines.append(f"{'replay table':<20} {'size':>8} {'max':>8} {'inserts':>10} {'samples':>10}")
+    for t in st.get("replay", []):
+        lines.append(f"{t['table']:<20} {t['size']:>8} {t['max_size']:>8} {t['inserts']:>10} {t['samples']:>10}")
+    return "\n".join(lines)

@@ -1,0 +1,245 @@
+"""Pure TensorFlow 2 math for the BatchPPO learner.
+
+All functions work on float32 tensors, eagerly and inside ``tf.function``.
+Algorithm details follow the BatchPPO paper ("TensorFlow Agents: Efficient
+Batched Reinforcement Learning in TensorFlow", Hafner, Davidson & Vanhoucke,
+2017) and its reference configs: diagonal Gaussian policy, advantage =
+discounted return - V (GAE optional), policy loss
+-E[ratio * A] + beta * KL(old || new) + 1000 * max(0, KL - 2 * kl_target)^2,
+beta adapted by x1.5 / /1.5 around [0.7, 1.3] * kl_target.
+"""
+
+import math
+
+import tensorflow as tf
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _f32(x):
+    return tf.cast(tf.convert_to_tensor(x), tf.float32)
+
+
+def gaussian_log_prob(mean, log_std, actions):
+    """Log density of a diagonal Gaussian, summed over the action axis.
+
+    Args:
+      mean: float32 [..., A].
+      log_std: float32, broadcastable to [..., A] (e.g. [A] for a
+        state-independent std as in BatchPPO).
+      actions: float32 [..., A].
+    Returns:
+      float32 [...]: sum_a -0.5 * ((x - mu) / sigma)^2 - log sigma - 0.5 log 2pi.
+    Raises:
+      tf.errors.InvalidArgumentError / ValueError if shapes do not broadcast.
+    Source: standard diagonal-Gaussian policy used by BatchPPO (Hafner et al. 2017).
+    """
+    mean, log_std, actions = _f32(mean), _f32(log_std), _f32(actions)
+    z = (actions - mean) * tf.exp(-log_std)
+    per_dim = -0.5 * tf.square(z) - log_std - 0.5 * _LOG_2PI
+    per_dim = per_dim + tf.zeros_like(mean)  # broadcast to [..., A]
+    return tf.reduce_sum(per_dim, axis=-1)
+
+
+def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
+    """Closed-form KL(p || q) of diagonal Gaussians, summed over the last axis.
+
+    KL = sum_a [log(s_q / s_p) + (s_p^2 + (mu_p - mu_q)^2) / (2 s_q^2) - 1/2].
+
+    Args:
+      mean_p, mean_q: float32 [..., A].
+      log_std_p, log_std_q: float32, broadcastable to [..., A].
+    Returns:
+      float32 [...], >= 0; exactly 0 when p == q.
+    Raises:
+      tf.errors.InvalidArgumentError / ValueError if shapes do not broadcast.
+    Source: BatchPPO penalises KL(old || new) between the behaviour (old) and
+    current (new) policies (Hafner et al. 2017): pass old as p, new as q.
+    """
+    mean_p, log_std_p = _f32(mean_p), _f32(log_std_p)
+    mean_q, log_std_q = _f32(mean_q), _f32(log_std_q)
+    var_ratio = tf.exp(2.0 * (log_std_p - log_std_q))
+    mean_term = tf.square(mean_p - mean_q) * tf.exp(-2.0 * log_std_q)
+    per_dim = (log_std_q - log_std_p) + 0.5 * (var_ratio + mean_term) - 0.5
+    per_dim = per_dim + tf.zeros_like(mean_p) + tf.zeros_like(mean_q)
+    return tf.reduce_sum(per_dim, axis=-1)
+
+
+def gaussian_entropy(log_std):
+    """Entropy of a diagonal Gaussian, summed over the last axis.
+
+    Args:
+      log_std: float32 [..., A].
+    Returns:
+      float32 [...]: sum_a log_std + 0.5 * (1 + log 2pi).
+    Raises: nothing beyond TensorFlow conversion errors.
+    Source: standard Gaussian entropy; BatchPPO logs it as a diagnostic.
+    """
+    log_std = _f32(log_std)
+    return tf.reduce_sum(log_std + 0.5 * (1.0 + _LOG_2PI), axis=-1)
+
+
+def _backward_scan(fn, elems, initial):
+    """Scan ``fn(carry, elem)`` over the time axis from t = T-1 down to 0."""
+    return tf.scan(fn, elems, initializer=initial, reverse=True)
+
+
+def gae_advantages(rewards, values, bootstrap_value, dones, discount, lambda_):
+    """Generalised advantage estimation with episode resets.
+
+    delta_t = r_t + discount * (1 - d_t) * V_{t+1} - V_t   (V_T = bootstrap_value)
+    A_t     = delta_t + discount * lambda_ * (1 - d_t) * A_{t+1}
+    computed with a backward ``tf.scan``; returns = A + values.
+
+    With lambda_ = 1 the advantages equal the discounted return (reset at
+    episode ends, bootstrapped with V(obs_T)) minus V, which is the BatchPPO
+    advantage definition (Hafner et al. 2017; GAE is optional there). With
+    lambda_ = 0 they equal the one-step TD error.
+
+    Args:
+      rewards: float32 [T, B].
+      values: float32 [T, B], V(obs_t).
+      bootstrap_value: float32 [B], V(obs_T).
+      dones: float or bool [T, B]; 1 where the episode ended after step t, so
+        nothing is bootstrapped across it.
+      discount, lambda_: python floats or scalar tensors.
+    Returns:
+      (advantages, returns), both float32 [T, B].
+    Raises:
+      ValueError / tf.errors.InvalidArgumentError on inconsistent shapes.
+    """
+    rewards, values = _f32(rewards), _f32(values)
+    bootstrap_value = _f32(bootstrap_value)
+    not_done = 1.0 - _f32(dones)
+    discount, lambda_ = _f32(discount), _f32(lambda_)
+    next_values = tf.concat([values[1:], bootstrap_value[None]], axis=0)
+    deltas = rewards + discount * not_done * next_values - values
+
+    def step(acc, elem):
+        delta, nd = elem
+        return delta + discount * lambda_ * nd * acc
+
+    advantages = _backward_scan(
+        step, (deltas, not_done), tf.zeros_like(bootstrap_value))
+    return advantages, advantages + values
+
+
+def discounted_returns(rewards, dones, bootstrap_value, discount):
+    """Discounted return, reset at episode ends, bootstrapped at the end.
+
+    R_t = r_t + discount * (1 - d_t) * R_{t+1},  R_T = bootstrap_value.
+
+    Args:
+      rewards: float32 [T, B].
+      dones: float or bool [T, B]; 1 where the episode ended after step t.
+      bootstrap_value: float32 [B], V(obs_T) (zeros for no bootstrapping).
+      discount: python float or scalar tensor.
+    Returns:
+      float32 [T, B].
+    Raises:
+      ValueError / tf.errors.InvalidArgumentError on inconsistent shapes.
+    Source: BatchPPO advantage = this return - V (Hafner et al. 2017).
+    """
+    rewards = _f32(rewards)
+    not_done = 1.0 - _f32(dones)
+    discount = _f32(discount)
+
+    def step(acc, elem):
+        r, nd = elem
+        return r + discount * nd * acc
+
+    return _backward_scan(step, (rewards, not_done), _f32(bootstrap_value))
+
+
+def normalize_advantages(adv, eps=1e-8):
+    """(adv - mean) / (std + eps) over all elements (any shape, float32).
+
+    Returns a float32 tensor of the same shape. BatchPPO normalises the
+    advantages over the whole update batch (Hafner et al. 2017 configs).
+    """
+    adv = _f32(adv)
+    mean, var = tf.nn.moments(tf.reshape(adv, [-1]), axes=[0])
+    return (adv - mean) / (tf.sqrt(var) + eps)
+
+
+def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
+                        kl_target, cutoff_factor=2.0, cutoff_coef=1000.0):
+    """BatchPPO policy objective with adaptive KL penalty and KL cutoff.
+
+    ratio     = exp(log_prob - behaviour_log_prob)  (importance ratio to the
+                behaviour policy that collected the data)
+    surrogate = -mean(ratio * advantages)
+    penalty   = beta * mean(kl)
+    cutoff    = cutoff_coef * max(0, mean(kl) - cutoff_factor * kl_target)^2
+    loss      = surrogate + penalty + cutoff
+
+    Args:
+      log_prob: float32 [N], log pi_new(a|s) (differentiable).
+      behaviour_log_prob: float32 [N], log pi_behaviour(a|s) (treated as a
+        constant: gradients are stopped).
+      advantages: float32 [N] (constant: gradients are stopped).
+      kl: float32 [N], KL(old || new) per sample.
+      beta, kl_target: scalars.
+      cutoff_factor, cutoff_coef: BatchPPO uses 2 and 1000.
+    Returns:
+      (loss scalar float32, info dict of float32 scalars 'surrogate',
+      'kl_penalty', 'kl_cutoff', 'mean_kl', 'mean_ratio').
+    Raises:
+      ValueError / tf.errors.InvalidArgumentError on mismatched shapes.
+    Source: Hafner et al. 2017 and the BatchPPO reference configs
+    (kl_target 0.01, cutoff 1000 * max(0, KL - 2 * target)^2).
+    """
+    log_prob = _f32(log_prob)
+    behaviour_log_prob = tf.stop_gradient(_f32(behaviour_log_prob))
+    advantages = tf.stop_gradient(_f32(advantages))
+    kl = _f32(kl)
+    beta, kl_target = _f32(beta), _f32(kl_target)
+    ratio = tf.exp(log_prob - behaviour_log_prob)
+    surrogate = -tf.reduce_mean(ratio * advantages)
+    mean_kl = tf.reduce_mean(kl)
+    penalty = beta * mean_kl
+    excess = tf.maximum(0.0, mean_kl - _f32(cutoff_factor) * kl_target)
+    cutoff = _f32(cutoff_coef) * tf.square(excess)
+    loss = surrogate + penalty + cutoff
+    info = {
+        'surrogate': surrogate,
+        'kl_penalty': penalty,
+        'kl_cutoff': cutoff,
+        'mean_kl': mean_kl,
+        'mean_ratio': tf.reduce_mean(ratio),
+    }
+    return loss, info
+
+
+def adapt_kl_beta(beta, kl, kl_target, factor=1.5, low=0.7, high=1.3,
+                  min_beta=1e-4, max_beta=1e3):
+    """Adaptive KL penalty coefficient (pure python floats; numpy ok).
+
+    beta * factor if kl > high * kl_target; beta / factor if
+    kl < low * kl_target; else unchanged; then clipped to [min_beta, max_beta].
+    Returns a python float. Raises ValueError if kl_target <= 0 or
+    min_beta > max_beta.
+    Source: BatchPPO (Hafner et al. 2017): x1.5 above 1.3 * target,
+    /1.5 below 0.7 * target.
+    """
+    beta, kl, kl_target = float(beta), float(kl), float(kl_target)
+    if kl_target <= 0:
+        raise ValueError(f'kl_target must be > 0, got {kl_target}')
+    if min_beta > max_beta:
+        raise ValueError(f'min_beta {min_beta} > max_beta {max_beta}')
+    if kl > high * kl_target:
+        beta *= factor
+    elif kl < low * kl_target:
+        beta /= factor
+    return float(min(max(beta, min_beta), max_beta))
+
+
+def value_loss(values, returns):
+    """0.5 * mean((values - returns)^2); inputs float32 of equal shape.
+
+    Returns a float32 scalar; returns are treated as constants (gradients
+    stopped). BatchPPO trains a separate value MLP on this regression loss.
+    """
+    values = _f32(values)
+    returns = tf.stop_gradient(_f32(returns))
+    return 0.5 * tf.reduce_mean(tf.square(values - returns))

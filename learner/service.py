@@ -1,0 +1,414 @@
+"""The learner process: BatchPPO updates on replay data plus the Learner gRPC service.
+
+Threads:
+- main: reads batches from the replay queue, updates, publishes weights,
+  evaluates, checkpoints and writes metrics; stops at `total_steps` env steps.
+- sampler: pulls items out of Reverb into a small local queue.
+- gRPC workers: RegisterActor, StreamWeights, Heartbeat, GetStatus, health.
+All state shared with the gRPC threads is guarded by `Learner.lock`.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import reverb
+import tensorflow as tf
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from actors.envs import env_spec, require_continuous
+from learner.evaluation import evaluate
+from learner.ppo import BatchPPO
+from learner.presets import make_config
+from proto import arrays as proto_arrays
+from proto import rlfleet_pb2, rlfleet_pb2_grpc
+from replay.server import PPO_TABLE, ppo_signature, table_status
+
+log = logging.getLogger("rlfleet.learner")
+
+ACTOR_TIMEOUT_S = 30.0   # an actor without heartbeat for this long leaves the status list
+RECENT_EPISODES = 100    # episode_return_mean is over this many recent training episodes
+
+
+class LearnerError(RuntimeError):
+    """A learner setup problem with a message that says how to fix it."""
+
+
+class _Servicer(rlfleet_pb2_grpc.LearnerServicer):
+    def __init__(self, learner: "Learner"):
+        self.learner = learner
+
+    def RegisterActor(self, request, context):
+        return self.learner.register_actor(request, context)
+
+    def StreamWeights(self, request, context):
+        return self.learner.stream_weights(request, context)
+
+    def Heartbeat(self, request, context):
+        return self.learner.heartbeat(request)
+
+    def GetStatus(self, request, context):
+        return self.learner.status_proto()
+
+
+class Learner:
+    """BatchPPO learner service.
+
+    Args:
+        env_id: gymnasium id (continuous actions).
+        replay_address: host:port of the Reverb server holding `PPO_TABLE`.
+        logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
+        total_steps: stop after this many env steps (0: run until stopped).
+        port / bind: where the gRPC service listens (bind defaults to loopback).
+        preset / overrides: hyperparameters (`learner.presets.make_config`).
+        resume: a run directory whose latest checkpoint to continue from.
+        replay_host_for_actors: replay address as actors should dial it.
+    Raises:
+        EnvError / ValueError / LearnerError: bad env, preset, replay table or resume dir.
+    """
+
+    def __init__(self, env_id: str, replay_address: str, logdir: str, total_steps: int = 0,
+                 port: int = 0, bind: str = "127.0.0.1", preset: str = "default",
+                 overrides: dict | None = None, seed: int = 0, resume: str | None = None,
+                 report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
+                 replay_host_for_actors: str | None = None, env_backend: str = "async",
+                 linger_s: float = 0.0):
+        self.spec = env_spec(env_id)
+        require_continuous(self.spec, "ppo")
+        self.config = make_config(preset, env_id, overrides)
+        self.env_id, self.seed, self.preset = env_id, seed, preset
+        self.replay_address = replay_address
+        self.replay_for_actors = replay_host_for_actors or replay_address
+        self.logdir, self.total_steps = logdir, total_steps
+        self.env_backend = env_backend
+        self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
+        self.linger_s = linger_s
+        os.makedirs(logdir, exist_ok=True)
+
+        self.algo = BatchPPO(self.spec, self.config, seed)
+        self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
+            "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
+            "dropped_env_steps", "updates")}
+        self.ckpt = tf.train.Checkpoint(**self.algo.checkpoint_items(), **self.counters)
+        self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
+        if resume:
+            latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
+            if latest is None:
+                raise LearnerError(f"--resume {resume}: no checkpoint found in {resume}/checkpoints; "
+                                   "pass the --logdir of an earlier run.")
+            self.ckpt.restore(latest).assert_existing_objects_matched()
+            self.algo.sync_from_checkpoint()
+            print(f"rlfleet learner: resumed from {latest}", flush=True)
+
+        self.lock = threading.Lock()
+        self.weights_cond = threading.Condition(self.lock)
+        self.stop_event = threading.Event()   # SIGTERM/SIGINT or end of run
+        self.run_over = False                 # actors are told to stop
+        self.phase = "waiting_for_actors"
+        self.start_time = time.time()
+        self.base_env_steps = int(self.counters["env_steps"].numpy())  # restored
+        self.actors: dict[int, dict] = {}
+        self.departed_env_steps = 0
+        self.next_actor_id = 0
+        self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
+        self.eval_return_mean = math.nan
+        self.last_metrics: dict = {}
+        self.rates = {"env_steps_per_second": 0.0, "learner_steps_per_second": 0.0}
+        self.weights_msg = None
+        self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
+        self._sampler_error: Exception | None = None
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{bind}:{port}")
+        if self.port == 0:
+            raise LearnerError(f"cannot bind the learner service to {bind}:{port} (port in use?); "
+                               "choose another --port.")
+        self.address = f"{bind}:{self.port}"
+
+    # ----- gRPC handlers (called on worker threads) -----
+
+    def register_actor(self, request, context):
+        c = self.config
+        if request.num_envs and request.num_envs != c.envs_per_actor:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"actor asked for {request.num_envs} envs but this run's replay items hold "
+                          f"{c.envs_per_actor} envs per actor; start the actor without --num-envs "
+                          f"or with --num-envs {c.envs_per_actor}.")
+        with self.lock:
+            actor_id = self.next_actor_id
+            self.next_actor_id += 1
+            self.actors[actor_id] = dict(host=request.host or context.peer(), num_envs=c.envs_per_actor,
+                                         policy_version=-1, env_steps=0, last_seen=time.time())
+        network = dict(obs_dim=self.spec.obs_shape[0], action_dim=self.spec.action_dim,
+                       action_low=self.spec.action_low, action_high=self.spec.action_high,
+                       policy_hidden=list(c.policy_hidden))
+        log.info("actor %d registered from %s", actor_id, request.host)
+        return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=rlfleet_pb2.RunConfig(
+            algo="ppo", env_id=self.env_id, replay_address=self.replay_for_actors, table=PPO_TABLE,
+            num_envs=c.envs_per_actor, unroll_length=c.unroll_length, seed=self.seed + 1000 * (actor_id + 1),
+            network_json=json.dumps(network), env_backend=self.env_backend))
+
+    def stream_weights(self, request, context):
+        sent = request.min_version - 1
+        while context.is_active():
+            with self.weights_cond:
+                self.weights_cond.wait_for(
+                    lambda: self.stop_event.is_set() or (self.weights_msg is not None
+                                                         and self.weights_msg.version > sent), timeout=1.0)
+                if self.stop_event.is_set():
+                    return
+                msg = self.weights_msg
+            if msg is not None and msg.version > sent:
+                sent = msg.version
+                yield msg
+
+    def heartbeat(self, request):
+        with self.lock:
+            a = self.actors.get(request.actor_id)
+            if a is None:  # timed out earlier, or registered with a previous learner: re-admit it
+                a = self.actors[request.actor_id] = dict(host=request.host, num_envs=request.num_envs,
+                                                         policy_version=-1, env_steps=0, last_seen=0.0)
+            a.update(env_steps=request.env_steps, policy_version=request.policy_version,
+                     last_seen=time.time())
+            self.recent_returns.extend(request.episode_returns)
+            return rlfleet_pb2.HeartbeatResponse(stop=self.run_over)
+
+    def _env_steps_locked(self) -> int:
+        now = time.time()
+        for actor_id, a in list(self.actors.items()):
+            if now - a["last_seen"] > ACTOR_TIMEOUT_S:
+                self.departed_env_steps += a["env_steps"]
+                del self.actors[actor_id]
+        reported = self.base_env_steps + self.departed_env_steps + sum(a["env_steps"] for a in self.actors.values())
+        # Heartbeats lag by up to a second; the learner has at least seen what it consumed or dropped.
+        seen = int(self.counters["consumed_env_steps"].numpy()) + int(self.counters["dropped_env_steps"].numpy())
+        return max(reported, seen)
+
+    def status_dict(self) -> dict:
+        """The status fields of ARCHITECTURE.md (snake_case), as plain Python values."""
+        with self.lock:
+            env_steps = self._env_steps_locked()
+            now = time.time()
+            actors = [dict(actor_id=i, host=a["host"], num_envs=a["num_envs"],
+                           policy_version=a["policy_version"], env_steps=a["env_steps"],
+                           seconds_since_heartbeat=round(now - a["last_seen"], 3))
+                      for i, a in sorted(self.actors.items())]
+            recent = list(self.recent_returns)
+            out = dict(
+                algo="ppo", env_id=self.env_id, phase=self.phase,
+                learner_steps=int(self.counters["learner_steps"].numpy()), env_steps=env_steps,
+                weights_version=int(self.counters["weights_version"].numpy()),
+                episode_return_mean=float(np.mean(recent)) if recent else math.nan,
+                eval_return_mean=self.eval_return_mean, uptime_seconds=now - self.start_time,
+                actors=actors, distillation_coefficient=0.0,
+                dropped_env_steps=int(self.counters["dropped_env_steps"].numpy()),
+                consumed_env_steps=int(self.counters["consumed_env_steps"].numpy()),
+                kl_beta=self.algo.beta, **self.rates)
+        out["replay"] = table_status(self.replay_address, timeout_s=1)
+        return out
+
+    def status_proto(self) -> rlfleet_pb2.Status:
+        d = self.status_dict()
+        msg = rlfleet_pb2.Status(**{k: v for k, v in d.items() if k not in ("actors", "replay")})
+        for a in d["actors"]:
+            msg.actors.add(**a)
+        for t in d["replay"]:
+            msg.replay.add(**t)
+        return msg
+
+    # ----- main loop -----
+
+    def _publish_weights(self) -> None:
+        msg = proto_arrays.to_proto(int(self.counters["weights_version"].numpy()), self.algo.export_weights())
+        with self.weights_cond:
+            self.weights_msg = msg
+            self.weights_cond.notify_all()
+
+    def _sampler(self) -> None:
+        try:
+            client = reverb.Client(self.replay_address)
+            for sample in client.sample(PPO_TABLE, num_samples=2 ** 62, emit_timesteps=False,
+                                        unpack_as_table_signature=True):
+                while not self.stop_event.is_set():
+                    try:
+                        self._sample_queue.put(sample.data, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stop_event.is_set():
+                    return
+        except Exception as e:  # replay died: the main loop reports it
+            self._sampler_error = e
+
+    def _check_replay(self) -> None:
+        deadline = time.time() + 60
+        while True:
+            try:
+                info = reverb.Client(self.replay_address).server_info(timeout=5)
+                break
+            except Exception as e:
+                if time.time() > deadline:
+                    raise LearnerError(f"replay server {self.replay_address} unreachable: {e}; "
+                                       "start it with `rlfleet replay` first.") from e
+                time.sleep(1)
+        if PPO_TABLE not in info:
+            raise LearnerError(f"replay server {self.replay_address} has no table {PPO_TABLE!r} "
+                               f"(tables: {sorted(info)}); start it with `rlfleet replay --algo ppo`.")
+        c = self.config
+        want = ppo_signature(self.spec.obs_shape[0], self.spec.action_dim, c.envs_per_actor, c.unroll_length)
+        got = info[PPO_TABLE].signature
+        if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != \
+                {k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()}:
+            shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
+            raise LearnerError(
+                f"replay table {PPO_TABLE} signature does not match this learner: the table holds "
+                f"{shapes(got)}, the learner (env {self.env_id}, {c.envs_per_actor} envs per actor, "
+                f"unroll length {c.unroll_length}) needs {shapes(want)}. Start `rlfleet replay` and "
+                "`rlfleet learner` with the same --env, --config and --set values.")
+
+    def _log_metrics(self, writer, metrics_file, last: dict) -> dict:
+        now = time.time()
+        st = self.status_dict()
+        dt = max(now - last["time"], 1e-6)
+        self.rates = {"env_steps_per_second": (st["env_steps"] - last["env_steps"]) / dt,
+                      "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt}
+        row = dict(time=now, wall_seconds=now - self.start_time, env_steps=st["env_steps"],
+                   learner_steps=st["learner_steps"], weights_version=st["weights_version"],
+                   episode_return_mean=st["episode_return_mean"], eval_return_mean=st["eval_return_mean"],
+                   dropped_env_steps=st["dropped_env_steps"], consumed_env_steps=st["consumed_env_steps"],
+                   num_actors=len(st["actors"]), **self.rates, **self.last_metrics)
+        metrics_file.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                       for k, v in row.items()}) + "\n")
+        metrics_file.flush()
+        with writer.as_default(step=st["env_steps"]):
+            for k, v in row.items():
+                if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v):
+                    tf.summary.scalar(k, v)
+        writer.flush()
+        return dict(time=now, env_steps=st["env_steps"], learner_steps=st["learner_steps"])
+
+    def _evaluate(self, episodes: int) -> list[float]:
+        returns = evaluate(self.algo.export_weights(), self.env_id, episodes, self.seed + 10 ** 6,
+                           self.spec.action_low, self.spec.action_high)
+        with self.lock:
+            self.eval_return_mean = float(np.mean(returns))
+        return returns
+
+    def _save(self) -> str:
+        with self.lock:
+            self.counters["env_steps"].assign(self._env_steps_locked())
+        self.algo.sync_to_checkpoint()
+        return self.ckpt_manager.save()
+
+    def _env_steps(self) -> int:
+        with self.lock:
+            return self._env_steps_locked()
+
+    def run(self) -> dict:
+        """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
+        self._check_replay()
+        self._publish_weights()
+        self.server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("rlfleet.Learner", health_pb2.HealthCheckResponse.SERVING)
+        print(f"rlfleet learner: serving on {self.address} (env {self.env_id}, preset {self.preset})", flush=True)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop_event.set())
+        threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
+        writer = tf.summary.create_file_writer(os.path.join(self.logdir, "tb"))
+        metrics_file = open(os.path.join(self.logdir, "metrics.jsonl"), "a")
+        c = self.config
+        last = dict(time=time.time(), env_steps=self._env_steps(),
+                    learner_steps=int(self.counters["learner_steps"].numpy()))
+        last_ckpt = time.time()
+        items, batch_steps, batch_episodes = [], 0, 0
+        completed = False
+        try:
+            while not self.stop_event.is_set():
+                if time.time() - last["time"] >= self.report_interval_s:
+                    last = self._log_metrics(writer, metrics_file, last)
+                if self.total_steps and self._env_steps() >= self.total_steps:
+                    completed = True
+                    break
+                if self._sampler_error is not None:
+                    raise LearnerError(f"lost the replay server {self.replay_address}: {self._sampler_error}")
+                try:
+                    item = self._sample_queue.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                version = int(self.counters["weights_version"].numpy())
+                steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
+                if version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
+                    self.counters["dropped_env_steps"].assign_add(steps)
+                    continue
+                with self.lock:
+                    self.phase = "training"
+                items.append(item)
+                batch_steps += steps
+                batch_episodes += int(item["done"][:-1].sum())
+                if not ((c.batch_env_steps and batch_steps >= c.batch_env_steps) or
+                        (c.batch_episodes and batch_episodes >= c.batch_episodes)):
+                    continue
+                batch = {k: np.concatenate([it[k] for it in items], axis=1) for k in items[0]}
+                metrics = self.algo.update(batch)
+                self.last_metrics = {k: v for k, v in metrics.items() if k != "gradient_steps"}
+                self.counters["learner_steps"].assign_add(metrics["gradient_steps"])
+                self.counters["consumed_env_steps"].assign_add(batch_steps)
+                self.counters["updates"].assign_add(1)
+                self.counters["weights_version"].assign_add(1)
+                self._publish_weights()
+                items, batch_steps, batch_episodes = [], 0, 0
+                if int(self.counters["updates"].numpy()) % c.eval_every_updates == 0:
+                    self._evaluate(c.eval_episodes)
+                if time.time() - last_ckpt >= self.checkpoint_interval_s:
+                    self._save()
+                    last_ckpt = time.time()
+            with self.lock:
+                self.run_over = completed
+                self.phase = "evaluating" if completed else "stopping"
+            summary = dict(algo="ppo", env_id=self.env_id, preset=self.preset, seed=self.seed,
+                           completed=completed, status_address=self.address)
+            if completed:
+                returns = self._evaluate(c.eval_episodes)
+                summary.update(final_eval_return_mean=float(np.mean(returns)),
+                               final_eval_episodes=len(returns), final_eval_returns=returns)
+            else:
+                summary.update(final_eval_return_mean=None, final_eval_episodes=0)
+            path = self._save()
+            last = self._log_metrics(writer, metrics_file, last)
+            st = self.status_dict()
+            summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
+                           weights_version=st["weights_version"], consumed_env_steps=st["consumed_env_steps"],
+                           dropped_env_steps=st["dropped_env_steps"],
+                           wall_seconds=time.time() - self.start_time, checkpoint=path,
+                           config=json.loads(c.to_json()))
+            with open(os.path.join(self.logdir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            with self.lock:
+                self.phase = "done"
+            print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
+            if completed and self.linger_s:
+                self.stop_event.wait(self.linger_s)  # let actors see stop=True and status be read
+            return summary
+        finally:
+            self.stop_event.set()
+            with self.weights_cond:
+                self.weights_cond.notify_all()
+            self.health.enter_graceful_shutdown()
+            self.server.stop(grace=1.0).wait()
+            metrics_file.close()
+            writer.close()

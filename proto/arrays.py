@@ -1,0 +1,22 @@
+"""Conversion between named numpy arrays and the `Weights` protobuf message."""
+from __future__ import annotations
+
+import numpy as np
+
+from proto import rlfleet_pb2
+
+
+def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
+    """Packs {name: ndarray} into a `Weights` message of the given policy version."""
+    msg = rlfleet_pb2.Weights(version=version)
+    for name, a in sorted(arrays.items()):
+        a = np.ascontiguousarray(a)
+        msg.arrays.add(name=name, shape=list(a.shape), dtype=a.dtype.str, data=a.tobytes())
+    return msg
+
+
+def from_proto(msg: rlfleet_pb2.Weights) -> tuple[int, dict]:
+    """Unpacks a `Weights` message into (version, {name: ndarray})."""
+    arrays = {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(tuple(a.shape))
+              for a in msg.arrays}
+    return msg.version, arrays

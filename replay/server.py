@@ -1,0 +1,92 @@
+"""The Reverb replay server: table definitions per algorithm and serving.
+
+PPO uses one FIFO queue table (`reverb.Table.queue`): every item is sampled
+exactly once, and its `Queue` rate limiter blocks actors' inserts while the
+table is full, so actors can run at most `queue_items` items ahead of the
+learner. The table signature makes Reverb reject items of the wrong shape or
+dtype at insert.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import reverb
+import tensorflow as tf
+
+PPO_TABLE = "ppo_trajectories"
+
+log = logging.getLogger("rlfleet.replay")
+
+
+def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int) -> dict:
+    """Signature of one PPO item: T+1 consecutive batch steps of one actor.
+
+    Every field has leading shape [T+1, B] (T = `unroll_length`, B = `num_envs`);
+    the last step is only used for its observation (the bootstrap value).
+    Step t holds the observation the action was chosen on, the (unclipped)
+    sampled action, the reward and `done` (episode ended after step t) that
+    followed, and the behaviour policy's log-prob, mean, log-std and version.
+    """
+    lead = [unroll_length + 1, num_envs]
+    f32 = tf.float32
+    return {
+        "observation": tf.TensorSpec(lead + [obs_dim], f32),
+        "action": tf.TensorSpec(lead + [action_dim], f32),
+        "reward": tf.TensorSpec(lead, f32),
+        "done": tf.TensorSpec(lead, tf.bool),
+        "behaviour_log_prob": tf.TensorSpec(lead, f32),
+        "behaviour_mean": tf.TensorSpec(lead + [action_dim], f32),
+        "behaviour_log_std": tf.TensorSpec(lead + [action_dim], f32),
+        "policy_version": tf.TensorSpec(lead, tf.int64),
+    }
+
+
+def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int,
+               queue_items: int) -> list:
+    """The PPO replay tables (one queue of at most `queue_items` items).
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+    for name, v in (("obs_dim", obs_dim), ("action_dim", action_dim), ("num_envs", num_envs),
+                    ("unroll_length", unroll_length), ("queue_items", queue_items)):
+        if v <= 0:
+            raise ValueError(f"replay: {name} must be positive, got {v}")
+    return [reverb.Table.queue(PPO_TABLE, max_size=queue_items,
+                               signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length))]
+
+
+def serve(tables: list, port: int, stop_event: threading.Event | None = None) -> None:
+    """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
+
+    Reverb binds every interface and has no authentication: keep its port on a
+    private network (see README).
+    """
+    server = reverb.Server(tables=tables, port=port)
+    stop = stop_event or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    log.info("replay server listening on port %d with tables %s", port, [t.name for t in tables])
+    print(f"rlfleet replay: serving on port {port}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop()
+    print("rlfleet replay: stopped", flush=True)
+
+
+def table_status(address: str, timeout_s: int = 2) -> list[dict]:
+    """Reads size, max size and insert/sample counts of every table at `address`.
+
+    Returns an empty list when the server cannot be reached within `timeout_s`.
+    """
+    try:
+        info = reverb.Client(address).server_info(timeout=timeout_s)
+    except Exception:  # unreachable replay must not break status
+        return []
+    return [{"table": name, "size": int(t.current_size), "max_size": int(t.max_size),
+             "inserts": int(t.rate_limiter_info.insert_stats.completed),
+             "samples": int(t.rate_limiter_info.sample_stats.completed)}
+            for name, t in sorted(info.items())]

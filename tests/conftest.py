@@ -1,0 +1,75 @@
+"""Shared helpers: run rlfleet services as real processes on loopback ports."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import portpicker
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+
+
+def rlfleet(*args, **kwargs):
+    """Runs `python -m deploy.cli ARGS` to completion; returns CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-m", "deploy.cli", *map(str, args)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, **kwargs)
+
+
+class Proc:
+    """A background rlfleet service process whose output goes to a log file."""
+
+    def __init__(self, tmp_path, name, *args):
+        self.log_path = tmp_path / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *map(str, args)], cwd=ROOT, env=ENV,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self):
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def wait_for(predicate, timeout, what, procs=()):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for p in procs:
+            assert p.proc.poll() is None, f"{what}: a process died:\n{p.output()[-3000:]}"
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Starts processes via procs.start(name, *args); stops them all at the end of the test."""
+    started = []
+
+    class Starter:
+        def start(self, name, *args):
+            p = Proc(tmp_path, name, *args)
+            started.append(p)
+            return p
+
+    yield Starter()
+    for p in reversed(started):
+        p.stop()
+
+
+@pytest.fixture
+def free_port():
+    return portpicker.pick_unused_port
