@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import reverb
 
-from actors.envs import make_batched_env
+from actors.envs import make_batched_env, resolve_backend
 from actors.policy import sample_actions, to_env_action
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
@@ -92,7 +92,7 @@ class Actor:
             raise ActorError(f"learner refused registration: {e.details()}") from None
         self.actor_id, self.config = resp.actor_id, resp.config
         self.replay_address = replay_address or self.config.replay_address
-        self.backend = backend or self.config.env_backend or "async"
+        self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
         net = json.loads(self.config.network_json)
         self.low = np.asarray(net["action_low"], np.float32)
         self.high = np.asarray(net["action_high"], np.float32)

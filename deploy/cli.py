@@ -69,8 +69,10 @@ def common(f):
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
-@click.option("--env-backend", default="async", show_default=True,
-              type=click.Choice(["async", "sync"]), help="async: one process per env (BatchPPO); sync: in-process.")
+@click.option("--env-backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "async", "sync", "envpool"]),
+              help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
+                   "auto: envpool if it has the env, else async.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from the latest checkpoint of this run directory.")
 @click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
@@ -133,7 +135,8 @@ def queue_items_for(cfg) -> int:
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None)
-@click.option("--env-backend", default="async", show_default=True, type=click.Choice(["async", "sync"]))
+@click.option("--env-backend", default="auto", show_default=True,
+              type=click.Choice(["auto", "async", "sync", "envpool"]), help="Env backend actors use (see `up`).")
 @click.option("--report-interval", default=5.0, show_default=True, type=float)
 @click.option("--checkpoint-interval", default=120.0, show_default=True, type=float, help="Seconds.")
 @click.option("--linger", default=0.0, type=float, help="Seconds to keep serving after the run ends.")
@@ -162,7 +165,8 @@ def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_acto
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--replay", "replay_address", default=None, help="Override the replay address the learner announces.")
 @click.option("--num-envs", type=int, default=0, help="Must match the run's envs per actor (default: take it).")
-@click.option("--env-backend", default=None, type=click.Choice(["async", "sync"]))
+@click.option("--env-backend", default=None, type=click.Choice(["auto", "async", "sync", "envpool"]),
+              help="Override the run's env backend.")
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout):
     """Run one actor that joins the learner at --learner."""

@@ -101,7 +101,7 @@ def progress_line(st: dict, total_steps: int) -> str:
 
 
 def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
-           num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "async",
+           num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "auto",
            resume: str | None = None, report_interval: float = 5.0) -> int:
     """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
 

@@ -81,7 +81,7 @@ class Learner:
                  port: int = 0, bind: str = "127.0.0.1", preset: str = "default",
                  overrides: dict | None = None, seed: int = 0, resume: str | None = None,
                  report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
-                 replay_host_for_actors: str | None = None, env_backend: str = "async",
+                 replay_host_for_actors: str | None = None, env_backend: str = "auto",
                  linger_s: float = 0.0):
         self.spec = env_spec(env_id)
         require_continuous(self.spec, "ppo")

@@ -1,0 +1,208 @@
+"""Collection throughput: env steps/s that actors write into Reverb, against the
+raw stepping ceiling of the same env measured in the same run.
+
+1. Ceiling: random actions, no policy, no replay, for each of: a plain
+   single-env loop, gymnasium SyncVectorEnv xB, AsyncVectorEnv xB, and envpool
+   xB (if installed). The fastest is the ceiling.
+2. Collection: real `rlfleet replay`, `rlfleet learner` and `rlfleet actor`
+   processes on loopback. The learner runs with `max_policy_lag=-1`, so it
+   reads every item out of the queue and drops it without training: what is
+   measured is collection only. Rate = items inserted into the replay table x
+   (T x B) env steps per item, over a fixed window after warm-up.
+3. Where the time goes, per batch step of B envs, measured in this process:
+   the policy call (numpy MLP + sampling), the Reverb TrajectoryWriter append
+   (+ item creation every T steps), and the env step of each backend.
+
+Usage:
+    python benchmarks/throughput.py --env HalfCheetah-v5 --num-envs 8 --seconds 30
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
+from actors.policy import sample_actions, to_env_action  # noqa: E402
+from learner.networks import GaussianPolicy  # noqa: E402
+from learner.presets import make_config  # noqa: E402
+
+
+def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
+    """Random-action env steps/s of a batched env (no policy, no replay)."""
+    venv = make_batched_env(env_id, num_envs, backend)
+    try:
+        venv.reset(seed=list(range(num_envs)))
+        space = venv.single_action_space
+        rng = np.random.default_rng(0)
+        low, high = space.low, space.high
+        for _ in range(20):
+            venv.step(rng.uniform(low, high, (num_envs, *space.shape)).astype(np.float32))
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            venv.step(rng.uniform(low, high, (num_envs, *space.shape)).astype(np.float32))
+            steps += num_envs
+        return steps / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+def single_env_rate(env_id: str, seconds: float) -> float:
+    import gymnasium as gym
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        steps += 1
+        if term or trunc:
+            env.reset()
+    env.close()
+    return steps / (time.perf_counter() - start)
+
+
+def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
+    """Microseconds per batch step for the policy call and the Reverb writes."""
+    import reverb
+    from replay.server import ppo_tables
+    spec = env_spec(env_id)
+    cfg = make_config("default", env_id)
+    arrays = GaussianPolicy(spec.obs_shape[0], spec.action_dim, list(cfg.policy_hidden)).export()
+    arrays["obs_norm/mean"] = np.zeros(spec.obs_shape, np.float32)
+    arrays["obs_norm/std"] = np.ones(spec.obs_shape, np.float32)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((num_envs, *spec.obs_shape))
+    low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+    n = 3000
+    start = time.perf_counter()
+    for _ in range(n):
+        action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
+        to_env_action(action, low, high)
+    policy_us = (time.perf_counter() - start) / n * 1e6
+
+    server = reverb.Server(ppo_tables(spec.obs_shape[0], spec.action_dim, num_envs, unroll, 10 ** 6))
+    client = reverb.Client(f"localhost:{server.port}")
+    step = dict(observation=obs.astype(np.float32), action=action, reward=np.zeros(num_envs, np.float32),
+                done=np.zeros(num_envs, bool), behaviour_log_prob=log_prob, behaviour_mean=mean,
+                behaviour_log_std=log_std, policy_version=np.zeros(num_envs, np.int64))
+    with client.trajectory_writer(num_keep_alive_refs=unroll + 1) as writer:
+        start = time.perf_counter()
+        for i in range(1, n + 1):
+            writer.append(step)
+            if i > unroll and (i - 1) % unroll == 0:
+                writer.create_item("ppo_trajectories", 1.0, {k: c[-(unroll + 1):] for k, c in writer.history.items()})
+        writer.flush()
+        writer_us = (time.perf_counter() - start) / n * 1e6
+    server.stop()
+    return dict(policy_call_us=policy_us, reverb_write_us=writer_us)
+
+
+def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
+    """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
+    import portpicker
+    from deploy.status import get_status
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "max_policy_lag=-1"]
+    rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+    logdir = tempfile.mkdtemp(prefix="rlfleet-throughput-")
+    cli = [sys.executable, "-m", "deploy.cli"]
+    procs = [subprocess.Popen(cli + ["replay", "--env", env_id, "--port", str(rport), *sets], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen(cli + ["learner", "--env", env_id, "--replay", f"127.0.0.1:{rport}",
+                                             "--logdir", logdir, "--port", str(lport), *sets], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        address = f"127.0.0.1:{lport}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                get_status(address, 1)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise RuntimeError("learner did not start")
+                time.sleep(0.5)
+        for _ in range(num_actors):
+            procs.append(subprocess.Popen(cli + ["actor", "--learner", address, "--env-backend", backend], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cfg = make_config("default", env_id, {"envs_per_actor": num_envs})
+        per_item = cfg.unroll_length * num_envs
+        while get_status(address, 2)["replay"][0]["inserts"] == 0:
+            time.sleep(0.5)
+        time.sleep(warmup)
+        s0, t0 = get_status(address, 2), time.time()
+        time.sleep(seconds)
+        s1, t1 = get_status(address, 2), time.time()
+        inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
+        return dict(written_env_steps_per_second=inserts * per_item / (t1 - t0),
+                    stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / (t1 - t0))
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS))
+    p.add_argument("--actors", type=int, nargs="+", default=[1])
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    cfg = make_config("default", args.env, {"envs_per_actor": args.num_envs})
+
+    raw = {"single_env_loop": single_env_rate(args.env, args.seconds / 2)}
+    for backend in args.backends:
+        try:
+            raw[f"{backend}_x{args.num_envs}"] = raw_rate(args.env, args.num_envs, backend, args.seconds / 2)
+        except EnvError as e:
+            print(f"skipping raw {backend}: {e}")
+    ceiling_name = max(raw, key=raw.get)
+    ceiling = raw[ceiling_name]
+    print("raw stepping, random actions (env steps/s):")
+    for k, v in raw.items():
+        print(f"  {k:<22} {v:>10,.0f}")
+    print(f"  ceiling: {ceiling_name} {ceiling:,.0f}")
+
+    costs = per_step_costs(args.env, args.num_envs, cfg.unroll_length)
+    print(f"per batch step of {args.num_envs} envs: policy call {costs['policy_call_us']:.0f} us, "
+          f"Reverb append {costs['reverb_write_us']:.0f} us, raw env step (fastest backend) "
+          f"{args.num_envs / ceiling * 1e6:.0f} us")
+
+    results = []
+    for backend in args.backends:
+        for k in args.actors:
+            try:
+                r = collection_rate(args.env, args.num_envs, backend, k, args.seconds, warmup=5)
+            except Exception as e:  # noqa: BLE001 - report and continue with the next setting
+                print(f"collection with {backend} x{k} actors failed: {e}")
+                continue
+            r.update(backend=backend, actors=k, num_envs=args.num_envs,
+                     fraction_of_ceiling=r["written_env_steps_per_second"] / ceiling)
+            results.append(r)
+            print(f"collection {backend:<8} {k} actor(s) x {args.num_envs} envs: "
+                  f"{r['written_env_steps_per_second']:>8,.0f} env steps/s written to Reverb "
+                  f"({100 * r['fraction_of_ceiling']:.0f}% of ceiling; target >= 50%)", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(env=args.env, raw=raw, ceiling=ceiling, ceiling_name=ceiling_name,
+                           per_step_costs=costs, collection=results), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Batched env backends: shapes, SAME_STEP autoreset, errors (a few seconds)."""
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from actors.envs import BACKENDS, EnvError, make_batched_env
+
+HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
+
+
+def _backend(name):
+    if name == "envpool" and not HAVE_ENVPOOL:
+        pytest.skip("envpool not installed (pip install envpool==1.2.5)")
+    return name
+
+
+def _cheetah_reset_like(obs):
+    """HalfCheetah-v5 reset: joint positions init + U(-0.1, 0.1), velocities 0.1 * N(0, 1).
+
+    Mid-episode observations under random actions never pass this (their largest
+    |velocity| is > 1 in every one of 20k checked steps); a reset one always does.
+    """
+    return np.abs(obs[:8]).max() <= 0.1 + 1e-6 and np.abs(obs[8:]).max() < 1.0
+
+
+def _hopper_reset_like(obs):
+    """Hopper-v5 reset: qpos = [., 1.25, 0...] + U(-0.005, 0.005), qvel = U(-0.005, 0.005)."""
+    init = np.zeros(11)
+    init[0] = 1.25
+    return np.abs(obs - init).max() <= 0.005 + 1e-6
+
+
+@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+def test_cheetah_time_limit_resets_in_the_same_step(backend):
+    venv = make_batched_env("HalfCheetah-v5", 2, _backend(backend))
+    try:
+        assert venv.single_observation_space.shape == (17,)
+        rng = np.random.default_rng(0)
+        obs, _ = venv.reset(seed=[0, 1])
+        assert obs.shape == (2, 17) and all(_cheetah_reset_like(o) for o in obs)
+        truncated_at, rewards_after = [], None
+        for t in range(1, 1101):
+            obs, reward, terminated, truncated, _ = venv.step(rng.uniform(-1, 1, (2, 6)))
+            assert obs.shape == (2, 17) and reward.shape == terminated.shape == truncated.shape == (2,)
+            assert not terminated.any()  # HalfCheetah never terminates
+            if truncated.any():
+                truncated_at.append(t)
+                assert truncated.all()  # both started together
+                # the returned obs is already the first one of the next episode
+                assert all(_cheetah_reset_like(o) for o in obs)
+            else:
+                assert not any(_cheetah_reset_like(o) for o in obs)
+            if t == 1001:
+                rewards_after = reward
+        assert truncated_at == [1000]
+        # step 1001 is a real step of the new episode (control cost != 0), not a
+        # reset transition that ignores its action (reward 0)
+        assert np.all(rewards_after != 0.0)
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+def test_hopper_per_env_resets(backend):
+    """Hopper episodes end at different steps; only the finished envs are reset."""
+    venv = make_batched_env("Hopper-v5", 3, _backend(backend))
+    try:
+        rng = np.random.default_rng(1)
+        obs, _ = venv.reset(seed=[10, 11, 12])
+        assert all(_hopper_reset_like(o) for o in obs)
+        ends = 0
+        for _ in range(150):
+            obs, reward, terminated, truncated, _ = venv.step(rng.uniform(-1, 1, (3, 3)))
+            done = terminated | truncated
+            ends += int(done.sum())
+            for i in range(3):
+                assert _hopper_reset_like(obs[i]) == bool(done[i])
+            assert np.all(reward != 0.0)  # healthy reward; no ignored-action reset steps
+        assert ends >= 6  # random-action Hopper episodes last ~10-60 steps
+    finally:
+        venv.close()
+
+
+def test_envpool_seeded_reset_is_reproducible():
+    venv = make_batched_env("HalfCheetah-v5", 2, _backend("envpool"))
+    try:
+        a, _ = venv.reset(seed=[3, 4])
+        venv.step(np.zeros((2, 6)))
+        b, _ = venv.reset(seed=[3, 4])
+        c, _ = venv.reset(seed=[5, 6])
+        np.testing.assert_array_equal(a, b)
+        assert not np.allclose(a, c) and not np.allclose(a[0], a[1])
+    finally:
+        venv.close()
+
+
+def test_envpool_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "envpool", None)  # makes `import envpool` fail
+    with pytest.raises(EnvError, match=r"pip install envpool==1.2.5"):
+        make_batched_env("HalfCheetah-v5", 2, "envpool")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unknown_env_id(backend):
+    if backend == "envpool" and not HAVE_ENVPOOL:
+        pytest.skip("envpool not installed")
+    with pytest.raises(EnvError, match="NoSuchEnv-v0"):
+        make_batched_env("NoSuchEnv-v0", 2, backend)
+
+
+def test_env_envpool_lacks_or_cannot_match():
+    _backend("envpool")
+    with pytest.raises(EnvError, match=r"CartPole-v1.*--env-backend async"):
+        make_batched_env("CartPole-v1", 2, "envpool")  # discrete actions
+
+
+def test_unknown_backend():
+    with pytest.raises(EnvError, match="'threads'"):
+        make_batched_env("HalfCheetah-v5", 2, "threads")
