@@ -61,3 +61,26 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert final["weights_version"] > stopped["weights_version"]
     assert final["learner_steps"] > stopped["learner_steps"]
     assert final["env_steps"] >= stopped["env_steps"] + 3000
+
+
+def test_a_dead_child_makes_up_fail_loudly(tmp_path):
+    """kill -9 of the replay server: `up` exits non-zero with that child's log, and stops the rest."""
+    import psutil
+    logdir = tmp_path / "run"
+    up = subprocess.Popen([sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "InvertedPendulum-v5",
+                           "--total-steps", "1000000", "--logdir", logdir, "--envs-per-actor", "2",
+                           "--env-backend", "sync", "--report-interval", "1"],
+                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in up.stdout:
+        if "env steps" in line and int(line.split("env steps")[1].split("/")[0].replace(",", "")) > 0:
+            break
+    children = psutil.Process(up.pid).children()
+    [replay] = [c for c in children if "replay" in c.cmdline()]
+    replay.kill()
+    start = time.time()
+    _, err = up.communicate(timeout=120)
+    assert up.returncode not in (0, None)
+    assert "the replay process exited with code -9" in err and "replay.log" in err
+    assert time.time() - start < 60
+    for c in children:  # nothing left running
+        assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
