@@ -22,7 +22,7 @@ import numpy as np
 import reverb
 
 from actors.envs import make_batched_env, resolve_backend
-from actors.policy import sample_actions, to_env_action
+from actors.policy import epsilon_greedy, sample_actions, to_env_action
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
 
@@ -94,8 +94,9 @@ class Actor:
         self.replay_address = replay_address or self.config.replay_address
         self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
         net = json.loads(self.config.network_json)
-        self.low = np.asarray(net["action_low"], np.float32)
-        self.high = np.asarray(net["action_high"], np.float32)
+        if self.config.algo == "ppo":
+            self.low = np.asarray(net["action_low"], np.float32)
+            self.high = np.asarray(net["action_high"], np.float32)
         self.obs_dim = net["obs_dim"]
         self.stop = threading.Event()
         self.env_steps = 0
@@ -125,11 +126,11 @@ class Actor:
                 self.pending_lengths = lengths + self.pending_lengths
             log.warning("heartbeat failed: %s", e.code())
 
-    def _wait_written(self, writer) -> bool:
-        """Blocks until at most 1 item is in flight (rate-limiter backpressure); False if stopping."""
+    def _wait_written(self, writer, in_flight: int = 1) -> bool:
+        """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping."""
         while True:
             try:
-                writer.flush(block_until_num_items=1, timeout_ms=500)
+                writer.flush(block_until_num_items=in_flight, timeout_ms=500)
                 return True
             except reverb.errors.DeadlineExceededError:
                 if self.stop.is_set():
@@ -155,14 +156,29 @@ class Actor:
                     return 0
             print(f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
                   f"-> {self.replay_address}", flush=True)
-            self._collect(venv, weights)
+            if cfg.algo == "dqn":
+                self._collect_dqn(venv, weights)
+            else:
+                self._collect(venv, weights)
         finally:
             self.stop.set()
             venv.close()
             self._heartbeat()  # final steps and episodes
         return self.env_steps
 
+    def _count_steps(self, reward, done, episode_return, episode_length) -> None:
+        episode_return += reward
+        episode_length += 1
+        self.env_steps += len(done)
+        if done.any():
+            with self.lock:
+                self.pending_returns.extend(episode_return[done].tolist())
+                self.pending_lengths.extend(episode_length[done].tolist())
+            episode_return[done] = 0.0
+            episode_length[done] = 0
+
     def _collect(self, venv, weights: _WeightsSubscriber) -> None:
+        """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps."""
         cfg = self.config
         t, b = cfg.unroll_length, cfg.num_envs
         rng = np.random.default_rng(cfg.seed)
@@ -171,7 +187,8 @@ class Actor:
         episode_length = np.zeros(b, np.int64)
         client = reverb.Client(self.replay_address)
         appended = 0
-        with client.trajectory_writer(num_keep_alive_refs=t + 1) as writer:
+        writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
+        try:
             while not self.stop.is_set():
                 version, arrays = weights.latest
                 self.policy_version = version
@@ -189,12 +206,46 @@ class Actor:
                     if not self._wait_written(writer):
                         break
                 obs = next_obs
-                episode_return += reward
-                episode_length += 1
-                self.env_steps += b
-                if done.any():
-                    with self.lock:
-                        self.pending_returns.extend(episode_return[done].tolist())
-                        self.pending_lengths.extend(episode_length[done].tolist())
-                    episode_return[done] = 0.0
-                    episode_length[done] = 0
+                self._count_steps(reward, done, episode_return, episode_length)
+        finally:
+            writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
+
+    def _collect_dqn(self, venv, weights: _WeightsSubscriber) -> None:
+        """DQN: one writer per env; every step, an item of that env's last n+1 steps.
+
+        Consecutive items overlap by n steps and reference the same Reverb
+        chunks, so every step is stored about once. The table's
+        `SampleToInsertRatio` rate limiter blocks inserts when actors run ahead
+        of the learner's replay ratio.
+        """
+        cfg = self.config
+        n, b = cfg.unroll_length, cfg.num_envs
+        rng = np.random.default_rng(cfg.seed)
+        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(b)])
+        episode_return = np.zeros(b, np.float64)
+        episode_length = np.zeros(b, np.int64)
+        client = reverb.Client(self.replay_address)
+        writers = [client.trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b)]
+        appended = 0
+        try:
+            while not self.stop.is_set():
+                version, arrays = weights.latest
+                self.policy_version = version
+                action = epsilon_greedy(arrays, obs, rng)
+                next_obs, reward, terminated, truncated, _ = venv.step(action)
+                done = np.logical_or(terminated, truncated)
+                obs32 = np.asarray(obs, np.float32)
+                for i, writer in enumerate(writers):
+                    writer.append(dict(observation=obs32[i], action=action[i], reward=np.float32(reward[i]),
+                                       done=done[i], policy_version=np.int64(version)))
+                appended += 1
+                if appended > n:
+                    for writer in writers:
+                        writer.create_item(cfg.table, 1.0, {k: col[-(n + 1):] for k, col in writer.history.items()})
+                    if not all(self._wait_written(w, in_flight=4) for w in writers):
+                        break
+                obs = next_obs
+                self._count_steps(reward, done, episode_return, episode_length)
+        finally:
+            for writer in writers:
+                writer.close()  # no flush: at shutdown the rate limiter may block inserts for good

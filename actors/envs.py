@@ -1,9 +1,9 @@
 """Environment specs and batched environments for actors and evaluation.
 
 BatchPPO (Hafner et al. 2017, Sec. 2) steps each environment of a batch in its
-own process so that stepping runs in parallel without GIL contention; the
-default backend here is gymnasium's `AsyncVectorEnv` (one process per env,
-observations returned through shared memory), which implements exactly that.
+own process so that stepping runs in parallel without GIL contention:
+gymnasium's `AsyncVectorEnv` (backend "async": one process per env,
+observations returned through shared memory) implements exactly that.
 The "envpool" backend steps the batch in C++ threads instead (also outside
 the interpreter, and 2x faster than either gymnasium backend on HalfCheetah
 here), wrapped to the same gymnasium interface; "auto" picks it when envpool is
@@ -50,7 +50,7 @@ def _make(env_id: str) -> gym.Env:
         return gym.make(env_id)
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         raise EnvError(
-            f"unknown or unavailable environment id {env_id!r}: {e}. "
+            f"unknown or unavailable environment id {env_id!r}: {str(e).rstrip('.')}. "
             "Use a gymnasium id such as HalfCheetah-v5 or InvertedPendulum-v5.") from e
 
 
@@ -80,24 +80,30 @@ def env_spec(env_id: str) -> EnvSpec:
         env.close()
 
 
-def require_continuous(spec: EnvSpec, algo: str) -> None:
-    """Raises EnvError when `algo` needs a continuous (Box) action space and `spec` is discrete."""
-    if spec.action_kind != "continuous":
+def require_action_kind(spec: EnvSpec, algo: str) -> None:
+    """Raises EnvError when `algo`'s action space (ppo: continuous Box, dqn: discrete) does not match `spec`."""
+    if algo == "ppo" and spec.action_kind != "continuous":
         raise EnvError(
             f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but "
             f"--algo {algo} (BatchPPO) needs continuous Box actions. Use a MuJoCo env such "
             "as HalfCheetah-v5, or --algo dqn for discrete actions.")
+    if algo == "dqn" and spec.action_kind != "discrete":
+        raise EnvError(
+            f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but "
+            f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions.")
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
-    """Turns "auto" into "envpool" (installed and knows `env_id`) or "async"; other names pass through."""
+    """Turns "auto" into "envpool" (installed, knows `env_id`, Box actions) or "async"; other names pass through."""
     if backend != "auto":
         return backend
     try:
         import envpool
     except ImportError:
         return "async"
-    return "envpool" if env_id in envpool.list_all_envs() else "async"
+    if env_id not in envpool.list_all_envs() or env_spec(env_id).action_kind != "continuous":
+        return "async"  # the envpool wrapper here covers Box-action envs
+    return "envpool"
 
 
 def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.vector.VectorEnv:

@@ -1,7 +1,7 @@
 """The behaviour policy as the actors run it: plain numpy on pushed weights.
 
 A 200-100 MLP on a batch of 16 costs ~20 µs as numpy matrix products against
-~0.4 ms per `tf.function` call (ARCHITECTURE.md), so actors do not run
+~0.4 ms per `tf.function` call (measured on the 2-core development machine), so actors do not run
 TensorFlow. The learner's `learner.networks.GaussianPolicy` exports its
 variables under the names used here, together with the observation normalizer.
 """
@@ -24,6 +24,15 @@ def normalize_obs(arrays: dict, obs: np.ndarray) -> np.ndarray:
     return np.clip((obs - arrays[OBS_MEAN]) / arrays[OBS_STD], -OBS_CLIP, OBS_CLIP).astype(np.float32)
 
 
+def mlp_forward(arrays: dict, x: np.ndarray, prefix: str = "policy") -> np.ndarray:
+    """ReLU MLP on the layers `{prefix}/w{i}`, `{prefix}/b{i}`; no activation on the last one."""
+    h, i = x, 0
+    while f"{prefix}/w{i + 1}" in arrays:
+        h = np.maximum(h @ arrays[f"{prefix}/w{i}"] + arrays[f"{prefix}/b{i}"], 0.0)
+        i += 1
+    return h @ arrays[f"{prefix}/w{i}"] + arrays[f"{prefix}/b{i}"]
+
+
 def policy_mean(arrays: dict, obs: np.ndarray) -> np.ndarray:
     """Mean action of the Gaussian policy, float32 [B, action_dim] in [-1, 1].
 
@@ -32,14 +41,7 @@ def policy_mean(arrays: dict, obs: np.ndarray) -> np.ndarray:
         arrays: named weights from the learner (see `layer_names`, OBS_MEAN, OBS_STD).
         obs: raw observations [B, obs_dim].
     """
-    h = normalize_obs(arrays, obs)
-    i = 0
-    while layer_names(i + 1)[0] in arrays:
-        w, b = layer_names(i)
-        h = np.maximum(h @ arrays[w] + arrays[b], 0.0)
-        i += 1
-    w, b = layer_names(i)
-    return np.tanh(h @ arrays[w] + arrays[b])
+    return np.tanh(mlp_forward(arrays, normalize_obs(arrays, obs)))
 
 
 def sample_actions(arrays: dict, obs: np.ndarray, rng: np.random.Generator):
@@ -61,3 +63,22 @@ def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.n
     """Maps policy actions in [-1, 1] (clipped) linearly onto the env's Box [low, high]."""
     a = np.clip(action, -1.0, 1.0)
     return (low + (a + 1.0) * 0.5 * (high - low)).astype(np.float32)
+
+
+EPSILON = "epsilon"  # DQN: the actors' current exploration rate, pushed with the weights
+
+
+def epsilon_greedy(arrays: dict, obs: np.ndarray, rng: np.random.Generator, epsilon: float | None = None):
+    """DQN behaviour policy: argmax_a Q(s, a) with probability 1 − ε, else a uniform action.
+
+    Args:
+        arrays: Q-network layers `q/w{i}`, `q/b{i}` and `epsilon` (used when `epsilon` is None).
+        obs: [B, obs_dim] observations.
+    Returns:
+        int32 [B] actions.
+    """
+    q = mlp_forward(arrays, np.asarray(obs, np.float32), "q")
+    eps = float(arrays[EPSILON]) if epsilon is None else epsilon
+    greedy = q.argmax(-1)
+    explore = rng.random(len(greedy)) < eps
+    return np.where(explore, rng.integers(0, q.shape[-1], len(greedy)), greedy).astype(np.int32)

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "dqn")
 
 
 def _fail(message: str) -> None:
@@ -46,7 +46,8 @@ def main():
 
 
 _common = [
-    click.option("--algo", default="ppo", show_default=True, help="Algorithm: ppo (BatchPPO)."),
+    click.option("--algo", default="ppo", show_default=True,
+                 help="Algorithm: ppo (BatchPPO, continuous actions) or dqn (discrete actions)."),
     click.option("--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5."),
     click.option("--config", "preset", default="default", show_default=True,
                  help="Hyperparameter preset: default or paper (BatchPPO reference values)."),
@@ -105,24 +106,17 @@ def replay_cmd(algo, env_id, preset, overrides, port, queue_items):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     _check_algo(algo)
-    from actors.envs import EnvError, env_spec
-    from learner.presets import make_config
-    from replay.server import ppo_tables, serve
+    from actors.envs import EnvError, env_spec, require_action_kind
+    from learner.presets import make_algo_config
+    from replay.server import serve, tables_for
     try:
         spec = env_spec(env_id)
-        cfg = make_config(preset, env_id, _parse_overrides(overrides))
-        items = queue_items or queue_items_for(cfg)
-        tables = ppo_tables(spec.obs_shape[0], spec.action_dim, cfg.envs_per_actor, cfg.unroll_length, items)
+        require_action_kind(spec, algo)
+        cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides))
+        tables = tables_for(algo, spec, cfg, queue_items)
+        serve(tables, port)
     except (EnvError, ValueError) as e:
         _fail(str(e))
-    serve(tables, port)
-
-
-def queue_items_for(cfg) -> int:
-    """Default queue capacity: enough items for one update batch (at least 2)."""
-    per_item = cfg.envs_per_actor * cfg.unroll_length
-    steps = cfg.batch_env_steps or 1000 * max(cfg.batch_episodes, 1)
-    return max(2, math.ceil(steps / per_item))
 
 
 @main.command("learner")
@@ -139,17 +133,18 @@ def queue_items_for(cfg) -> int:
               type=click.Choice(["auto", "async", "sync", "envpool"]), help="Env backend actors use (see `up`).")
 @click.option("--report-interval", default=5.0, show_default=True, type=float)
 @click.option("--checkpoint-interval", default=120.0, show_default=True, type=float, help="Seconds.")
-@click.option("--linger", default=0.0, type=float, help="Seconds to keep serving after the run ends.")
+@click.option("--linger", default=5.0, show_default=True, type=float,
+              help="Seconds to keep serving after the run ends, so actors see the stop.")
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
 def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_actors, logdir, total_steps,
                 port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file):
-    """Run the learner service (BatchPPO) against a running replay server."""
+    """Run the learner service (BatchPPO or DQN) against a running replay server."""
     _quiet_tf()
     _check_algo(algo)
     from actors.envs import EnvError
     from learner.service import Learner, LearnerError
     try:
-        learner = Learner(env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
+        learner = Learner(algo, env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
                           preset=preset, overrides=_parse_overrides(overrides), seed=seed, resume=resume,
                           report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval,
                           replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger)

@@ -20,9 +20,9 @@ import grpc
 import portpicker
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from actors.envs import EnvError, env_spec, require_continuous
+from actors.envs import EnvError, env_spec, require_action_kind
 from deploy.status import StatusError, get_status
-from learner.presets import make_config
+from learner.presets import make_algo_config
 
 LOOPBACK = "127.0.0.1"
 
@@ -88,6 +88,11 @@ def _learner_ready(address: str) -> bool:
             return False
 
 
+def _interrupt(signum, frame):
+    """SIGTERM/SIGHUP to `up` stop the cluster the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def _fmt(x, fmt="{:,.1f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
@@ -110,10 +115,19 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     """
     try:
         spec = env_spec(env_id)
-        require_continuous(spec, algo)
-        cfg = make_config(preset, env_id, overrides)
+        require_action_kind(spec, algo)
+        cfg = make_algo_config(algo, preset, env_id, overrides)
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
+    if resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+        raise LaunchError(f"--logdir {logdir} already holds a run (checkpoints/); continue it with "
+                          f"--resume {logdir}, or choose a new --logdir.")
+    if resume is not None and not os.path.exists(os.path.join(resume, "checkpoints", "checkpoint")):
+        raise LaunchError(f"--resume {resume}: no checkpoint found in {resume}/checkpoints; "
+                          "pass the --logdir of an earlier run.")
+    resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
+                           "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
+                           "--config", preset, *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
     learner_address = f"{LOOPBACK}:{learner_port or portpicker.pick_unused_port()}"
@@ -121,6 +135,7 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
     children: list[_Child] = []
     actors: list[_Child] = []
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         replay = _Child("replay", ["replay", *common, "--port", replay_address.split(":")[1]], logdir)
         children.append(replay)
@@ -143,6 +158,7 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             actors.append(actor)
             children.append(actor)
         next_report = time.time() + report_interval
+        phase = "starting"
         while learner.proc.poll() is None:
             for c in children:
                 if c is not learner and c.proc.poll() not in (None, 0):
@@ -152,9 +168,11 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             if time.time() >= next_report:
                 next_report = time.time() + report_interval
                 try:
-                    print(progress_line(get_status(learner_address, 5), total_steps), flush=True)
+                    st = get_status(learner_address, 5)
+                    phase = st["phase"]
+                    print(progress_line(st, total_steps), flush=True)
                 except StatusError as e:
-                    if learner.proc.poll() is None:
+                    if learner.proc.poll() is None and phase not in ("evaluating", "done"):
                         print(f"rlfleet up: status unavailable: {e}", flush=True)
             time.sleep(0.2)
         if learner.proc.returncode != 0:
@@ -178,8 +196,13 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         for c in children:
             if c.name == "learner":
                 c.stop(120)
-        print(f"rlfleet up: stopped. Resume with: rlfleet up ... --resume {logdir} --logdir {logdir}", flush=True)
+        if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+            print(f"rlfleet up: stopped. Resume with:\n  {resume_cmd}", flush=True)
+        else:
+            print("rlfleet up: stopped before the learner wrote a checkpoint; nothing to resume.", flush=True)
         return 130
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for c in reversed(children):
             c.stop(30 if c.name == "learner" else 10)

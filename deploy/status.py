@@ -17,7 +17,8 @@ def get_status(address: str, timeout_s: float = 5.0) -> dict:
     """Calls GetStatus on the learner at `address`.
 
     Returns:
-        dict with the snake_case fields of ARCHITECTURE.md (NaN for values not yet known).
+        dict with the snake_case fields of the `Status` message in proto/rlfleet.proto
+        (NaN for values not yet known).
     Raises:
         StatusError: unreachable learner or RPC failure within `timeout_s` seconds.
     """

@@ -1,34 +1,44 @@
-"""Evaluation of the current policy with its mean action (BatchPPO evaluates
-the deterministic mean of the Gaussian policy)."""
+"""Evaluation episodes for the learner: BatchPPO with the mean action (as the
+BatchPPO paper evaluates), DQN ε-greedy with ε_eval = 0.001 (Dopamine /
+reincarnating_rl evaluation setting)."""
 from __future__ import annotations
+
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
 
-from actors.policy import policy_mean, to_env_action
+from actors.policy import epsilon_greedy, policy_mean, to_env_action
 
 
-def evaluate(arrays: dict, env_id: str, episodes: int, seed: int,
-             action_low, action_high) -> list[float]:
-    """Runs `episodes` full episodes with the mean action; returns their undiscounted returns.
+def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], object]) -> list[float]:
+    """Runs `episodes` full episodes; `act` maps one observation [1, obs_dim] to one env action.
 
-    Args:
-        arrays: exported policy weights with observation normalizer (actors.policy layout).
-        action_low / action_high: the env's Box bounds ([A] floats).
+    Returns the undiscounted return of each episode.
     """
     env = gym.make(env_id)
-    low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
     returns = []
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=seed + i)
             total, done = 0.0, False
             while not done:
-                mean = policy_mean(arrays, np.asarray(obs, np.float32)[None])
-                obs, reward, terminated, truncated, _ = env.step(to_env_action(mean, low, high)[0])
+                obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, np.float32)[None]))
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)
     finally:
         env.close()
     return returns
+
+
+def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, action_high) -> list[float]:
+    """BatchPPO evaluation: the Gaussian policy's mean action, mapped onto the env's Box bounds."""
+    low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
+    return run_episodes(env_id, episodes, seed, lambda o: to_env_action(policy_mean(arrays, o), low, high)[0])
+
+
+def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001) -> list[float]:
+    """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001)."""
+    rng = np.random.default_rng(seed)
+    return run_episodes(env_id, episodes, seed, lambda o: int(epsilon_greedy(arrays, o, rng, epsilon)[0]))

@@ -84,3 +84,74 @@ def make_config(preset: str, env_id: str, overrides: dict | None = None) -> PPOC
     if bad:
         raise ValueError(f"unknown PPO setting(s) {bad}; valid settings: {sorted(fields)}.")
     return PPOConfig(**values)
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """All DQN settings of a run.
+
+    Defaults follow the reincarnating_rl / Dopamine DQN configs where they
+    apply to any env (n-step 3, γ 0.99, Adam eps 1.5e-4, batch 32, Huber loss);
+    the `default` preset's per-env overrides size the rest for small envs.
+    Units: `*_env_steps` in env (agent) steps summed over all actors;
+    `target_update_period` and `publish_every` in learner (gradient) steps.
+    `samples_per_insert` = batch_size / (env steps per gradient step): the
+    replay ratio the Reverb `SampleToInsertRatio` rate limiter holds however
+    many actors are attached.
+    """
+    hidden: tuple = (256, 256)
+    n_step: int = 3
+    discount: float = 0.99
+    learning_rate: float = 1e-4
+    adam_epsilon: float = 1.5e-4
+    batch_size: int = 32
+    samples_per_insert: float = 8.0   # batch 32, one gradient step every 4 env steps
+    replay_size: int = 1_000_000
+    min_replay_size: int = 20_000
+    target_update_period: int = 2000  # = 8000 agent steps at one gradient step per 4
+    publish_every: int = 100
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.01
+    epsilon_decay_env_steps: int = 250_000
+    epsilon_eval: float = 0.001
+    envs_per_actor: int = 8
+    eval_episodes: int = 10
+    eval_every_updates: int = 20      # in weights versions
+    prioritized: bool = False
+    priority_exponent: float = 0.6
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+DQN_PRESETS = {"default": {}}
+# Small discrete envs: a smaller network, a short replay warm-up and ε schedule, more replay per step.
+_CLASSIC_CONTROL = dict(hidden=(128, 128), learning_rate=2.5e-4, batch_size=64, samples_per_insert=16.0,
+                        replay_size=50_000, min_replay_size=1000, target_update_period=500, publish_every=50,
+                        epsilon_decay_env_steps=20_000, epsilon_end=0.05, envs_per_actor=4, eval_every_updates=10)
+DQN_ENV_OVERRIDES = {
+    ("default", "CartPole-v1"): _CLASSIC_CONTROL,
+    ("default", "Acrobot-v1"): _CLASSIC_CONTROL,
+}
+
+
+def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None = None):
+    """`PPOConfig` (algo "ppo") or `DQNConfig` (algo "dqn"): preset, then per-env overrides, then `overrides`.
+
+    Raises:
+        ValueError: unknown algorithm, preset or setting name.
+    """
+    if algo == "ppo":
+        return make_config(preset, env_id, overrides)
+    if algo != "dqn":
+        raise ValueError(f"unknown algorithm {algo!r}; choose ppo or dqn.")
+    if preset not in DQN_PRESETS:
+        raise ValueError(f"unknown --config preset {preset!r} for dqn; choose one of {sorted(DQN_PRESETS)}.")
+    values = {**DQN_PRESETS[preset], **DQN_ENV_OVERRIDES.get((preset, env_id), {}), **(overrides or {})}
+    fields = {f.name for f in dataclasses.fields(DQNConfig)}
+    bad = sorted(set(values) - fields)
+    if bad:
+        raise ValueError(f"unknown DQN setting(s) {bad}; valid settings: {sorted(fields)}.")
+    if "hidden" in values:
+        values["hidden"] = tuple(values["hidden"])
+    return DQNConfig(**values)

@@ -1,4 +1,4 @@
-"""The learner process: BatchPPO updates on replay data plus the Learner gRPC service.
+"""The learner process: algorithm updates on replay data plus the Learner gRPC service.
 
 Threads:
 - main: reads batches from the replay queue, updates, publishes weights,
@@ -26,13 +26,12 @@ import reverb
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from actors.envs import env_spec, require_continuous
-from learner.evaluation import evaluate
-from learner.ppo import BatchPPO
-from learner.presets import make_config
+from actors.envs import env_spec, require_action_kind
+from learner.agents import Agent, PPOAgent
+from learner.presets import make_algo_config
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
-from replay.server import PPO_TABLE, ppo_signature, table_status
+from replay.server import table_status
 
 log = logging.getLogger("rlfleet.learner")
 
@@ -62,31 +61,32 @@ class _Servicer(rlfleet_pb2_grpc.LearnerServicer):
 
 
 class Learner:
-    """BatchPPO learner service.
+    """Learner service for one algorithm (BatchPPO or DQN).
 
     Args:
-        env_id: gymnasium id (continuous actions).
-        replay_address: host:port of the Reverb server holding `PPO_TABLE`.
+        algo: "ppo" (continuous actions) or "dqn" (discrete actions).
+        env_id: gymnasium id.
+        replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
         total_steps: stop after this many env steps (0: run until stopped).
         port / bind: where the gRPC service listens (bind defaults to loopback).
-        preset / overrides: hyperparameters (`learner.presets.make_config`).
+        preset / overrides: hyperparameters (`learner.presets.make_algo_config`).
         resume: a run directory whose latest checkpoint to continue from.
         replay_host_for_actors: replay address as actors should dial it.
     Raises:
         EnvError / ValueError / LearnerError: bad env, preset, replay table or resume dir.
     """
 
-    def __init__(self, env_id: str, replay_address: str, logdir: str, total_steps: int = 0,
+    def __init__(self, algo: str, env_id: str, replay_address: str, logdir: str, total_steps: int = 0,
                  port: int = 0, bind: str = "127.0.0.1", preset: str = "default",
                  overrides: dict | None = None, seed: int = 0, resume: str | None = None,
                  report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
                  replay_host_for_actors: str | None = None, env_backend: str = "auto",
                  linger_s: float = 0.0):
         self.spec = env_spec(env_id)
-        require_continuous(self.spec, "ppo")
-        self.config = make_config(preset, env_id, overrides)
-        self.env_id, self.seed, self.preset = env_id, seed, preset
+        require_action_kind(self.spec, algo)
+        self.config = make_algo_config(algo, preset, env_id, overrides)
+        self.algo, self.env_id, self.seed, self.preset = algo, env_id, seed, preset
         self.replay_address = replay_address
         self.replay_for_actors = replay_host_for_actors or replay_address
         self.logdir, self.total_steps = logdir, total_steps
@@ -94,12 +94,14 @@ class Learner:
         self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
         self.linger_s = linger_s
         os.makedirs(logdir, exist_ok=True)
+        run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(self.config.to_json()))
+        _check_run_dir(logdir, resume, run)
 
-        self.algo = BatchPPO(self.spec, self.config, seed)
+        self.agent = make_agent(algo, self.spec, self.config, seed)
         self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
             "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
             "dropped_env_steps", "updates")}
-        self.ckpt = tf.train.Checkpoint(**self.algo.checkpoint_items(), **self.counters)
+        self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **self.counters)
         self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
         if resume:
             latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
@@ -107,8 +109,10 @@ class Learner:
                 raise LearnerError(f"--resume {resume}: no checkpoint found in {resume}/checkpoints; "
                                    "pass the --logdir of an earlier run.")
             self.ckpt.restore(latest).assert_existing_objects_matched()
-            self.algo.sync_from_checkpoint()
+            self.agent.sync_from_checkpoint()
             print(f"rlfleet learner: resumed from {latest}", flush=True)
+        with open(os.path.join(logdir, "run.json"), "w") as f:
+            json.dump(run, f, indent=2)
 
         self.lock = threading.Lock()
         self.weights_cond = threading.Condition(self.lock)
@@ -132,10 +136,13 @@ class Learner:
         rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{bind}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{bind}:{port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
             raise LearnerError(f"cannot bind the learner service to {bind}:{port} (port in use?); "
-                               "choose another --port.")
+                               "choose another port (--port / --learner-port).")
         self.address = f"{bind}:{self.port}"
 
     # ----- gRPC handlers (called on worker threads) -----
@@ -152,14 +159,12 @@ class Learner:
             self.next_actor_id += 1
             self.actors[actor_id] = dict(host=request.host or context.peer(), num_envs=c.envs_per_actor,
                                          policy_version=-1, env_steps=0, last_seen=time.time())
-        network = dict(obs_dim=self.spec.obs_shape[0], action_dim=self.spec.action_dim,
-                       action_low=self.spec.action_low, action_high=self.spec.action_high,
-                       policy_hidden=list(c.policy_hidden))
         log.info("actor %d registered from %s", actor_id, request.host)
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=rlfleet_pb2.RunConfig(
-            algo="ppo", env_id=self.env_id, replay_address=self.replay_for_actors, table=PPO_TABLE,
-            num_envs=c.envs_per_actor, unroll_length=c.unroll_length, seed=self.seed + 1000 * (actor_id + 1),
-            network_json=json.dumps(network), env_backend=self.env_backend))
+            algo=self.algo, env_id=self.env_id, replay_address=self.replay_for_actors, table=self.agent.table,
+            num_envs=c.envs_per_actor, unroll_length=self.agent.unroll_length,
+            seed=self.seed + 1000 * (actor_id + 1), network_json=json.dumps(self.agent.actor_network()),
+            env_backend=self.env_backend))
 
     def stream_weights(self, request, context):
         sent = request.min_version - 1
@@ -198,7 +203,7 @@ class Learner:
         return max(reported, seen)
 
     def status_dict(self) -> dict:
-        """The status fields of ARCHITECTURE.md (snake_case), as plain Python values."""
+        """The fields of the `Status` message (proto/rlfleet.proto), as plain Python values."""
         with self.lock:
             env_steps = self._env_steps_locked()
             now = time.time()
@@ -208,15 +213,16 @@ class Learner:
                       for i, a in sorted(self.actors.items())]
             recent = list(self.recent_returns)
             out = dict(
-                algo="ppo", env_id=self.env_id, phase=self.phase,
+                algo=self.algo, env_id=self.env_id, phase=self.phase,
                 learner_steps=int(self.counters["learner_steps"].numpy()), env_steps=env_steps,
                 weights_version=int(self.counters["weights_version"].numpy()),
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
                 eval_return_mean=self.eval_return_mean, uptime_seconds=now - self.start_time,
-                actors=actors, distillation_coefficient=0.0,
+                actors=actors, distillation_coefficient=0.0, kl_beta=0.0,
                 dropped_env_steps=int(self.counters["dropped_env_steps"].numpy()),
                 consumed_env_steps=int(self.counters["consumed_env_steps"].numpy()),
-                kl_beta=self.algo.beta, **self.rates)
+                **self.rates)
+            out.update(self.agent.status_extras())
         out["replay"] = table_status(self.replay_address, timeout_s=1)
         return out
 
@@ -232,19 +238,17 @@ class Learner:
     # ----- main loop -----
 
     def _publish_weights(self) -> None:
-        msg = proto_arrays.to_proto(int(self.counters["weights_version"].numpy()), self.algo.export_weights())
+        msg = proto_arrays.to_proto(int(self.counters["weights_version"].numpy()), self.agent.export_weights())
         with self.weights_cond:
             self.weights_msg = msg
             self.weights_cond.notify_all()
 
     def _sampler(self) -> None:
         try:
-            client = reverb.Client(self.replay_address)
-            for sample in client.sample(PPO_TABLE, num_samples=2 ** 62, emit_timesteps=False,
-                                        unpack_as_table_signature=True):
+            for sample in self.agent.samples(self.replay_address):
                 while not self.stop_event.is_set():
                     try:
-                        self._sample_queue.put(sample.data, timeout=0.5)
+                        self._sample_queue.put(sample, timeout=0.5)
                         break
                     except queue.Full:
                         continue
@@ -264,20 +268,20 @@ class Learner:
                     raise LearnerError(f"replay server {self.replay_address} unreachable: {e}; "
                                        "start it with `rlfleet replay` first.") from e
                 time.sleep(1)
-        if PPO_TABLE not in info:
-            raise LearnerError(f"replay server {self.replay_address} has no table {PPO_TABLE!r} "
-                               f"(tables: {sorted(info)}); start it with `rlfleet replay --algo ppo`.")
-        c = self.config
-        want = ppo_signature(self.spec.obs_shape[0], self.spec.action_dim, c.envs_per_actor, c.unroll_length)
-        got = info[PPO_TABLE].signature
+        table = self.agent.table
+        if table not in info:
+            raise LearnerError(f"replay server {self.replay_address} has no table {table!r} "
+                               f"(tables: {sorted(info)}); start it with `rlfleet replay --algo {self.algo}`.")
+        want = self.agent.signature()
+        got = info[table].signature
         if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != \
                 {k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()}:
             shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
             raise LearnerError(
-                f"replay table {PPO_TABLE} signature does not match this learner: the table holds "
-                f"{shapes(got)}, the learner (env {self.env_id}, {c.envs_per_actor} envs per actor, "
-                f"unroll length {c.unroll_length}) needs {shapes(want)}. Start `rlfleet replay` and "
-                "`rlfleet learner` with the same --env, --config and --set values.")
+                f"replay table {table} signature does not match this learner: the table holds "
+                f"{shapes(got)}, the learner ({self.algo} on {self.env_id}, {self.config.envs_per_actor} envs "
+                f"per actor) needs {shapes(want)}. Start `rlfleet replay` and "
+                "`rlfleet learner` with the same --algo, --env, --config and --set values.")
 
     def _log_metrics(self, writer, metrics_file, last: dict) -> dict:
         now = time.time()
@@ -301,8 +305,7 @@ class Learner:
         return dict(time=now, env_steps=st["env_steps"], learner_steps=st["learner_steps"])
 
     def _evaluate(self, episodes: int) -> list[float]:
-        returns = evaluate(self.algo.export_weights(), self.env_id, episodes, self.seed + 10 ** 6,
-                           self.spec.action_low, self.spec.action_high)
+        returns = self.agent.evaluate(episodes, self.seed + 10 ** 6)
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
         return returns
@@ -310,7 +313,7 @@ class Learner:
     def _save(self) -> str:
         with self.lock:
             self.counters["env_steps"].assign(self._env_steps_locked())
-        self.algo.sync_to_checkpoint()
+        self.agent.sync_to_checkpoint()
         return self.ckpt_manager.save()
 
     def _env_steps(self) -> int:
@@ -335,7 +338,6 @@ class Learner:
         last = dict(time=time.time(), env_steps=self._env_steps(),
                     learner_steps=int(self.counters["learner_steps"].numpy()))
         last_ckpt = time.time()
-        items, batch_steps, batch_episodes = [], 0, 0
         completed = False
         try:
             while not self.stop_event.is_set():
@@ -347,31 +349,22 @@ class Learner:
                 if self._sampler_error is not None:
                     raise LearnerError(f"lost the replay server {self.replay_address}: {self._sampler_error}")
                 try:
-                    item = self._sample_queue.get(timeout=0.5)
+                    sample = self._sample_queue.get(timeout=0.5)
                 except queue.Empty:
-                    continue
-                version = int(self.counters["weights_version"].numpy())
-                steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
-                if version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
-                    self.counters["dropped_env_steps"].assign_add(steps)
                     continue
                 with self.lock:
                     self.phase = "training"
-                items.append(item)
-                batch_steps += steps
-                batch_episodes += int(item["done"][:-1].sum())
-                if not ((c.batch_env_steps and batch_steps >= c.batch_env_steps) or
-                        (c.batch_episodes and batch_episodes >= c.batch_episodes)):
+                result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()),
+                                            self._env_steps())
+                self.counters["learner_steps"].assign_add(result.gradient_steps)
+                self.counters["consumed_env_steps"].assign_add(result.consumed)
+                self.counters["dropped_env_steps"].assign_add(result.dropped)
+                if not result.updated:
                     continue
-                batch = {k: np.concatenate([it[k] for it in items], axis=1) for k in items[0]}
-                metrics = self.algo.update(batch)
-                self.last_metrics = {k: v for k, v in metrics.items() if k != "gradient_steps"}
-                self.counters["learner_steps"].assign_add(metrics["gradient_steps"])
-                self.counters["consumed_env_steps"].assign_add(batch_steps)
+                self.last_metrics = result.metrics
                 self.counters["updates"].assign_add(1)
                 self.counters["weights_version"].assign_add(1)
                 self._publish_weights()
-                items, batch_steps, batch_episodes = [], 0, 0
                 if int(self.counters["updates"].numpy()) % c.eval_every_updates == 0:
                     self._evaluate(c.eval_episodes)
                 if time.time() - last_ckpt >= self.checkpoint_interval_s:
@@ -380,7 +373,7 @@ class Learner:
             with self.lock:
                 self.run_over = completed
                 self.phase = "evaluating" if completed else "stopping"
-            summary = dict(algo="ppo", env_id=self.env_id, preset=self.preset, seed=self.seed,
+            summary = dict(algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed,
                            completed=completed, status_address=self.address)
             if completed:
                 returns = self._evaluate(c.eval_episodes)
@@ -393,7 +386,7 @@ class Learner:
             st = self.status_dict()
             summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
                            weights_version=st["weights_version"], consumed_env_steps=st["consumed_env_steps"],
-                           dropped_env_steps=st["dropped_env_steps"],
+                           dropped_env_steps=st["dropped_env_steps"], replay=st["replay"],
                            wall_seconds=time.time() - self.start_time, checkpoint=path,
                            config=json.loads(c.to_json()))
             with open(os.path.join(self.logdir, "summary.json"), "w") as f:
@@ -412,3 +405,32 @@ class Learner:
             self.server.stop(grace=1.0).wait()
             metrics_file.close()
             writer.close()
+
+
+def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
+    """Refuses to mix runs: a used --logdir needs --resume, and a resumed run keeps its algo, env and config.
+
+    Raises:
+        LearnerError: naming the conflict and the fix.
+    """
+    if resume is None and tf.train.latest_checkpoint(os.path.join(logdir, "checkpoints")):
+        raise LearnerError(f"--logdir {logdir} already holds a run (checkpoints/); continue it with "
+                           f"--resume {logdir}, or choose a new --logdir.")
+    if resume is None or not os.path.exists(os.path.join(resume, "run.json")):
+        return
+    with open(os.path.join(resume, "run.json")) as f:
+        before = json.load(f)
+    diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
+    diffs += [f"{k}: {v!r} -> {run['config'].get(k)!r}" for k, v in before.get("config", {}).items()
+              if run["config"].get(k) != v]
+    if diffs:
+        raise LearnerError(f"--resume {resume}: this run was started with other settings ({'; '.join(diffs)}); "
+                           "resume it with the same --algo, --env, --config and --set values.")
+
+
+def make_agent(algo: str, spec, config, seed: int) -> Agent:
+    """The algorithm object for `algo` ("ppo" or "dqn")."""
+    if algo == "ppo":
+        return PPOAgent(spec, config, seed)
+    from learner.dqn import DQNAgent
+    return DQNAgent(spec, config, seed)

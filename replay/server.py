@@ -16,6 +16,7 @@ import reverb
 import tensorflow as tf
 
 PPO_TABLE = "ppo_trajectories"
+DQN_TABLE = "dqn_replay"
 
 log = logging.getLogger("rlfleet.replay")
 
@@ -58,13 +59,73 @@ def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int,
                                signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length))]
 
 
+def dqn_signature(obs_shape: tuple, obs_dtype, n_step: int) -> dict:
+    """Signature of one DQN item: n+1 consecutive steps of one env.
+
+    Fields have leading shape [n+1]: step k holds the observation, the action
+    taken on it, the reward and `done` (episode ended after step k) that
+    followed, and the behaviour policy version. The last step only provides
+    the bootstrap observation. Consecutive items overlap by n steps and share
+    Reverb chunks, so each observation is stored about once.
+    """
+    lead = [n_step + 1]
+    return {
+        "observation": tf.TensorSpec(lead + list(obs_shape), obs_dtype),
+        "action": tf.TensorSpec(lead, tf.int32),
+        "reward": tf.TensorSpec(lead, tf.float32),
+        "done": tf.TensorSpec(lead, tf.bool),
+        "policy_version": tf.TensorSpec(lead, tf.int64),
+    }
+
+
+def dqn_tables(obs_shape: tuple, obs_dtype, n_step: int, replay_size: int, min_replay_size: int,
+               samples_per_insert: float, prioritized: bool = False, priority_exponent: float = 0.6) -> list:
+    """The DQN replay table: uniform (or prioritized) sampling, FIFO removal at `replay_size` items,
+    and a `SampleToInsertRatio` rate limiter holding `samples_per_insert` (±10% of
+    `min_replay_size` worth of slack) once `min_replay_size` items are in.
+
+    Raises:
+        ValueError: non-positive sizes or ratio.
+    """
+    if min(n_step, replay_size, min_replay_size) <= 0 or samples_per_insert <= 0:
+        raise ValueError("replay: n_step, replay_size, min_replay_size and samples_per_insert must be positive")
+    if min_replay_size > replay_size:
+        raise ValueError(f"replay: min_replay_size {min_replay_size} exceeds replay_size {replay_size}")
+    error_buffer = max(1.0, samples_per_insert, 0.1 * samples_per_insert * min_replay_size)
+    sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
+    return [reverb.Table(
+        name=DQN_TABLE, sampler=sampler, remover=reverb.selectors.Fifo(), max_size=replay_size,
+        rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
+        signature=dqn_signature(obs_shape, obs_dtype, n_step))]
+
+
+def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
+    """Replay tables of `algo` ("ppo" or "dqn") for an env spec and its algorithm config."""
+    if algo == "ppo":
+        items = queue_items or ppo_queue_items(config)
+        return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
+    return dqn_tables(spec.obs_shape, tf.float32, config.n_step, config.replay_size, config.min_replay_size,
+                      config.samples_per_insert, config.prioritized, config.priority_exponent)
+
+
+def ppo_queue_items(config) -> int:
+    """Default PPO queue capacity: enough items for one update batch (at least 2)."""
+    per_item = config.envs_per_actor * config.unroll_length
+    steps = config.batch_env_steps or 1000 * max(config.batch_episodes, 1)
+    return max(2, -(-steps // per_item))
+
+
 def serve(tables: list, port: int, stop_event: threading.Event | None = None) -> None:
     """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
 
     Reverb binds every interface and has no authentication: keep its port on a
     private network (see README).
     """
-    server = reverb.Server(tables=tables, port=port)
+    try:
+        server = reverb.Server(tables=tables, port=port)
+    except ValueError as e:
+        raise ValueError(f"cannot start the replay server on port {port} (port in use?): {e}; "
+                         "choose another --port.") from None
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

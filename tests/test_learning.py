@@ -11,7 +11,7 @@ from conftest import ENV, ROOT
 def test_up_learns_inverted_pendulum(tmp_path):
     logdir = tmp_path / "pendulum"
     out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "InvertedPendulum-v5",
-                          "--total-steps", "70000", "--logdir", logdir, "--envs-per-actor", "8",
+                          "--total-steps", "100000", "--logdir", logdir, "--envs-per-actor", "8",
                           "--report-interval", "5"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -20,11 +20,11 @@ def test_up_learns_inverted_pendulum(tmp_path):
     for key in ("algo", "env_id", "env_steps", "learner_steps", "wall_seconds", "final_eval_return_mean",
                 "final_eval_episodes", "status_address"):
         assert key in summary, key
-    assert summary["env_steps"] >= 70000 and summary["learner_steps"] > 0
+    assert summary["env_steps"] >= 100000 and summary["learner_steps"] > 0
     assert summary["final_eval_episodes"] == 10
     assert summary["final_eval_return_mean"] >= 900, summary  # of 1000
     rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) >= 3 and rows[-1]["env_steps"] >= 70000
+    assert len(rows) >= 3 and rows[-1]["env_steps"] >= 100000
     assert list((logdir / "tb").glob("events.out.tfevents.*"))
     assert list((logdir / "checkpoints").glob("ckpt-*.index"))
 
@@ -84,3 +84,21 @@ def test_a_dead_child_makes_up_fail_loudly(tmp_path):
     assert time.time() - start < 60
     for c in children:  # nothing left running
         assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
+
+
+def test_up_dqn_learns_cartpole(tmp_path):
+    """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
+    logdir = tmp_path / "cartpole"
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "dqn", "--env", "CartPole-v1",
+                          "--total-steps", "30000", "--logdir", logdir, "--report-interval", "5"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["algo"] == "dqn" and summary["env_steps"] >= 30000
+    assert summary["final_eval_return_mean"] >= 150, summary  # random policy: ~22
+    [table] = summary["replay"]
+    # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
+    spi = summary["config"]["samples_per_insert"]
+    error_buffer = 0.1 * spi * summary["config"]["min_replay_size"]
+    expected = spi * (table["inserts"] - summary["config"]["min_replay_size"])
+    assert abs(table["samples"] - expected) <= error_buffer + spi * 200, (table, spi)

@@ -98,4 +98,4 @@ def test_learner_refuses_mismatched_replay(procs, free_port, tmp_path):
     out = rlfleet("learner", "--env", ENV_ID, "--replay", f"127.0.0.1:{replay_port}", "--logdir",
                   tmp_path / "run", *SMALL, "--set", "unroll_length=8", timeout=120)
     assert out.returncode == 2
-    assert "signature does not match" in out.stderr and "same --env, --config and --set" in out.stderr
+    assert "signature does not match" in out.stderr and "same --algo, --env, --config and --set" in out.stderr

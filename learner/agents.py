@@ -1,0 +1,147 @@
+"""What the learner service needs from an algorithm, and the BatchPPO agent.
+
+The service (`learner.service.Learner`) owns the gRPC API, counters,
+checkpoints, metrics and the run's end; an agent owns the algorithm: its
+replay table and signature, how items are read and turned into updates, the
+weights actors receive, and evaluation.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import numpy as np
+import reverb
+
+from actors.envs import EnvSpec
+from learner.evaluation import evaluate
+from learner.ppo import BatchPPO
+from learner.presets import PPOConfig
+from replay.server import PPO_TABLE, ppo_signature
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What consuming one replay sample did.
+
+    gradient_steps: learner steps taken; consumed / dropped: env steps trained
+    on / discarded for policy lag; updated: the weights changed enough to
+    publish a new policy version; metrics: floats for logs and TensorBoard.
+    """
+    gradient_steps: int = 0
+    consumed: int = 0
+    dropped: int = 0
+    updated: bool = False
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+class Agent(abc.ABC):
+    """Interface of an algorithm inside the learner service (see module doc)."""
+    algo: str
+    table: str
+    config: object
+    spec: EnvSpec
+    unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
+
+    @abc.abstractmethod
+    def signature(self) -> dict:
+        """The replay table signature this agent reads (tf.TensorSpec per field)."""
+
+    @abc.abstractmethod
+    def actor_network(self) -> dict:
+        """JSON-able facts actors need besides the weights (dims, action bounds)."""
+
+    @abc.abstractmethod
+    def export_weights(self) -> dict:
+        """Named numpy arrays for the actors' policy (normalizer statistics included)."""
+
+    @abc.abstractmethod
+    def checkpoint_items(self) -> dict:
+        """Trackables for `tf.train.Checkpoint` (networks, optimizers, state variables)."""
+
+    def sync_to_checkpoint(self) -> None:
+        pass
+
+    def sync_from_checkpoint(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    def samples(self, replay_address: str):
+        """Yields replay samples (blocking); runs on the learner's sampler thread."""
+
+    @abc.abstractmethod
+    def consume(self, sample, version: int, env_steps: int) -> StepResult:
+        """Uses one sample from `samples`; `version` is the current policy version."""
+
+    @abc.abstractmethod
+    def evaluate(self, episodes: int, seed: int) -> list[float]:
+        """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
+
+    def status_extras(self) -> dict:
+        """Algorithm-specific status fields (e.g. kl_beta)."""
+        return {}
+
+
+class PPOAgent(Agent):
+    """BatchPPO in the learner service: reads the FIFO queue of T+1-step items,
+    drops items older than `max_policy_lag` versions, and updates once a batch
+    of `batch_env_steps` env steps (or `batch_episodes` episodes) is collected."""
+    algo, table = "ppo", PPO_TABLE
+
+    def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int):
+        self.spec, self.config = spec, config
+        self.unroll_length = config.unroll_length
+        self.ppo = BatchPPO(spec, config, seed)
+        self._items, self._steps, self._episodes = [], 0, 0
+
+    def signature(self) -> dict:
+        c = self.config
+        return ppo_signature(self.spec.obs_shape[0], self.spec.action_dim, c.envs_per_actor, c.unroll_length)
+
+    def actor_network(self) -> dict:
+        return dict(obs_dim=self.spec.obs_shape[0], action_dim=self.spec.action_dim,
+                    action_low=self.spec.action_low, action_high=self.spec.action_high,
+                    policy_hidden=list(self.config.policy_hidden))
+
+    def export_weights(self) -> dict:
+        return self.ppo.export_weights()
+
+    def checkpoint_items(self) -> dict:
+        return self.ppo.checkpoint_items()
+
+    def sync_to_checkpoint(self) -> None:
+        self.ppo.sync_to_checkpoint()
+
+    def sync_from_checkpoint(self) -> None:
+        self.ppo.sync_from_checkpoint()
+
+    def samples(self, replay_address: str):
+        client = reverb.Client(replay_address)
+        for sample in client.sample(PPO_TABLE, num_samples=2 ** 62, emit_timesteps=False,
+                                    unpack_as_table_signature=True):
+            yield sample.data
+
+    def consume(self, item, version: int, env_steps: int) -> StepResult:
+        c = self.config
+        steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
+        if version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
+            return StepResult(dropped=steps)
+        self._items.append(item)
+        self._steps += steps
+        self._episodes += int(item["done"][:-1].sum())
+        if not ((c.batch_env_steps and self._steps >= c.batch_env_steps) or
+                (c.batch_episodes and self._episodes >= c.batch_episodes)):
+            return StepResult()
+        batch = {k: np.concatenate([it[k] for it in self._items], axis=1) for k in self._items[0]}
+        metrics = self.ppo.update(batch)
+        result = StepResult(gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True,
+                            metrics=metrics)
+        self._items, self._steps, self._episodes = [], 0, 0
+        return result
+
+    def evaluate(self, episodes: int, seed: int) -> list[float]:
+        return evaluate(self.export_weights(), self.spec.env_id, episodes, seed,
+                        self.spec.action_low, self.spec.action_high)
+
+    def status_extras(self) -> dict:
+        return {"kl_beta": self.ppo.beta}

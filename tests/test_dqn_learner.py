@@ -1,0 +1,83 @@
+"""DQN agent without any server: update, target network, exported weights, replay table."""
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+
+from actors.envs import EnvError, env_spec, require_action_kind
+from actors.policy import EPSILON, epsilon_greedy, mlp_forward
+from learner.dqn import DQNAgent
+from learner.presets import make_algo_config
+from replay.server import DQN_TABLE, tables_for
+
+SPEC = env_spec("CartPole-v1")
+
+
+def make_batch(cfg, rng, size=None):
+    size = size or cfg.batch_size
+    n1 = cfg.n_step + 1
+    return dict(observation=tf.constant(rng.standard_normal((size, n1, 4)), tf.float32),
+                action=tf.constant(rng.integers(0, 2, (size, n1)), tf.int32),
+                reward=tf.constant(rng.standard_normal((size, n1)), tf.float32),
+                done=tf.constant(rng.random((size, n1)) < 0.1),
+                policy_version=tf.zeros((size, n1), tf.int64))
+
+
+def test_fitting_a_fixed_batch_lowers_the_td_loss_and_target_syncs():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1", {"target_update_period": 10 ** 9, "publish_every": 5})
+    agent = DQNAgent(SPEC, cfg, seed=0)
+    batch = make_batch(cfg, np.random.default_rng(0))
+    first = agent._train_step(batch)[0].numpy()
+    for _ in range(200):
+        loss = agent._train_step(batch)[0].numpy()
+    assert loss < 0.5 * first
+    # The target network has not moved (period not reached) until it is copied.
+    x = tf.constant(np.ones((1, 4), np.float32))
+    assert not np.allclose(agent.q(x), agent.target_q(x))
+    agent._copy_target()
+    np.testing.assert_allclose(agent.q(x), agent.target_q(x))
+
+
+def test_consume_publishes_every_n_steps_with_decayed_epsilon():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1", {"publish_every": 3})
+    agent = DQNAgent(SPEC, cfg, seed=0)
+    rng = np.random.default_rng(1)
+    results = [agent.consume(make_batch(cfg, rng), 0, env_steps=cfg.epsilon_decay_env_steps // 2) for _ in range(6)]
+    assert [r.updated for r in results] == [False, False, True, False, False, True]
+    assert all(r.gradient_steps == 1 for r in results)
+    expected = cfg.epsilon_start + 0.5 * (cfg.epsilon_end - cfg.epsilon_start)
+    assert agent.export_weights()[EPSILON] == pytest.approx(expected, rel=1e-5)
+
+
+def test_numpy_actor_q_matches_tensorflow_and_epsilon_greedy():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1")
+    agent = DQNAgent(SPEC, cfg, seed=3)
+    arrays = agent.export_weights()
+    obs = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    np.testing.assert_allclose(mlp_forward(arrays, obs, "q"), agent.q(obs).numpy(), atol=1e-5)
+    rng = np.random.default_rng(0)
+    greedy = epsilon_greedy(arrays, obs, rng, epsilon=0.0)
+    assert np.array_equal(greedy, agent.q(obs).numpy().argmax(-1))
+    random_actions = epsilon_greedy(arrays, np.repeat(obs[:1], 2000, 0), rng, epsilon=1.0)
+    assert 0.4 < random_actions.mean() < 0.6
+
+
+def test_replay_table_rate_limiter_and_signature():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1")
+    [table] = tables_for("dqn", SPEC, cfg)
+    server = reverb.Server([table])
+    try:
+        info = reverb.Client(f"localhost:{server.port}").server_info()[DQN_TABLE]
+        assert info.max_size == cfg.replay_size
+        assert info.rate_limiter_info.samples_per_insert == cfg.samples_per_insert
+        assert info.rate_limiter_info.min_size_to_sample == cfg.min_replay_size
+        assert info.signature["observation"].shape == (cfg.n_step + 1, 4)
+    finally:
+        server.stop()
+
+
+def test_action_space_must_match_the_algorithm():
+    with pytest.raises(EnvError, match="needs discrete actions"):
+        require_action_kind(env_spec("HalfCheetah-v5"), "dqn")
+    with pytest.raises(ValueError, match="unknown DQN setting"):
+        make_algo_config("dqn", "default", "CartPole-v1", {"lr": 1})
