@@ -15,7 +15,6 @@ import logging
 import signal
 import socket
 import threading
-import time
 
 import grpc
 import numpy as np
