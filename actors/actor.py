@@ -165,25 +165,31 @@ class Actor:
             self._heartbeat()  # final steps and episodes
         return self.env_steps
 
-    def _count_steps(self, reward, done, episode_return, episode_length) -> None:
-        episode_return += reward
-        episode_length += 1
+    def _start(self, venv):
+        """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""
+        cfg = self.config
+        self._episode_return = np.zeros(cfg.num_envs, np.float64)
+        self._episode_length = np.zeros(cfg.num_envs, np.int64)
+        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(cfg.num_envs)])
+        return np.random.default_rng(cfg.seed), obs
+
+    def _count_steps(self, reward, done) -> None:
+        """Counts one batch step; queues the returns of finished episodes for the next heartbeat."""
+        self._episode_return += reward
+        self._episode_length += 1
         self.env_steps += len(done)
         if done.any():
             with self.lock:
-                self.pending_returns.extend(episode_return[done].tolist())
-                self.pending_lengths.extend(episode_length[done].tolist())
-            episode_return[done] = 0.0
-            episode_length[done] = 0
+                self.pending_returns.extend(self._episode_return[done].tolist())
+                self.pending_lengths.extend(self._episode_length[done].tolist())
+            self._episode_return[done] = 0.0
+            self._episode_length[done] = 0
 
     def _collect(self, venv, weights: _WeightsSubscriber) -> None:
         """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps."""
         cfg = self.config
         t, b = cfg.unroll_length, cfg.num_envs
-        rng = np.random.default_rng(cfg.seed)
-        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(b)])
-        episode_return = np.zeros(b, np.float64)
-        episode_length = np.zeros(b, np.int64)
+        rng, obs = self._start(venv)
         client = reverb.Client(self.replay_address)
         appended = 0
         writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
@@ -205,7 +211,7 @@ class Actor:
                     if not self._wait_written(writer):
                         break
                 obs = next_obs
-                self._count_steps(reward, done, episode_return, episode_length)
+                self._count_steps(reward, done)
         finally:
             writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
 
@@ -219,10 +225,7 @@ class Actor:
         """
         cfg = self.config
         n, b = cfg.unroll_length, cfg.num_envs
-        rng = np.random.default_rng(cfg.seed)
-        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(b)])
-        episode_return = np.zeros(b, np.float64)
-        episode_length = np.zeros(b, np.int64)
+        rng, obs = self._start(venv)
         client = reverb.Client(self.replay_address)
         writers = [client.trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b)]
         appended = 0
@@ -244,7 +247,7 @@ class Actor:
                     if not all(self._wait_written(w, in_flight=4) for w in writers):
                         break
                 obs = next_obs
-                self._count_steps(reward, done, episode_return, episode_length)
+                self._count_steps(reward, done)
         finally:
             for writer in writers:
                 writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
