@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,16 @@ def _learner_ready(address: str) -> bool:
             return False
 
 
+def _port_free(port: int) -> bool:
+    """True when `port` can be bound on the loopback address."""
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+            return True
+        except OSError:
+            return False
+
+
 def _interrupt(signum, frame):
     """SIGTERM/SIGHUP to `up` stop the cluster the way Ctrl-C does."""
     raise KeyboardInterrupt
@@ -102,7 +113,8 @@ def progress_line(st: dict, total_steps: int) -> str:
     return (f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
             f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
             f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
-            f"eval {_fmt(st['eval_return_mean'])}")
+            f"eval {_fmt(st['eval_return_mean'])}"
+            + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else ""))
 
 
 def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
@@ -128,6 +140,8 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
                            "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
                            "--config", preset, *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
+    if learner_port and not _port_free(learner_port):
+        raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
     learner_address = f"{LOOPBACK}:{learner_port or portpicker.pick_unused_port()}"

@@ -63,3 +63,15 @@ def test_dqn_on_continuous_env_fails_fast(tmp_path):
     out = rlfleet("up", "--algo", "dqn", "--env", "HalfCheetah-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
                   timeout=120)
     assert out.returncode == 2 and "needs discrete actions" in out.stderr
+
+
+def test_learner_port_in_use(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
+                      "--learner-port", port, timeout=120)
+    assert out.returncode == 2 and f"--learner-port {port} is in use" in out.stderr
+    assert not (tmp_path / "r" / "logs").exists()
