@@ -47,13 +47,6 @@ class PPOConfig:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
-    @classmethod
-    def from_json(cls, text: str) -> "PPOConfig":
-        d = json.loads(text)
-        for k in ("policy_hidden", "value_hidden"):
-            d[k] = tuple(d[k])
-        return cls(**d)
-
 
 PRESETS = {
     "default": {},
@@ -70,20 +63,28 @@ ENV_OVERRIDES = {
 }
 
 
+def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_id: str, overrides: dict | None):
+    """Preset values, then per-env overrides, then `overrides`, checked against `cls`'s fields."""
+    if preset not in presets:
+        raise ValueError(f"unknown --config preset {preset!r} for {name}; choose one of {sorted(presets)}.")
+    values = {**presets[preset], **env_overrides.get((preset, env_id), {}), **(overrides or {})}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bad = sorted(set(values) - set(fields))
+    if bad:
+        raise ValueError(f"unknown {name.upper()} setting(s) {bad}; valid settings: {sorted(fields)}.")
+    for k, v in values.items():  # JSON overrides give lists where the config holds tuples
+        if isinstance(v, list) and isinstance(fields[k].default, tuple):
+            values[k] = tuple(v)
+    return cls(**values)
+
+
 def make_config(preset: str, env_id: str, overrides: dict | None = None) -> PPOConfig:
-    """The preset's values, then the per-env overrides, then explicit `overrides`.
+    """The PPO preset's values, then the per-env overrides, then explicit `overrides`.
 
     Raises:
         ValueError: unknown preset, or an override key that is not a PPOConfig field.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown --config preset {preset!r}; choose one of {sorted(PRESETS)}.")
-    values = {**PRESETS[preset], **ENV_OVERRIDES.get((preset, env_id), {}), **(overrides or {})}
-    fields = {f.name for f in dataclasses.fields(PPOConfig)}
-    bad = sorted(set(values) - fields)
-    if bad:
-        raise ValueError(f"unknown PPO setting(s) {bad}; valid settings: {sorted(fields)}.")
-    return PPOConfig(**values)
+    return _build(PPOConfig, "ppo", PRESETS, ENV_OVERRIDES, preset, env_id, overrides)
 
 
 @dataclasses.dataclass
@@ -145,13 +146,4 @@ def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None
         return make_config(preset, env_id, overrides)
     if algo != "dqn":
         raise ValueError(f"unknown algorithm {algo!r}; choose ppo or dqn.")
-    if preset not in DQN_PRESETS:
-        raise ValueError(f"unknown --config preset {preset!r} for dqn; choose one of {sorted(DQN_PRESETS)}.")
-    values = {**DQN_PRESETS[preset], **DQN_ENV_OVERRIDES.get((preset, env_id), {}), **(overrides or {})}
-    fields = {f.name for f in dataclasses.fields(DQNConfig)}
-    bad = sorted(set(values) - fields)
-    if bad:
-        raise ValueError(f"unknown DQN setting(s) {bad}; valid settings: {sorted(fields)}.")
-    if "hidden" in values:
-        values["hidden"] = tuple(values["hidden"])
-    return DQNConfig(**values)
+    return _build(DQNConfig, "dqn", DQN_PRESETS, DQN_ENV_OVERRIDES, preset, env_id, overrides)
