@@ -343,7 +343,8 @@ class Learner:
             while not self.stop_event.is_set():
                 if time.time() - last["time"] >= self.report_interval_s:
                     last = self._log_metrics(writer, metrics_file, last)
-                if self.total_steps and self._env_steps() >= self.total_steps:
+                env_steps = self._env_steps()
+                if self.total_steps and env_steps >= self.total_steps:
                     completed = True
                     break
                 if self._sampler_error is not None:
@@ -354,11 +355,11 @@ class Learner:
                     continue
                 with self.lock:
                     self.phase = "training"
-                result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()),
-                                            self._env_steps())
-                self.counters["learner_steps"].assign_add(result.gradient_steps)
-                self.counters["consumed_env_steps"].assign_add(result.consumed)
-                self.counters["dropped_env_steps"].assign_add(result.dropped)
+                result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()), env_steps)
+                for name, value in (("learner_steps", result.gradient_steps),
+                                    ("consumed_env_steps", result.consumed), ("dropped_env_steps", result.dropped)):
+                    if value:  # most samples change one counter at most; skip the no-op variable writes
+                        self.counters[name].assign_add(value)
                 if not result.updated:
                     continue
                 self.last_metrics = result.metrics
