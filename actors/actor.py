@@ -10,6 +10,7 @@ Every `unroll_length` steps it creates an item of the last T+1 steps.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import signal
@@ -28,6 +29,9 @@ from proto import rlfleet_pb2, rlfleet_pb2_grpc
 log = logging.getLogger("rlfleet.actor")
 
 HEARTBEAT_S = 1.0
+# Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
 class ActorError(RuntimeError):
@@ -41,6 +45,7 @@ class _WeightsSubscriber(threading.Thread):
         super().__init__(daemon=True, name="weights")
         self.stub, self.actor_id, self.stop = stub, actor_id, stop
         self.latest: tuple[int, dict] | None = None
+        self.error: str | None = None  # a failure that retrying cannot fix
         self.ready = threading.Event()
 
     def run(self):
@@ -56,6 +61,10 @@ class _WeightsSubscriber(threading.Thread):
                     if self.stop.is_set():
                         return
             except grpc.RpcError as e:
+                if e.code() not in RETRYABLE:
+                    self.error = f"the learner's weight stream failed ({e.code().name}: {e.details()})"
+                    self.stop.set()
+                    return
                 log.warning("weights stream interrupted (%s); retrying in %.1fs", e.code(), backoff)
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -77,7 +86,7 @@ class Actor:
 
     def __init__(self, learner_address: str, num_envs: int = 0, replay_address: str | None = None,
                  backend: str | None = None, connect_timeout_s: float = 30.0):
-        self.channel = grpc.insecure_channel(learner_address)
+        self.channel = grpc.insecure_channel(learner_address, options=proto_arrays.GRPC_OPTIONS)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
         except grpc.FutureTimeoutError:
@@ -96,7 +105,8 @@ class Actor:
         if self.config.algo == "ppo":
             self.low = np.asarray(net["action_low"], np.float32)
             self.high = np.asarray(net["action_high"], np.float32)
-        self.obs_dim = net["obs_dim"]
+        self.obs_shape = tuple(net.get("obs_shape") or [net["obs_dim"]])
+        self.frame_stack = int(net.get("frame_stack", 1))
         self.stop = threading.Event()
         self.env_steps = 0
         self.policy_version = -1
@@ -143,22 +153,26 @@ class Actor:
                 signal.signal(sig, lambda *_: self.stop.set())
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
         try:
-            if venv.single_observation_space.shape != (self.obs_dim,):
+            if venv.single_observation_space.shape != self.obs_shape:
                 raise ActorError(f"env {cfg.env_id} here has observations of shape "
                                  f"{venv.single_observation_space.shape}, the learner expects "
-                                 f"({self.obs_dim},): install the same gymnasium/mujoco versions.")
+                                 f"{self.obs_shape}: install the same gymnasium/mujoco/ale-py versions.")
             weights = _WeightsSubscriber(self.stub, self.actor_id, self.stop)
             weights.start()
             threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
             while not weights.ready.wait(0.5):
+                if weights.error:
+                    raise ActorError(weights.error)
                 if self.stop.is_set():
                     return 0
             print(f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
                   f"-> {self.replay_address}", flush=True)
-            if cfg.algo == "dqn":
+            if cfg.algo in ("dqn", "qdagger"):
                 self._collect_dqn(venv, weights)
             else:
                 self._collect(venv, weights)
+            if weights.error:
+                raise ActorError(weights.error)
         finally:
             self.stop.set()
             venv.close()
@@ -216,19 +230,45 @@ class Actor:
             writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
 
     def _collect_dqn(self, venv, weights: _WeightsSubscriber) -> None:
-        """DQN: one writer per env; every step, an item of that env's last n+1 steps.
+        """DQN / QDagger: one writer per env; every step, an item of that env's last n+1 steps.
 
-        Consecutive items overlap by n steps and reference the same Reverb
-        chunks, so every step is stored about once. The table's
-        `SampleToInsertRatio` rate limiter blocks inserts when actors run ahead
-        of the learner's replay ratio.
+        Each step stores only the newest frame of its observation (S =
+        frame_stack frames per observation: 4 for Atari, 1 for vectors); an
+        item references the n + S frames its first and bootstrap observations
+        need (`replay.server.dqn_signature`). At each episode start the S − 1
+        older frames of the first stack are written as padding steps, on which
+        no item starts. An episode cut by a time limit (truncated, not
+        terminated) gives no items to its last n steps: their n-step targets
+        would need the bootstrap observation the reset replaced, and treating
+        the cut as terminal would teach that good states end episodes.
+        Consecutive items reference the same Reverb chunks, so every frame is
+        stored about once. The table's `SampleToInsertRatio` rate limiter
+        blocks inserts when actors run ahead of the learner's replay ratio.
         """
         cfg = self.config
-        n, b = cfg.unroll_length, cfg.num_envs
+        n, b, stack = cfg.unroll_length, cfg.num_envs, self.frame_stack
         rng, obs = self._start(venv)
         client = reverb.Client(self.replay_address)
-        writers = [client.trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b)]
-        appended = 0
+        writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b)]
+        real = [collections.deque(maxlen=n + stack) for _ in range(b)]  # False for padding steps
+        zero_action, zero_reward = np.int32(0), np.float32(0.0)
+
+        def append(i: int, step: dict, is_real: bool) -> None:
+            """Appends to writer i, then makes the item whose first step is n steps back, if that one is real."""
+            writers[i].append(step)
+            real[i].append(is_real)
+            if len(real[i]) == n + stack and real[i][-(n + 1)]:
+                writers[i].create_item(cfg.table, 1.0, {
+                    k: col[-(n + stack):] if k == "observation" else col[-(n + 1):]
+                    for k, col in writers[i].history.items()})
+
+        def pad(i: int, first_obs: np.ndarray) -> None:
+            for k in range(stack - 1):
+                append(i, dict(observation=first_obs[k], action=zero_action, reward=zero_reward,
+                               done=False, policy_version=np.int64(-1)), False)
+
+        for i in range(b):
+            pad(i, obs[i])
         try:
             while not self.stop.is_set():
                 version, arrays = weights.latest
@@ -236,16 +276,19 @@ class Actor:
                 action = epsilon_greedy(arrays, obs, rng)
                 next_obs, reward, terminated, truncated, _ = venv.step(action)
                 done = np.logical_or(terminated, truncated)
-                obs32 = np.asarray(obs, np.float32)
-                for i, writer in enumerate(writers):
-                    writer.append(dict(observation=obs32[i], action=action[i], reward=np.float32(reward[i]),
-                                       done=done[i], policy_version=np.int64(version)))
-                appended += 1
-                if appended > n:
-                    for writer in writers:
-                        writer.create_item(cfg.table, 1.0, {k: col[-(n + 1):] for k, col in writer.history.items()})
-                    if not all(self._wait_written(w, in_flight=4) for w in writers):
-                        break
+                frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
+                for i in range(b):
+                    append(i, dict(observation=frames[i], action=action[i], reward=np.float32(reward[i]),
+                                   done=done[i], policy_version=np.int64(version)), True)
+                    if truncated[i] and not terminated[i]:
+                        # A time limit is not a terminal state, but the observation to bootstrap from is
+                        # gone (the env reset): the last n steps, whose n-step windows reach it, get no item.
+                        for k in range(1, n + 1):
+                            real[i][-k] = False
+                    if done[i]:  # next_obs[i] starts the next episode
+                        pad(i, next_obs[i])
+                if not all(self._wait_written(w, in_flight=4) for w in writers):
+                    break
                 obs = next_obs
                 self._count_steps(reward, done)
         finally:

@@ -8,16 +8,30 @@ The "envpool" backend steps the batch in C++ threads instead (also outside
 the interpreter, and 2x faster than either gymnasium backend on HalfCheetah
 here), wrapped to the same gymnasium interface; "auto" picks it when envpool is
 installed and knows the env, else "async".
+
+Atari ids (`ALE/Game-v5`) always use ale-py's C++ `AtariVectorEnv` (backend
+"ale") with the preprocessing of the Reincarnating RL / Dopamine setup: sticky
+actions 0.25, frame skip 4 with max-pool over the last two frames, 84x84
+grayscale, a stack of the last 4 frames, no noop or fire resets, episodes cut at
+108k frames. Rewards come back unclipped (episode returns stay the game
+score); the learner clips them for its TD targets.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import gymnasium as gym
 import numpy as np
+from ale_py.vector_env import AtariVectorEnv
 
-BACKENDS = ("async", "sync", "envpool")
-DEFAULT_BACKEND = "auto"  # envpool where it is installed and has the env, else async
+BACKENDS = ("async", "sync", "envpool", "ale")
+DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
+
+# Atari preprocessing (Dopamine / reincarnating_rl Atari settings).
+ATARI = dict(repeat_action_probability=0.25, frameskip=4, maxpool=True, img_height=84, img_width=84,
+             grayscale=True, stack_num=4, noop_max=0, use_fire_reset=False, episodic_life=False,
+             reward_clipping=False, max_num_frames_per_episode=108_000)
 
 
 class EnvError(ValueError):
@@ -35,6 +49,10 @@ class EnvSpec:
         action_dim: Box: number of action dimensions; discrete: number of actions.
         action_low / action_high: Box bounds (float32 [action_dim]); empty for discrete.
         max_episode_steps: time limit of the registered env (None if unlimited).
+        frame_stack: observations stack this many frames on axis 0 (Atari: 4;
+            obs_shape = (4, 84, 84)); 1 for vector observations.
+        obs_dtype: numpy dtype name of observations as stored in replay
+            ("float32" for vectors, "uint8" for Atari frames).
     """
     env_id: str
     obs_shape: tuple
@@ -43,6 +61,67 @@ class EnvSpec:
     action_low: tuple = ()
     action_high: tuple = ()
     max_episode_steps: int | None = None
+    frame_stack: int = 1
+    obs_dtype: str = "float32"
+
+    @property
+    def frame_shape(self) -> tuple:
+        """Shape of one stored frame: obs_shape without the stack axis (obs_shape when frame_stack is 1)."""
+        return self.obs_shape[1:] if self.frame_stack > 1 else self.obs_shape
+
+
+def is_atari(env_id: str) -> bool:
+    """True for ale-py ids such as "ALE/Pong-v5"."""
+    return env_id.startswith("ALE/")
+
+
+def atari_game(env_id: str) -> str:
+    """ale-py ROM name of an Atari id: "ALE/SpaceInvaders-v5" -> "space_invaders".
+
+    Raises:
+        EnvError: not an `ALE/<Game>-v5` id, or a game whose ROM ale-py does not ship.
+    """
+    m = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5", env_id)
+    if not m:
+        raise EnvError(f"unsupported Atari id {env_id!r}; use the form ALE/<Game>-v5, e.g. ALE/Pong-v5.")
+    game = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
+    import ale_py.roms
+    if game not in ale_py.roms.get_all_rom_ids():
+        raise EnvError(f"unknown Atari game in {env_id!r}: ale-py has no ROM {game!r}; "
+                       "see ale_py.roms.get_all_rom_ids() for the games it ships.")
+    return game
+
+
+def _atari_spec(env_id: str) -> EnvSpec:
+    venv = make_atari_env(env_id, 1)
+    try:
+        return EnvSpec(env_id, tuple(venv.single_observation_space.shape), "discrete",
+                       int(venv.single_action_space.n), max_episode_steps=ATARI["max_num_frames_per_episode"] // 4,
+                       frame_stack=ATARI["stack_num"], obs_dtype="uint8")
+    finally:
+        venv.close()
+
+
+def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0) -> gym.vector.VectorEnv:
+    """ale-py's C++ `AtariVectorEnv` for `env_id` with the `ATARI` preprocessing and SAME_STEP autoreset.
+
+    Shapes/dtypes: obs uint8 [B, 4, 84, 84] (oldest frame first; at an episode
+    start the 3 older frames are zeros), reward float32 [B] (unclipped),
+    terminated / truncated bool [B]; actions int [B] in the game's minimal action set.
+    Raises:
+        EnvError: see `atari_game`.
+    """
+    return _AtariVectorEnv(atari_game(env_id), num_envs, num_threads=num_threads,
+                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **ATARI)
+
+
+class _AtariVectorEnv(AtariVectorEnv):
+    """`AtariVectorEnv` that also takes a list of per-env seeds, like gymnasium's vector envs."""
+
+    def reset(self, *, seed=None, options=None):
+        if isinstance(seed, (list, tuple)):
+            seed = np.asarray(seed, np.int64)
+        return super().reset(seed=seed, options=options)
 
 
 def _make(env_id: str) -> gym.Env:
@@ -55,11 +134,14 @@ def _make(env_id: str) -> gym.Env:
 
 
 def env_spec(env_id: str) -> EnvSpec:
-    """Builds the env once and reads its spaces.
+    """Builds the env once and reads its spaces (Atari ids: after the `ATARI` preprocessing).
 
     Raises:
-        EnvError: unknown id, or an observation space that is not a flat Box.
+        EnvError: unknown id, or an observation space that is not a flat Box
+            (Atari frames excepted).
     """
+    if is_atari(env_id):
+        return _atari_spec(env_id)
     env = _make(env_id)
     try:
         obs, act = env.observation_space, env.action_space
@@ -81,22 +163,32 @@ def env_spec(env_id: str) -> EnvSpec:
 
 
 def require_action_kind(spec: EnvSpec, algo: str) -> None:
-    """Raises EnvError when `algo`'s action space (ppo: continuous Box, dqn: discrete) does not match `spec`."""
+    """Raises EnvError when `algo`'s action kind (ppo: continuous Box; dqn, qdagger: discrete) does not fit `spec`."""
     if algo == "ppo" and spec.action_kind != "continuous":
         raise EnvError(
             f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but "
             f"--algo {algo} (BatchPPO) needs continuous Box actions. Use a MuJoCo env such "
             "as HalfCheetah-v5, or --algo dqn for discrete actions.")
-    if algo == "dqn" and spec.action_kind != "discrete":
+    if algo in ("dqn", "qdagger") and spec.action_kind != "discrete":
         raise EnvError(
             f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but "
             f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions.")
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
-    """Turns "auto" into "envpool" (installed, knows `env_id`, Box actions) or "async"; other names pass through."""
+    """Turns "auto" into "ale" (Atari), "envpool" (installed, knows `env_id`, Box actions) or "async".
+
+    Raises:
+        EnvError: an Atari id with a backend other than "ale", or a non-Atari id with "ale".
+    """
+    if is_atari(env_id) != (backend == "ale") and backend != "auto":
+        raise EnvError(f"env backend {backend!r} does not fit {env_id}: Atari ids (ALE/...) step on the "
+                       "'ale' backend (ale-py's AtariVectorEnv) and other envs on async/sync/envpool; "
+                       "leave --env-backend at auto.")
     if backend != "auto":
         return backend
+    if is_atari(env_id):
+        return "ale"
     try:
         import envpool
     except ImportError:
@@ -124,6 +216,9 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
     """
     if backend not in BACKENDS:
         raise EnvError(f"unknown env backend {backend!r}; choose one of {BACKENDS}.")
+    resolve_backend(env_id, backend)  # refuses Atari ids off the ale backend and vice versa
+    if backend == "ale":
+        return make_atari_env(env_id, num_envs)
     if backend == "envpool":
         return EnvPoolVectorEnv(env_id, num_envs)
     _make(env_id).close()  # fail fast here, not inside a worker process

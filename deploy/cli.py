@@ -1,4 +1,4 @@
-"""The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`."""
+"""The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `replay-checkpoint`."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ import sys
 
 import click
 
-ALGOS = ("ppo", "dqn")
+from learner.presets import ALGOS
+
 
 
 def _fail(message: str) -> None:
@@ -38,6 +39,19 @@ def _check_algo(algo: str) -> None:
         _fail(f"--algo {algo}: not available in this version (available: {', '.join(ALGOS)}).")
 
 
+def _check_teacher_args(algo: str, teacher: str | None, offline_steps: int | None, overrides: dict) -> None:
+    """--teacher belongs to (and is required by) qdagger; --offline-steps becomes the offline_steps setting."""
+    if algo == "qdagger" and not teacher:
+        _fail("--algo qdagger needs --teacher DIR: the run directory of a finished `rlfleet up --algo dqn` run "
+              "on the same env.")
+    if algo != "qdagger" and (teacher or offline_steps is not None):
+        _fail("--teacher and --offline-steps are QDagger settings; use them with --algo qdagger.")
+    if offline_steps is not None:
+        if offline_steps < 0:
+            _fail(f"--offline-steps {offline_steps}: must be >= 0.")
+        overrides["offline_steps"] = offline_steps
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
@@ -46,8 +60,10 @@ def main():
 
 _common = [
     click.option("--algo", default="ppo", show_default=True,
-                 help="Algorithm: ppo (BatchPPO, continuous actions) or dqn (discrete actions)."),
-    click.option("--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5."),
+                 help="Algorithm: ppo (BatchPPO, continuous actions), dqn (discrete actions; also trains "
+                      "teachers) or qdagger (a DQN student reincarnated from --teacher)."),
+    click.option("--env", "env_id", required=True,
+                 help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5."),
     click.option("--config", "preset", default="default", show_default=True,
                  help="Hyperparameter preset: default or paper (BatchPPO reference values)."),
     click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -70,14 +86,19 @@ def common(f):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
 @click.option("--env-backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "async", "sync", "envpool"]),
+              type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
-                   "auto: envpool if it has the env, else async.")
+                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, envpool if it has "
+                   "the env, else async.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from the latest checkpoint of this run directory.")
 @click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
+@click.option("--teacher", type=click.Path(file_okay=False), default=None,
+              help="qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
+@click.option("--offline-steps", type=int, default=None,
+              help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
 def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_per_actor, seed,
-       learner_port, env_backend, resume, report_interval):
+       learner_port, env_backend, resume, report_interval, teacher, offline_steps):
     """Run replay, learner and actors as local processes until --total-steps env steps."""
     _quiet_tf()
     _check_algo(algo)
@@ -85,12 +106,13 @@ def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_pe
     overrides = _parse_overrides(overrides)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
+    _check_teacher_args(algo, teacher, offline_steps, overrides)
     if total_steps <= 0 or num_actors <= 0:
         _fail("--total-steps and --actors must be positive.")
     try:
         code = launch(algo=algo, env_id=env_id, preset=preset, overrides=overrides, total_steps=total_steps,
                       logdir=logdir, num_actors=num_actors, seed=seed, learner_port=learner_port,
-                      env_backend=env_backend, resume=resume, report_interval=report_interval)
+                      env_backend=env_backend, resume=resume, report_interval=report_interval, teacher=teacher)
     except LaunchError as e:
         _fail(str(e))
     sys.exit(code)
@@ -101,7 +123,13 @@ def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_pe
 @click.option("--port", type=int, required=True, help="Port to serve Reverb on.")
 @click.option("--queue-items", type=int, default=None,
               help="Queue capacity in items (default: one update batch): how far actors may run ahead.")
-def replay_cmd(algo, env_id, preset, overrides, port, queue_items):
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="dqn/qdagger: Reverb checkpoints go here (RUN_DIR/replay makes the run a teacher); the "
+                   "tables start from the latest one, and a new one is written on stop.")
+@click.option("--teacher", type=click.Path(file_okay=False), default=None,
+              help="Serve this DQN run directory's replay read-only for a QDagger student (needs "
+                   "--checkpoint-dir for the copy).")
+def replay_cmd(algo, env_id, preset, overrides, port, queue_items, checkpoint_dir, teacher):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     _check_algo(algo)
@@ -113,8 +141,22 @@ def replay_cmd(algo, env_id, preset, overrides, port, queue_items):
         require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides))
         tables = tables_for(algo, spec, cfg, queue_items)
-        serve(tables, port)
+        if algo == "ppo" and (checkpoint_dir or teacher):
+            _fail("--checkpoint-dir and --teacher are for dqn/qdagger replay; PPO's queue is on-policy.")
+        serve(tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher)
     except (EnvError, ValueError) as e:
+        _fail(str(e))
+
+
+@main.command("replay-checkpoint")
+@click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
+def replay_checkpoint_cmd(replay_address):
+    """Have a running replay server write a Reverb checkpoint now; prints its directory."""
+    _quiet_tf()
+    from replay.checkpoints import ReplayCheckpointError, checkpoint_replay
+    try:
+        click.echo(checkpoint_replay(replay_address))
+    except ReplayCheckpointError as e:
         _fail(str(e))
 
 
@@ -129,24 +171,33 @@ def replay_cmd(algo, env_id, preset, overrides, port, queue_items):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None)
 @click.option("--env-backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "async", "sync", "envpool"]), help="Env backend actors use (see `up`).")
+              type=click.Choice(["auto", "async", "sync", "envpool", "ale"]), help="Env backend actors use (see `up`).")
 @click.option("--report-interval", default=5.0, show_default=True, type=float)
 @click.option("--checkpoint-interval", default=120.0, show_default=True, type=float, help="Seconds.")
 @click.option("--linger", default=5.0, show_default=True, type=float,
               help="Seconds to keep serving after the run ends, so actors see the stop.")
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
+@click.option("--teacher", type=click.Path(file_okay=False), default=None,
+              help="qdagger: the teacher's run directory (a finished dqn run on the same env).")
+@click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
+@click.option("--offline-steps", type=int, default=None,
+              help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
 def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_actors, logdir, total_steps,
-                port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file):
-    """Run the learner service (BatchPPO or DQN) against a running replay server."""
+                port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file,
+                teacher, teacher_replay, offline_steps):
+    """Run the learner service (BatchPPO, DQN or QDagger) against a running replay server."""
     _quiet_tf()
     _check_algo(algo)
+    overrides = _parse_overrides(overrides)
+    _check_teacher_args(algo, teacher, offline_steps, overrides)
     from actors.envs import EnvError
     from learner.service import Learner, LearnerError
     try:
         learner = Learner(algo, env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
-                          preset=preset, overrides=_parse_overrides(overrides), seed=seed, resume=resume,
+                          preset=preset, overrides=overrides, seed=seed, resume=resume,
                           report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval,
-                          replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger)
+                          replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger,
+                          teacher=teacher, teacher_replay=teacher_replay)
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
@@ -159,7 +210,7 @@ def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_acto
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--replay", "replay_address", default=None, help="Override the replay address the learner announces.")
 @click.option("--num-envs", type=int, default=0, help="Must match the run's envs per actor (default: take it).")
-@click.option("--env-backend", default=None, type=click.Choice(["auto", "async", "sync", "envpool"]),
+@click.option("--env-backend", default=None, type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="Override the run's env backend.")
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout):

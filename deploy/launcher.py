@@ -24,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from actors.envs import EnvError, env_spec, require_action_kind
 from deploy.status import StatusError, get_status
 from learner.presets import make_algo_config
+from learner.teacher import check_teacher_dir
+from replay.checkpoints import REPLAY_SUBDIR
 
 LOOPBACK = "127.0.0.1"
 
@@ -114,21 +116,28 @@ def progress_line(st: dict, total_steps: int) -> str:
             f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
             f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
             f"eval {_fmt(st['eval_return_mean'])}"
-            + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else ""))
+            + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")
+            + (f" | distillation {st['distillation_coefficient']:.2f}" if st["algo"] == "qdagger" else ""))
 
 
 def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
            num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "auto",
-           resume: str | None = None, report_interval: float = 5.0) -> int:
+           resume: str | None = None, report_interval: float = 5.0, teacher: str | None = None) -> int:
     """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
 
+    DQN and QDagger replay servers keep Reverb checkpoints in LOGDIR/replay (so
+    the finished run can be a QDagger teacher, and --resume restores its
+    replay); QDagger also runs a second replay server with the teacher's
+    replay, restored read-only.
     Raises:
-        LaunchError: bad env/preset (before anything starts), or a child died.
+        LaunchError: bad env/preset/teacher (before anything starts), or a child died.
     """
     try:
         spec = env_spec(env_id)
         require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, overrides)
+        if teacher:
+            check_teacher_dir(teacher, spec)
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
     if resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
@@ -139,11 +148,14 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
                           "pass the --logdir of an earlier run.")
     resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
                            "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
-                           "--config", preset, *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
+                           "--config", preset, *(["--teacher", teacher] if teacher else []),
+                           *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
     if learner_port and not _port_free(learner_port):
         raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
+    teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
+    value_based = algo in ("dqn", "qdagger")
     learner_address = f"{LOOPBACK}:{learner_port or portpicker.pick_unused_port()}"
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
@@ -151,15 +163,25 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     actors: list[_Child] = []
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        replay = _Child("replay", ["replay", *common, "--port", replay_address.split(":")[1]], logdir)
+        replay_args = ["replay", *common, "--port", replay_address.split(":")[1]]
+        if value_based:
+            replay_args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
+        replay = _Child("replay", replay_args, logdir)
         children.append(replay)
-        _wait_until(lambda: _replay_ready(replay_address), children, "the replay server", 120)
+        _wait_until(lambda: _replay_ready(replay_address), children, "the replay server", 300)
+        if teacher:
+            children.append(_Child("teacher-replay", [
+                "replay", *common, "--port", teacher_address.split(":")[1], "--teacher", teacher,
+                "--checkpoint-dir", os.path.join(logdir, "teacher_replay")], logdir))
+            _wait_until(lambda: _replay_ready(teacher_address), children, "the teacher's replay server", 300)
         learner_args = ["learner", *common, "--replay", replay_address, "--logdir", logdir,
                         "--total-steps", str(total_steps), "--port", learner_address.split(":")[1],
                         "--bind", LOOPBACK, "--seed", str(seed), "--env-backend", env_backend,
                         "--report-interval", str(report_interval), "--linger", "3"]
         if resume:
             learner_args += ["--resume", resume]
+        if teacher:
+            learner_args += ["--teacher", teacher, "--teacher-replay", teacher_address]
         learner = _Child("learner", learner_args, logdir)
         children.append(learner)
         _wait_until(lambda: _learner_ready(learner_address), children, "the learner", 180)
@@ -177,8 +199,9 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             for c in children:
                 if c is not learner and c.proc.poll() not in (None, 0):
                     raise _fail_child(c)
-            if replay.proc.poll() is not None:
-                raise _fail_child(replay)
+            for c in children:
+                if "replay" in c.name and c.proc.poll() is not None:
+                    raise _fail_child(c)
             if time.time() >= next_report:
                 next_report = time.time() + report_interval
                 try:
@@ -186,8 +209,11 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
                     phase = st["phase"]
                     print(progress_line(st, total_steps), flush=True)
                 except StatusError as e:
-                    if learner.proc.poll() is None and phase not in ("evaluating", "done"):
-                        print(f"rlfleet up: status unavailable: {e}", flush=True)
+                    try:
+                        learner.proc.wait(2)  # it was just finishing: no message
+                    except subprocess.TimeoutExpired:
+                        if phase not in ("evaluating", "done"):
+                            print(f"rlfleet up: status unavailable: {e}", flush=True)
             time.sleep(0.2)
         if learner.proc.returncode != 0:
             raise _fail_child(learner)
@@ -219,4 +245,4 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for c in reversed(children):
-            c.stop(30 if c.name == "learner" else 10)
+            c.stop(30 if c.name == "learner" else 300 if c.name == "replay" and value_based else 10)

@@ -66,7 +66,9 @@ def format_status(st: dict) -> str:
         f"dropped env steps (policy lag) {_num(st.get('dropped_env_steps', 0))}",
     ]
     if st["algo"] == "qdagger":
-        lines.append(f"distillation coefficient {st['distillation_coefficient']:.3f}")
+        lines.append(f"distillation coefficient {st['distillation_coefficient']:.3f}   "
+                     f"teacher eval return {_num(st.get('teacher_eval_return_mean'), '{:,.1f}')}   "
+                     f"random policy return {_num(st.get('random_eval_return_mean'), '{:,.1f}')}")
     lines.append("")
     lines.append(f"{'actor':>5}  {'host':<20} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}")
     for a in st.get("actors", []):

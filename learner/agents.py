@@ -26,12 +26,15 @@ class StepResult:
 
     gradient_steps: learner steps taken; consumed / dropped: env steps trained
     on / discarded for policy lag; updated: the weights changed enough to
-    publish a new policy version; metrics: floats for logs and TensorBoard.
+    publish a new policy version; evaluate: evaluate now (besides the
+    service's every-`eval_every_updates` evaluations); metrics: floats for
+    logs and TensorBoard.
     """
     gradient_steps: int = 0
     consumed: int = 0
     dropped: int = 0
     updated: bool = False
+    evaluate: bool = False
     metrics: dict = dataclasses.field(default_factory=dict)
 
 
@@ -80,6 +83,16 @@ class Agent(abc.ABC):
     def status_extras(self) -> dict:
         """Algorithm-specific status fields (e.g. kl_beta)."""
         return {}
+
+    def on_start(self) -> None:
+        """Called once the service is up, before the first sample (may take time: it is not blocking startup)."""
+
+    def ready_for_actors(self) -> bool:
+        """False while actors must not collect yet (QDagger's offline phase): weights are not published."""
+        return True
+
+    def on_evaluation(self, returns: list[float], env_steps: int) -> None:
+        """Called with the returns of each evaluation of the current policy."""
 
 
 class PPOAgent(Agent):

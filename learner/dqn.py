@@ -1,4 +1,4 @@
-"""DQN with n-step returns in the learner service (vector observations, MLP Q-network).
+"""DQN with n-step returns in the learner service (MLP Q-network for vectors, Nature CNN for Atari).
 
 Dopamine / reincarnating_rl DQN: Huber TD loss on n-step targets (n = 3) with
 a periodically copied target network, Adam (eps 1.5e-4), minibatches sampled
@@ -17,16 +17,57 @@ from actors.policy import EPSILON
 from learner import dqn_math
 from learner.agents import Agent, StepResult
 from learner.evaluation import evaluate_dqn
-from learner.networks import MLP
+from learner.networks import MLP, NatureCNN
 from learner.presets import DQNConfig
 from replay.server import DQN_TABLE, dqn_signature
+
+
+def make_q_network(spec: EnvSpec, config: DQNConfig, seed: int, name: str):
+    """Q-network for `spec`: the Nature CNN on stacked frames (Atari), else an MLP with `config.hidden`.
+
+    Either maps observations [N, *spec.obs_shape] to Q-values [N, spec.action_dim] float32.
+    """
+    if spec.frame_stack > 1:
+        return NatureCNN(spec.frame_stack, spec.frame_shape, spec.action_dim, seed, name)
+    return MLP([spec.obs_shape[0], *config.hidden, spec.action_dim], 1.0, seed, name)
+
+
+def export_q(net) -> dict:
+    """Named numpy arrays of a Q-network in the layout `actors.policy.q_values` reads."""
+    if isinstance(net, NatureCNN):
+        return net.export()
+    out = {}
+    for i, (w, b) in enumerate(zip(net.kernels, net.biases)):
+        out[f"q/w{i}"], out[f"q/b{i}"] = w.numpy(), b.numpy()
+    return out
+
+
+def split_observations(frames, n_step: int, frame_stack: int):
+    """The first and bootstrap observations of DQN items (see `replay.server.dqn_signature`).
+
+    Args:
+        frames: [N, n + S, *frame_shape] item frames.
+    Returns:
+        (obs_t, obs_{t+n}): [N, *frame_shape] each for S = 1, else [N, S, *frame_shape].
+    """
+    if frame_stack == 1:
+        return frames[:, 0], frames[:, n_step]
+    return frames[:, :frame_stack], frames[:, n_step:n_step + frame_stack]
+
+
+def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE):
+    """Yields minibatches {field: [batch_size, ...]} drawn from `table` through Reverb's tf.data dataset."""
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        server_address=replay_address, table=table, max_in_flight_samples_per_worker=2 * batch_size)
+    for sample in dataset.batch(batch_size, drop_remainder=True):
+        yield sample.data
 
 
 class DQNAgent(Agent):
     """DQN learner state and update rule.
 
     Args:
-        spec: env spec with discrete actions and a flat observation vector.
+        spec: env spec with discrete actions (vector observations or stacked Atari frames).
         config: `DQNConfig`.
         seed: initialisation seed.
     """
@@ -35,10 +76,8 @@ class DQNAgent(Agent):
     def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0):
         self.spec, self.config = spec, config
         self.unroll_length = config.n_step  # the actor makes an item of n+1 steps every step
-        obs_dim = spec.obs_shape[0]
-        sizes = [obs_dim, *config.hidden, spec.action_dim]
-        self.q = MLP(sizes, 1.0, seed, "q")
-        self.target_q = MLP(sizes, 1.0, seed, "target_q")
+        self.q = make_q_network(spec, config, seed, "q")
+        self.target_q = make_q_network(spec, config, seed, "target_q")
         self.optimizer = tf.keras.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
         self.optimizer.build(self.q.trainable_variables)
         self.learner_steps = tf.Variable(0, dtype=tf.int64)
@@ -50,43 +89,46 @@ class DQNAgent(Agent):
             t.assign(s)
 
     def signature(self) -> dict:
-        return dqn_signature(self.spec.obs_shape, tf.float32, self.config.n_step)
+        s = self.spec
+        return dqn_signature(s.frame_shape, tf.as_dtype(s.obs_dtype), self.config.n_step, s.frame_stack)
 
     def actor_network(self) -> dict:
-        return dict(obs_dim=self.spec.obs_shape[0], num_actions=self.spec.action_dim, hidden=list(self.config.hidden))
+        s = self.spec
+        return dict(obs_shape=list(s.obs_shape), frame_stack=s.frame_stack, num_actions=s.action_dim,
+                    network="nature_cnn" if s.frame_stack > 1 else "mlp")
 
     def export_weights(self) -> dict:
-        out = {EPSILON: np.asarray(self.epsilon, np.float32)}
-        for i, (w, b) in enumerate(zip(self.q.kernels, self.q.biases)):
-            out[f"q/w{i}"], out[f"q/b{i}"] = w.numpy(), b.numpy()
-        return out
+        return {EPSILON: np.asarray(self.epsilon, np.float32), **export_q(self.q)}
 
     def checkpoint_items(self) -> dict:
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)
 
     def samples(self, replay_address: str):
-        """Yields minibatches {field: [batch, n+1, ...]} drawn through Reverb's tf.data dataset."""
+        """Yields minibatches {field: [batch, ...]} of the replay table (`replay.server.dqn_signature`)."""
+        yield from batches(replay_address, self.config.batch_size)
+
+    def _td_loss(self, batch):
+        """Huber TD loss on n-step targets; returns (loss, Q(s_t, ·) [N, A], mean Q(s_t, a_t))."""
         c = self.config
-        dataset = reverb.TrajectoryDataset.from_table_signature(
-            server_address=replay_address, table=DQN_TABLE, max_in_flight_samples_per_worker=2 * c.batch_size)
-        for sample in dataset.batch(c.batch_size, drop_remainder=True):
-            yield sample.data
+        n = c.n_step
+        obs, bootstrap_obs = split_observations(batch["observation"], n, self.spec.frame_stack)
+        rewards = batch["reward"][:, :n]
+        if c.reward_clip:
+            rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
+        q_all = self.q(obs)
+        bootstrap = tf.reduce_max(self.target_q(bootstrap_obs), axis=-1)
+        targets, _ = dqn_math.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap,
+                                             c.discount)
+        q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
+        return dqn_math.huber_td_loss(q_selected, targets), q_all, tf.reduce_mean(q_selected)
 
     @tf.function
     def _train_step(self, batch):
-        c = self.config
-        n = c.n_step
-        obs = batch["observation"]
         with tf.GradientTape() as tape:
-            q_all = self.q(obs[:, 0])
-            bootstrap = tf.reduce_max(self.target_q(obs[:, n]), axis=-1)
-            targets, _ = dqn_math.n_step_targets(batch["reward"][:, :n], tf.cast(batch["done"][:, :n], tf.float32),
-                                                 bootstrap, c.discount)
-            q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
-            loss = dqn_math.huber_td_loss(q_selected, targets)
+            loss, _, mean_q = self._td_loss(batch)
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
-        return loss, tf.reduce_mean(q_selected)
+        return loss, mean_q
 
     def consume(self, batch, version: int, env_steps: int) -> StepResult:
         c = self.config

@@ -8,6 +8,7 @@ from typing import Callable
 import gymnasium as gym
 import numpy as np
 
+from actors.envs import make_batched_env, resolve_backend
 from actors.policy import epsilon_greedy, policy_mean, to_env_action
 
 
@@ -38,7 +39,33 @@ def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, ac
     return run_episodes(env_id, episodes, seed, lambda o: to_env_action(policy_mean(arrays, o), low, high)[0])
 
 
+def run_batched_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray],
+                         max_steps: int = 10 ** 6) -> list[float]:
+    """Runs one episode in each of `episodes` envs stepped as one batch (Atari: ale-py, else in-process).
+
+    `act` maps observations [B, ...] to actions [B]. Episodes still running
+    after `max_steps` batch steps are cut (their partial return counts).
+    Returns the undiscounted return of each episode, env order.
+    """
+    backend = resolve_backend(env_id, "auto")
+    venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
+    try:
+        obs, _ = venv.reset(seed=[seed + i for i in range(episodes)])
+        totals = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        for _ in range(max_steps):
+            obs, reward, terminated, truncated, _ = venv.step(act(obs))
+            totals += np.where(running, reward, 0.0)
+            running &= ~(terminated | truncated)
+            if not running.any():
+                break
+    finally:
+        venv.close()
+    return totals.tolist()
+
+
 def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001) -> list[float]:
-    """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001)."""
+    """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001, the
+    reincarnating_rl / Dopamine evaluation ε), one episode per env, all envs in one batch."""
     rng = np.random.default_rng(seed)
-    return run_episodes(env_id, episodes, seed, lambda o: int(epsilon_greedy(arrays, o, rng, epsilon)[0]))
+    return run_batched_episodes(env_id, episodes, seed, lambda o: epsilon_greedy(arrays, o, rng, epsilon))

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from actors.policy import LOG_STD, layer_names
+from actors.policy import CONV_STRIDES, LOG_STD, conv_names, layer_names, nature_cnn_q
 
 
 def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
@@ -76,3 +76,43 @@ class ValueNetwork(tf.Module):
 
     def __call__(self, obs):
         return self.mlp(obs)[:, 0]
+
+
+class NatureCNN(tf.Module):
+    """The Nature DQN Q-network (Mnih et al. 2015), as the reincarnating_rl student and teacher use it.
+
+    Call: uint8 frames [N, S, 84, 84] -> Q-values [N, num_actions] float32
+    (`actors.policy.nature_cnn_q`). Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1
+    and a 512-unit layer, all ReLU, He-uniform initialised; the output layer
+    uses variance scaling 1.
+    """
+
+    def __init__(self, frame_stack: int, frame_shape: tuple, num_actions: int, seed: int, name: str):
+        super().__init__(name=name)
+        rng = np.random.default_rng(seed)
+        self.conv_kernels, self.conv_biases = [], []
+        h, w = frame_shape
+        channels = frame_stack
+        for (out, k), stride in zip(((32, 8), (64, 4), (64, 3)), CONV_STRIDES):
+            limit = math.sqrt(3.0 * 2.0 / (k * k * channels))
+            self.conv_kernels.append(tf.Variable(rng.uniform(-limit, limit, (k, k, channels, out)).astype(np.float32)))
+            self.conv_biases.append(tf.Variable(np.zeros(out, np.float32)))
+            h, w, channels = (h - k) // stride + 1, (w - k) // stride + 1, out
+        self.kernels, self.biases = [], []
+        for i, (a, b) in enumerate(((h * w * channels, 512), (512, num_actions))):
+            kernel, bias = _dense(a, b, 1.0 if i else 2.0, rng)
+            self.kernels.append(kernel)
+            self.biases.append(bias)
+
+    def __call__(self, frames):
+        return nature_cnn_q(frames, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
+
+    def export(self) -> dict:
+        """Named numpy arrays in the layout `actors.policy.q_values` reads."""
+        out = {}
+        for i, (w, b) in enumerate(zip(self.conv_kernels, self.conv_biases)):
+            wn, bn = conv_names(i)
+            out[wn], out[bn] = w.numpy(), b.numpy()
+        for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
+            out[f"q/w{i}"], out[f"q/b{i}"] = w.numpy(), b.numpy()
+        return out

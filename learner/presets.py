@@ -67,7 +67,10 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
     """Preset values, then per-env overrides, then `overrides`, checked against `cls`'s fields."""
     if preset not in presets:
         raise ValueError(f"unknown --config preset {preset!r} for {name}; choose one of {sorted(presets)}.")
-    values = {**presets[preset], **env_overrides.get((preset, env_id), {}), **(overrides or {})}
+    per_env = env_overrides.get((preset, env_id))
+    if per_env is None and env_id.startswith("ALE/"):
+        per_env = env_overrides.get((preset, "ALE/*"))
+    values = {**presets[preset], **(per_env or {}), **(overrides or {})}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     bad = sorted(set(values) - set(fields))
     if bad:
@@ -100,7 +103,7 @@ class DQNConfig:
     replay ratio the Reverb `SampleToInsertRatio` rate limiter holds however
     many actors are attached.
     """
-    hidden: tuple = (256, 256)
+    hidden: tuple = (256, 256)       # MLP Q-network (vector observations); Atari uses the Nature CNN
     n_step: int = 3
     discount: float = 0.99
     learning_rate: float = 1e-4
@@ -120,6 +123,7 @@ class DQNConfig:
     eval_every_updates: int = 20      # in weights versions
     prioritized: bool = False
     priority_exponent: float = 0.6
+    reward_clip: float = 0.0          # TD targets use rewards clipped to ±reward_clip (0: unclipped)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -130,20 +134,62 @@ DQN_PRESETS = {"default": {}}
 _CLASSIC_CONTROL = dict(hidden=(128, 128), learning_rate=2.5e-4, batch_size=64, samples_per_insert=16.0,
                         replay_size=50_000, min_replay_size=1000, target_update_period=500, publish_every=50,
                         epsilon_decay_env_steps=20_000, epsilon_end=0.05, envs_per_actor=4, eval_every_updates=10)
+# Atari (any ALE/ id): the DQNConfig defaults are the reincarnating_rl / Dopamine Atari values;
+# rewards are clipped to ±1 for learning (episode returns stay unclipped), and evaluation
+# (8 episodes, one per env in parallel) runs every 100 policy versions (40k agent steps).
+_ATARI = dict(reward_clip=1.0, eval_episodes=8, eval_every_updates=100)
 DQN_ENV_OVERRIDES = {
     ("default", "CartPole-v1"): _CLASSIC_CONTROL,
     ("default", "Acrobot-v1"): _CLASSIC_CONTROL,
+    ("default", "ALE/*"): _ATARI,
 }
 
 
+@dataclasses.dataclass
+class QDaggerConfig(DQNConfig):
+    """A QDagger student: the DQN settings plus the reincarnation ones (reincarnating_rl configs).
+
+    Units: `offline_steps` in gradient steps on the teacher's replay before any
+    env step; `distillation_cutoff_env_steps` in online env steps (λ = 0 from
+    then on; 0 = no cutoff). The learning rate moves from `learning_rate`
+    (λ = base) to `learning_rate_final` (λ = 0) with λ/base. The student starts
+    from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
+    """
+    learning_rate: float = 1e-4
+    learning_rate_final: float = 1e-5
+    offline_steps: int = 100_000
+    distillation_base: float = 3.0
+    distillation_temperature: float = 0.1
+    distillation_cutoff_env_steps: int = 1_000_000
+    epsilon_start: float = 0.01
+    random_eval_episodes: int = 10
+
+
+QDAGGER_PRESETS = {"default": {}}
+QDAGGER_ENV_OVERRIDES = {
+    ("default", "CartPole-v1"): dict(_CLASSIC_CONTROL, learning_rate=2.5e-4, learning_rate_final=2.5e-5,
+                                     offline_steps=3000, distillation_cutoff_env_steps=50_000,
+                                     epsilon_start=0.05, min_replay_size=500, target_update_period=100),
+    ("default", "Acrobot-v1"): dict(_CLASSIC_CONTROL, learning_rate=2.5e-4, learning_rate_final=2.5e-5,
+                                    offline_steps=3000, distillation_cutoff_env_steps=50_000,
+                                    epsilon_start=0.05, min_replay_size=500),
+    ("default", "ALE/*"): _ATARI,
+}
+
+ALGOS = ("ppo", "dqn", "qdagger")
+
+
 def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None = None):
-    """`PPOConfig` (algo "ppo") or `DQNConfig` (algo "dqn"): preset, then per-env overrides, then `overrides`.
+    """`PPOConfig` (ppo), `DQNConfig` (dqn) or `QDaggerConfig` (qdagger): preset, then per-env
+    overrides, then `overrides`.
 
     Raises:
         ValueError: unknown algorithm, preset or setting name.
     """
     if algo == "ppo":
         return make_config(preset, env_id, overrides)
-    if algo != "dqn":
-        raise ValueError(f"unknown algorithm {algo!r}; choose ppo or dqn.")
-    return _build(DQNConfig, "dqn", DQN_PRESETS, DQN_ENV_OVERRIDES, preset, env_id, overrides)
+    if algo == "dqn":
+        return _build(DQNConfig, "dqn", DQN_PRESETS, DQN_ENV_OVERRIDES, preset, env_id, overrides)
+    if algo == "qdagger":
+        return _build(QDaggerConfig, "qdagger", QDAGGER_PRESETS, QDAGGER_ENV_OVERRIDES, preset, env_id, overrides)
+    raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}.")

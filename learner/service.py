@@ -31,6 +31,7 @@ from learner.agents import Agent, PPOAgent
 from learner.presets import make_algo_config
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
+from replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
 from replay.server import table_status
 
 log = logging.getLogger("rlfleet.learner")
@@ -61,10 +62,10 @@ class _Servicer(rlfleet_pb2_grpc.LearnerServicer):
 
 
 class Learner:
-    """Learner service for one algorithm (BatchPPO or DQN).
+    """Learner service for one algorithm (BatchPPO, DQN or QDagger).
 
     Args:
-        algo: "ppo" (continuous actions) or "dqn" (discrete actions).
+        algo: "ppo" (continuous actions), "dqn" or "qdagger" (discrete actions).
         env_id: gymnasium id.
         replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
@@ -73,8 +74,11 @@ class Learner:
         preset / overrides: hyperparameters (`learner.presets.make_algo_config`).
         resume: a run directory whose latest checkpoint to continue from.
         replay_host_for_actors: replay address as actors should dial it.
+        teacher / teacher_replay: QDagger only: the teacher's run directory and the
+            Reverb server holding its restored replay (`rlfleet replay --teacher`).
     Raises:
         EnvError / ValueError / LearnerError: bad env, preset, replay table or resume dir.
+        TeacherError (a ValueError): `teacher` is not a usable teacher for `env_id`.
     """
 
     def __init__(self, algo: str, env_id: str, replay_address: str, logdir: str, total_steps: int = 0,
@@ -82,7 +86,7 @@ class Learner:
                  overrides: dict | None = None, seed: int = 0, resume: str | None = None,
                  report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
                  replay_host_for_actors: str | None = None, env_backend: str = "auto",
-                 linger_s: float = 0.0):
+                 linger_s: float = 0.0, teacher: str | None = None, teacher_replay: str | None = None):
         self.spec = env_spec(env_id)
         require_action_kind(self.spec, algo)
         self.config = make_algo_config(algo, preset, env_id, overrides)
@@ -95,9 +99,15 @@ class Learner:
         self.linger_s = linger_s
         os.makedirs(logdir, exist_ok=True)
         run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(self.config.to_json()))
+        if algo == "qdagger":
+            if not (teacher and teacher_replay):
+                raise LearnerError("--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
+                                   "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`).")
+            run["teacher"] = os.path.abspath(teacher)
+        self.teacher_replay = teacher_replay
         _check_run_dir(logdir, resume, run)
 
-        self.agent = make_agent(algo, self.spec, self.config, seed)
+        self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay)
         self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
             "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
             "dropped_env_steps", "updates")}
@@ -132,7 +142,7 @@ class Learner:
         self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
         self._sampler_error: Exception | None = None
 
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS)
         rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -219,11 +229,18 @@ class Learner:
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
                 eval_return_mean=self.eval_return_mean, uptime_seconds=now - self.start_time,
                 actors=actors, distillation_coefficient=0.0, kl_beta=0.0,
+                teacher_eval_return_mean=math.nan, random_eval_return_mean=math.nan,
                 dropped_env_steps=int(self.counters["dropped_env_steps"].numpy()),
                 consumed_env_steps=int(self.counters["consumed_env_steps"].numpy()),
                 **self.rates)
-            out.update(self.agent.status_extras())
+            extras = self.agent.status_extras()
+            if self.phase not in ("training", "waiting_for_actors"):
+                extras.pop("phase", None)  # evaluating / stopping / done describe the run's end
+            out.update(extras)
         out["replay"] = table_status(self.replay_address, timeout_s=1)
+        if self.teacher_replay:
+            out["replay"] += [dict(t, table=f"teacher/{t['table']}")
+                              for t in table_status(self.teacher_replay, timeout_s=1)]
         return out
 
     def status_proto(self) -> rlfleet_pb2.Status:
@@ -258,30 +275,35 @@ class Learner:
             self._sampler_error = e
 
     def _check_replay(self) -> None:
+        self._check_table(self.replay_address, f"rlfleet replay --algo {self.algo}", "the learner")
+        if self.teacher_replay:
+            self._check_table(self.teacher_replay, "rlfleet replay --teacher DIR", "the teacher's replay")
+
+    def _check_table(self, address: str, start_hint: str, what: str) -> None:
         deadline = time.time() + 60
         while True:
             try:
-                info = reverb.Client(self.replay_address).server_info(timeout=5)
+                info = reverb.Client(address).server_info(timeout=5)
                 break
             except Exception as e:
                 if time.time() > deadline:
-                    raise LearnerError(f"replay server {self.replay_address} unreachable: {e}; "
-                                       "start it with `rlfleet replay` first.") from e
+                    raise LearnerError(f"replay server {address} unreachable: {e}; "
+                                       f"start it with `{start_hint}` first.") from e
                 time.sleep(1)
         table = self.agent.table
         if table not in info:
-            raise LearnerError(f"replay server {self.replay_address} has no table {table!r} "
-                               f"(tables: {sorted(info)}); start it with `rlfleet replay --algo {self.algo}`.")
+            raise LearnerError(f"replay server {address} has no table {table!r} "
+                               f"(tables: {sorted(info)}); start it with `{start_hint}`.")
         want = self.agent.signature()
         got = info[table].signature
         if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != \
                 {k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()}:
             shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
             raise LearnerError(
-                f"replay table {table} signature does not match this learner: the table holds "
+                f"replay table {table} at {address}: its signature does not match {what}: the table holds "
                 f"{shapes(got)}, the learner ({self.algo} on {self.env_id}, {self.config.envs_per_actor} envs "
-                f"per actor) needs {shapes(want)}. Start `rlfleet replay` and "
-                "`rlfleet learner` with the same --algo, --env, --config and --set values.")
+                f"per actor) needs {shapes(want)}. Start `rlfleet replay` and `rlfleet learner` with the same "
+                "--algo, --env, --config and --set values (for a teacher's replay: the same n_step).")
 
     def _log_metrics(self, writer, metrics_file, last: dict) -> dict:
         now = time.time()
@@ -308,6 +330,7 @@ class Learner:
         returns = self.agent.evaluate(episodes, self.seed + 10 ** 6)
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
+        self.agent.on_evaluation(returns, self._env_steps())
         return returns
 
     def _save(self) -> str:
@@ -316,6 +339,22 @@ class Learner:
         self.agent.sync_to_checkpoint()
         return self.ckpt_manager.save()
 
+    def _checkpoint_replay(self) -> str | None:
+        """Has the replay server write a Reverb checkpoint; returns the directory it keeps its latest one in
+        (warns when that lies outside this run directory)."""
+        try:
+            path = checkpoint_replay(self.replay_address)
+        except ReplayCheckpointError as e:
+            print(f"rlfleet learner: warning: {e}", flush=True)
+            return None
+        inside = os.path.join(os.path.abspath(self.logdir), REPLAY_SUBDIR)
+        if not os.path.abspath(path).startswith(inside + os.sep):
+            print(f"rlfleet learner: warning: the replay checkpoint went to {path}, outside this run "
+                  f"directory; start `rlfleet replay` with --checkpoint-dir {inside} so that the run directory "
+                  "can serve as a QDagger teacher.", flush=True)
+        print(f"rlfleet learner: replay checkpoint {path}", flush=True)
+        return os.path.dirname(path)
+
     def _env_steps(self) -> int:
         with self.lock:
             return self._env_steps_locked()
@@ -323,7 +362,8 @@ class Learner:
     def run(self) -> dict:
         """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
         self._check_replay()
-        self._publish_weights()
+        if self.agent.ready_for_actors():
+            self._publish_weights()
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set("rlfleet.Learner", health_pb2.HealthCheckResponse.SERVING)
@@ -331,6 +371,7 @@ class Learner:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
+        self.agent.on_start()
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
         writer = tf.summary.create_file_writer(os.path.join(self.logdir, "tb"))
         metrics_file = open(os.path.join(self.logdir, "metrics.jsonl"), "a")
@@ -356,17 +397,18 @@ class Learner:
                 with self.lock:
                     self.phase = "training"
                 result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()), env_steps)
+                if result.metrics:
+                    self.last_metrics = result.metrics
                 for name, value in (("learner_steps", result.gradient_steps),
                                     ("consumed_env_steps", result.consumed), ("dropped_env_steps", result.dropped)):
                     if value:  # most samples change one counter at most; skip the no-op variable writes
                         self.counters[name].assign_add(value)
-                if not result.updated:
-                    continue
-                self.last_metrics = result.metrics
-                self.counters["updates"].assign_add(1)
-                self.counters["weights_version"].assign_add(1)
-                self._publish_weights()
-                if int(self.counters["updates"].numpy()) % c.eval_every_updates == 0:
+                if result.updated:
+                    self.counters["updates"].assign_add(1)
+                    self.counters["weights_version"].assign_add(1)
+                    self._publish_weights()
+                scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
+                if result.evaluate or scheduled:
                     self._evaluate(c.eval_episodes)
                 if time.time() - last_ckpt >= self.checkpoint_interval_s:
                     self._save()
@@ -376,6 +418,7 @@ class Learner:
                 self.phase = "evaluating" if completed else "stopping"
             summary = dict(algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed,
                            completed=completed, status_address=self.address)
+            summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
             if completed:
                 returns = self._evaluate(c.eval_episodes)
                 summary.update(final_eval_return_mean=float(np.mean(returns)),
@@ -383,6 +426,8 @@ class Learner:
             else:
                 summary.update(final_eval_return_mean=None, final_eval_episodes=0)
             path = self._save()
+            if completed and self.algo in ("dqn", "qdagger"):  # the run directory becomes a teacher
+                summary["replay_checkpoint_dir"] = self._checkpoint_replay()
             last = self._log_metrics(writer, metrics_file, last)
             st = self.status_dict()
             summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
@@ -429,9 +474,18 @@ def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
                            "resume it with the same --algo, --env, --config and --set values.")
 
 
-def make_agent(algo: str, spec, config, seed: int) -> Agent:
-    """The algorithm object for `algo` ("ppo" or "dqn")."""
+def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,
+               teacher_replay: str | None = None) -> Agent:
+    """The algorithm object for `algo` ("ppo", "dqn" or "qdagger"; QDagger loads `teacher`).
+
+    Raises:
+        TeacherError: QDagger's `teacher` is not a usable teacher for `spec`.
+    """
     if algo == "ppo":
         return PPOAgent(spec, config, seed)
-    from learner.dqn import DQNAgent
-    return DQNAgent(spec, config, seed)
+    if algo == "dqn":
+        from learner.dqn import DQNAgent
+        return DQNAgent(spec, config, seed)
+    from learner.qdagger import QDaggerAgent
+    from learner.teacher import load_teacher
+    return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)

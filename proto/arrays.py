@@ -5,6 +5,12 @@ import numpy as np
 
 from proto import rlfleet_pb2
 
+# gRPC's default 4 MiB message limit is below one Nature CNN weights message (~6.7 MB);
+# both the learner server and the actors' channels allow this much.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
 
 def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
     """Packs {name: ndarray} into a `Weights` message of the given policy version."""

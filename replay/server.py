@@ -9,6 +9,7 @@ dtype at insert.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -59,18 +60,23 @@ def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int,
                                signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length))]
 
 
-def dqn_signature(obs_shape: tuple, obs_dtype, n_step: int) -> dict:
-    """Signature of one DQN item: n+1 consecutive steps of one env.
+def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int = 1) -> dict:
+    """Signature of one DQN item: n+1 consecutive steps of one env, plus the frames their stacks need.
 
-    Fields have leading shape [n+1]: step k holds the observation, the action
-    taken on it, the reward and `done` (episode ended after step k) that
-    followed, and the behaviour policy version. The last step only provides
-    the bootstrap observation. Consecutive items overlap by n steps and share
-    Reverb chunks, so each observation is stored about once.
+    "observation" holds the newest frame of each of the last n + S steps
+    (S = `frame_stack`): the observation of the item's first step t is frames
+    [0, S) and the bootstrap observation of step t+n is frames [n, n+S). The
+    other fields have leading shape [n+1]: step k holds the action taken, the
+    reward and `done` (episode ended after step k) that followed, and the
+    behaviour policy version. Consecutive items overlap and reference the same
+    Reverb chunks, so each frame is stored about once (not S times, as stacked
+    observations per transition would be). For S > 1 the actor writes the
+    S − 1 older frames of each episode's first stack as padding steps (action
+    0, reward 0, not done, version −1) that no item starts on.
     """
     lead = [n_step + 1]
     return {
-        "observation": tf.TensorSpec(lead + list(obs_shape), obs_dtype),
+        "observation": tf.TensorSpec([n_step + frame_stack] + list(frame_shape), obs_dtype),
         "action": tf.TensorSpec(lead, tf.int32),
         "reward": tf.TensorSpec(lead, tf.float32),
         "done": tf.TensorSpec(lead, tf.bool),
@@ -78,8 +84,9 @@ def dqn_signature(obs_shape: tuple, obs_dtype, n_step: int) -> dict:
     }
 
 
-def dqn_tables(obs_shape: tuple, obs_dtype, n_step: int, replay_size: int, min_replay_size: int,
-               samples_per_insert: float, prioritized: bool = False, priority_exponent: float = 0.6) -> list:
+def dqn_tables(frame_shape: tuple, obs_dtype, n_step: int, replay_size: int, min_replay_size: int,
+               samples_per_insert: float, prioritized: bool = False, priority_exponent: float = 0.6,
+               frame_stack: int = 1) -> list:
     """The DQN replay table: uniform (or prioritized) sampling, FIFO removal at `replay_size` items,
     and a `SampleToInsertRatio` rate limiter holding `samples_per_insert` (±10% of
     `min_replay_size` worth of slack) once `min_replay_size` items are in.
@@ -96,16 +103,17 @@ def dqn_tables(obs_shape: tuple, obs_dtype, n_step: int, replay_size: int, min_r
     return [reverb.Table(
         name=DQN_TABLE, sampler=sampler, remover=reverb.selectors.Fifo(), max_size=replay_size,
         rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
-        signature=dqn_signature(obs_shape, obs_dtype, n_step))]
+        signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack))]
 
 
 def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
-    """Replay tables of `algo` ("ppo" or "dqn") for an env spec and its algorithm config."""
+    """Replay tables of `algo` ("ppo"; "dqn" and "qdagger" share the DQN table) for an env spec and its config."""
     if algo == "ppo":
         items = queue_items or ppo_queue_items(config)
         return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
-    return dqn_tables(spec.obs_shape, tf.float32, config.n_step, config.replay_size, config.min_replay_size,
-                      config.samples_per_insert, config.prioritized, config.priority_exponent)
+    return dqn_tables(spec.frame_shape, tf.as_dtype(spec.obs_dtype), config.n_step, config.replay_size,
+                      config.min_replay_size, config.samples_per_insert, config.prioritized,
+                      config.priority_exponent, spec.frame_stack)
 
 
 def ppo_queue_items(config) -> int:
@@ -115,14 +123,33 @@ def ppo_queue_items(config) -> int:
     return max(2, -(-steps // per_item))
 
 
-def serve(tables: list, port: int, stop_event: threading.Event | None = None) -> None:
+def serve(tables: list, port: int, stop_event: threading.Event | None = None, checkpoint_dir: str | None = None,
+          teacher_dir: str | None = None) -> None:
     """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
 
-    Reverb binds every interface and has no authentication: keep its port on a
-    private network (see README).
+    With `checkpoint_dir` the tables start from the latest Reverb checkpoint
+    there (if any), and a new checkpoint is written when stopping if the
+    tables changed since the latest one. With `teacher_dir` (a DQN run
+    directory) the server instead serves that run's replay read-only, from a
+    copy made in `checkpoint_dir` whose rate limiter admits every sample
+    (`replay.checkpoints.open_teacher_replay`); `tables` then only name the
+    tables to expect. Reverb binds every interface and has no authentication:
+    keep its port on a private network (see README).
+
+    Raises:
+        ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay.
     """
+    from replay import checkpoints
+    ckpt = None
+    if teacher_dir:
+        if not checkpoint_dir:
+            raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
+        root = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
+        ckpt = checkpoints.checkpointer(root)
+    elif checkpoint_dir:
+        ckpt = checkpoints.checkpointer(checkpoint_dir)
     try:
-        server = reverb.Server(tables=tables, port=port)
+        server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
     except ValueError as e:
         raise ValueError(f"cannot start the replay server on port {port} (port in use?): {e}; "
                          "choose another --port.") from None
@@ -134,6 +161,10 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None) ->
     print(f"rlfleet replay: serving on port {port}", flush=True)
     while not stop.wait(0.5):
         pass
+    if checkpoint_dir and not teacher_dir:
+        client = reverb.Client(f"localhost:{port}")
+        if checkpoints.tables_changed(client, checkpoints.latest_checkpoint(checkpoint_dir)):
+            print(f"rlfleet replay: checkpoint {client.checkpoint()}", flush=True)
     server.stop()
     print("rlfleet replay: stopped", flush=True)
 

@@ -1,4 +1,4 @@
-"""End to end: `rlfleet up` learns InvertedPendulum-v5 (real processes, loopback)."""
+"""End to end: `rlfleet up` learns InvertedPendulum-v5 and survives interruption (real processes, loopback)."""
 import json
 import signal
 import subprocess
@@ -85,20 +85,3 @@ def test_a_dead_child_makes_up_fail_loudly(tmp_path):
     for c in children:  # nothing left running
         assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
 
-
-def test_up_dqn_learns_cartpole(tmp_path):
-    """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
-    logdir = tmp_path / "cartpole"
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "dqn", "--env", "CartPole-v1",
-                          "--total-steps", "30000", "--logdir", logdir, "--report-interval", "5"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    summary = json.loads((logdir / "summary.json").read_text())
-    assert summary["algo"] == "dqn" and summary["env_steps"] >= 30000
-    assert summary["final_eval_return_mean"] >= 150, summary  # random policy: ~22
-    [table] = summary["replay"]
-    # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
-    spi = summary["config"]["samples_per_insert"]
-    error_buffer = 0.1 * spi * summary["config"]["min_replay_size"]
-    expected = spi * (table["inserts"] - summary["config"]["min_replay_size"])
-    assert abs(table["samples"] - expected) <= error_buffer + spi * 200, (table, spi)

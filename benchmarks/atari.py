@@ -1,0 +1,181 @@
+"""Atari speed and replay memory, measured in one run:
+
+1. Ceiling: ale-py's C++ AtariVectorEnv xB stepping random actions (agent steps/s;
+   one agent step = 4 frames), no policy, no replay.
+2. Collection: real `rlfleet replay` (DQN table), `rlfleet learner` and `rlfleet actor`
+   processes on loopback. The table's min_replay_size is set above what the run
+   inserts, so the learner never samples (nothing competes with the actor for the
+   cores) and the rate limiter never blocks inserts: the rate is agent steps written
+   into Reverb per second (ε-greedy on the Nature CNN, per-env TrajectoryWriters).
+3. Replay memory: bytes per transition in the replay server (resident memory growth
+   / items) and on disk (size of a Reverb checkpoint / items), against the 28,224
+   bytes of four stacked 84x84 frames per transition (56,448 with the next observation).
+4. Learner: gradient steps/s of DQN (batch 32, Nature CNN, n-step 3) and of QDagger
+   (the same plus the teacher's forward pass and the distillation term) on replay-shaped
+   batches, in this process.
+
+Usage:
+    python benchmarks/atari.py --env ALE/Pong-v5 --num-envs 8 --seconds 30
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from actors.envs import env_spec, make_atari_env  # noqa: E402
+from learner.presets import make_algo_config  # noqa: E402
+
+STACKED_BYTES = 4 * 84 * 84
+
+
+def raw_rate(env_id: str, num_envs: int, seconds: float) -> float:
+    """Random-action agent steps/s of AtariVectorEnv xB."""
+    venv = make_atari_env(env_id, num_envs)
+    try:
+        venv.reset(seed=list(range(num_envs)))
+        n = venv.single_action_space.n
+        rng = np.random.default_rng(0)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            venv.step(rng.integers(0, n, num_envs))
+            steps += num_envs
+        return steps / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dict:
+    """Agent steps/s written to Reverb by one real actor process, and replay bytes per transition."""
+    import portpicker
+    import psutil
+    from deploy.status import get_status
+    from replay.checkpoints import checkpoint_replay
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "min_replay_size=900000",
+            "--set", "replay_size=1000000"]
+    rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+    logdir = tempfile.mkdtemp(prefix="rlfleet-atari-")
+    cli = [sys.executable, "-m", "deploy.cli"]
+    common = ["--algo", "dqn", "--env", env_id, *sets]
+    procs = [subprocess.Popen(cli + ["replay", *common, "--port", str(rport), "--checkpoint-dir",
+                                     os.path.join(logdir, "replay")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen(cli + ["learner", *common, "--replay", f"127.0.0.1:{rport}",
+                                             "--logdir", logdir, "--port", str(lport)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        address = f"127.0.0.1:{lport}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                get_status(address, 1)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise RuntimeError("learner did not start")
+                time.sleep(0.5)
+        replay_proc = psutil.Process(procs[0].pid)
+        rss0 = replay_proc.memory_info().rss
+        procs.append(subprocess.Popen(cli + ["actor", "--learner", address], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        while get_status(address, 2)["replay"][0]["inserts"] == 0:
+            time.sleep(0.5)
+        time.sleep(warmup)
+        s0, t0 = get_status(address, 2), time.time()
+        time.sleep(seconds)
+        s1, t1 = get_status(address, 2), time.time()
+        procs[-1].terminate()
+        procs[-1].wait(30)
+        items = get_status(address, 2)["replay"][0]["size"]
+        rss1 = replay_proc.memory_info().rss
+        path = checkpoint_replay(f"127.0.0.1:{rport}")
+        inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
+        return dict(written_agent_steps_per_second=inserts / (t1 - t0),
+                    items=items, memory_bytes_per_transition=(rss1 - rss0) / items,
+                    checkpoint_bytes_per_transition=_dir_bytes(path) / items)
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def learner_rates(env_id: str, seconds: float) -> dict:
+    """Gradient steps/s of DQN and QDagger (batch 32, Nature CNN) on replay-shaped random batches."""
+    import tensorflow as tf
+    from learner.dqn import DQNAgent, make_q_network
+    from learner.qdagger import QDaggerAgent
+    from learner.teacher import Teacher
+    spec = env_spec(env_id)
+    rng = np.random.default_rng(0)
+    out = {}
+    for algo in ("dqn", "qdagger"):
+        cfg = make_algo_config(algo, "default", env_id)
+        n, b = cfg.n_step, cfg.batch_size
+        batch = {"observation": tf.constant(rng.integers(0, 255, (b, n + 4, 84, 84), dtype=np.uint8)),
+                 "action": tf.constant(rng.integers(0, spec.action_dim, (b, n + 1), dtype=np.int32)),
+                 "reward": tf.constant(rng.choice([-1.0, 0.0, 1.0], (b, n + 1)).astype(np.float32)),
+                 "done": tf.constant(np.zeros((b, n + 1), bool)),
+                 "policy_version": tf.constant(np.zeros((b, n + 1), np.int64))}
+        if algo == "dqn":
+            agent, step = DQNAgent(spec, cfg), None
+            step = agent._train_step
+        else:
+            teacher = Teacher("-", make_q_network(spec, cfg, 7, "teacher_q"), "-", None)
+            agent = QDaggerAgent(spec, cfg, 0, teacher, "-")
+            step = agent._qdagger_step
+        for _ in range(3):
+            step(batch)
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            step(batch)[0].numpy()
+            count += 1
+        out[algo] = count / (time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="ALE/Pong-v5")
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    raw = raw_rate(args.env, args.num_envs, args.seconds / 2)
+    print(f"raw AtariVectorEnv x{args.num_envs}, random actions: {raw:,.0f} agent steps/s "
+          f"({4 * raw:,.0f} frames/s)", flush=True)
+    grads = learner_rates(args.env, args.seconds / 2)
+    print(f"learner, batch 32, Nature CNN: DQN {grads['dqn']:.1f} gradient steps/s, "
+          f"QDagger {grads['qdagger']:.1f} gradient steps/s (at 1 step per 4 agent steps: "
+          f"{4 * grads['dqn']:.0f} agent steps/s)", flush=True)
+    col = collection(args.env, args.num_envs, args.seconds, warmup=10)
+    print(f"collection, 1 actor x {args.num_envs} envs: {col['written_agent_steps_per_second']:,.0f} agent steps/s "
+          f"written to Reverb ({100 * col['written_agent_steps_per_second'] / raw:.0f}% of the raw rate)")
+    print(f"replay: {col['items']:,} transitions; {col['memory_bytes_per_transition']:,.0f} bytes each in server "
+          f"memory, {col['checkpoint_bytes_per_transition']:,.0f} on disk (four stacked frames: {STACKED_BYTES:,})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(env=args.env, num_envs=args.num_envs, raw_agent_steps_per_second=raw,
+                           learner_gradient_steps_per_second=grads, collection=col), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

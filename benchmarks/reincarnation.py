@@ -1,0 +1,124 @@
+"""Reincarnation: env steps a QDagger student needs to reach its teacher's return, against DQN from scratch.
+
+1. Teacher: `rlfleet up --algo dqn` with seed 0 for --teacher-steps env steps (reused when its
+   directory already holds a finished run).
+2. DQN from scratch: the teacher run itself plus seeds 1..K-1, each for --teacher-steps env steps.
+3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
+   (after the preset's offline pretraining, or --offline-steps).
+For each run: the env steps of the first progress row whose latest evaluation return reaches the
+target (the teacher's evaluation return as the students measured it at their start, times
+--fraction), the final evaluation return, and the return at the students' budget. Then the ratio
+of median env steps (student / scratch), IQM of final returns with bootstrap CIs (rliable, when
+installed) and a learning-curve plot (benchmarks/report.py).
+
+Usage:
+    python benchmarks/reincarnation.py --env CartPole-v1 --seeds 3 --teacher-steps 30000 \
+        --student-steps 15000 --workdir runs/reincarnation-cartpole
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import report as report_lib  # noqa: E402
+
+
+def _up(args: list[str], logdir: str) -> None:
+    if os.path.exists(os.path.join(logdir, "summary.json")):
+        print(f"reusing {logdir}", flush=True)
+        return
+    cmd = [sys.executable, "-m", "deploy.cli", "up", *args, "--logdir", logdir, "--report-interval", "2"]
+    print("$ rlfleet up " + " ".join(args + ["--logdir", logdir]), flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"run failed ({logdir}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    print(out.stdout.strip().splitlines()[-1], flush=True)
+
+
+def steps_to_reach(rows: list[dict], target: float) -> int | None:
+    """Env steps of the first metrics row whose latest evaluation return is >= target (None: never)."""
+    return next((r["env_steps"] for r in rows if r.get("eval_return_mean") is not None
+                 and r["eval_return_mean"] >= target), None)
+
+
+def return_at(rows: list[dict], env_steps: int) -> float | None:
+    """Latest evaluation return recorded at or before `env_steps`."""
+    values = [r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None]
+    return values[-1] if values else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--teacher-steps", type=int, default=30000)
+    p.add_argument("--student-steps", type=int, default=15000)
+    p.add_argument("--offline-steps", type=int, default=None)
+    p.add_argument("--fraction", type=float, default=1.0, help="target = fraction x teacher return")
+    p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for every run")
+    p.add_argument("--workdir", default="runs/reincarnation")
+    args = p.parse_args()
+    sets = [a for kv in args.sets for a in ("--set", kv)]
+    name = args.env.replace("/", "-")
+    teacher = os.path.join(args.workdir, f"{name}-dqn-s0")
+    scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in range(1, args.seeds)]
+    students = [os.path.join(args.workdir, f"{name}-qdagger-s{s}") for s in range(args.seeds)]
+    for s, d in enumerate(scratch):
+        _up(["--algo", "dqn", "--env", args.env, "--total-steps", str(args.teacher_steps), "--seed", str(s), *sets], d)
+    offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
+    for s, d in enumerate(students):
+        _up(["--algo", "qdagger", "--env", args.env, "--teacher", teacher, "--total-steps", str(args.student_steps),
+             "--seed", str(s), *offline, *sets], d)
+
+    runs = report_lib.load_runs(scratch + students)
+    by_dir = {r["dir"]: r for r in runs}
+    teacher_return = float(np.mean([by_dir[d]["summary"]["teacher_eval_return_mean"] for d in students]))
+    target = args.fraction * teacher_return
+    table = []
+    for d in scratch + students:
+        r = by_dir[d]
+        table.append(dict(run=os.path.basename(d), algo=r["summary"]["algo"],
+                          env_steps_to_target=steps_to_reach(r["rows"], target),
+                          return_at_student_budget=return_at(r["rows"], args.student_steps),
+                          final_eval_return=r["summary"]["final_eval_return_mean"],
+                          env_steps=r["summary"]["env_steps"]))
+    print(f"\nteacher {teacher}: evaluation return {teacher_return:.1f}; target {target:.1f}")
+    print(f"{'run':<28} {'env steps to target':>20} {'return @ ' + str(args.student_steps):>16} {'final':>8}")
+    for t in table:
+        reach = "never" if t["env_steps_to_target"] is None else f"{t['env_steps_to_target']:,}"
+        at = "-" if t["return_at_student_budget"] is None else f"{t['return_at_student_budget']:.1f}"
+        print(f"{t['run']:<28} {reach:>20} {at:>16} {t['final_eval_return']:>8.1f}")
+
+    def median_steps(algo: str, budget: int) -> float:
+        # A run that never reached the target counts as its whole budget (a lower bound).
+        return float(np.median([t["env_steps_to_target"] if t["env_steps_to_target"] is not None else budget
+                                for t in table if t["algo"] == algo]))
+    student_med = median_steps("qdagger", args.student_steps)
+    scratch_med = median_steps("dqn", args.teacher_steps)
+    ratio = student_med / scratch_med if scratch_med else float("nan")
+    print(f"median env steps to target: QDagger {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} "
+          f"-> ratio {ratio:.3f} (target <= 0.10)")
+    result = dict(env=args.env, teacher=teacher, teacher_return=teacher_return, target=target, runs=table,
+                  median_steps_qdagger=student_med, median_steps_dqn=scratch_med, ratio=ratio)
+    try:
+        result["report"] = report_lib.report(runs)
+        for algo, a in result["report"]["iqm"].items():
+            print(f"{algo}: IQM final return {a['iqm']:.1f}, 95% CI [{a['ci95'][0]:.1f}, {a['ci95'][1]:.1f}]")
+        report_lib.plot(runs, os.path.join(args.workdir, f"{name}-curves.png"))
+        print(f"plot: {os.path.join(args.workdir, name + '-curves.png')}")
+    except ImportError as e:
+        print(f"(no IQM / plot: {e}; pip install -e '.[report]')")
+    with open(os.path.join(args.workdir, f"{name}-reincarnation.json"), "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

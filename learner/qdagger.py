@@ -1,0 +1,160 @@
+"""QDagger: reincarnate a DQN student from a teacher's Q-network and replay (Agarwal et al. 2022, Sec. 4).
+
+Offline phase (`offline_pretraining`): before any env step, the student takes
+`offline_steps` gradient steps on minibatches of the teacher's replay (a Reverb
+checkpoint restored read-only, `replay.checkpoints.open_teacher_replay`), with
+the QDagger loss: Huber TD loss on n-step targets + λ·KL(softmax(Q_T/τ) ‖
+softmax(Q_S/τ)). Online phase (`online`): the student's weights go to the
+actors, which fill the student's own replay table; the teacher labels the
+student's minibatches with its Q-values for the same loss. After every
+evaluation λ = base·max(0, 1 − (R_S − R_rand)/(R_T − R_rand)) (R_T the
+teacher's and R_rand a uniformly random policy's evaluation return, both
+measured at start), forced to 0 after `distillation_cutoff_env_steps` online
+env steps; the learning rate moves with λ from `learning_rate` to
+`learning_rate_final`. Values: reincarnating_rl QDagger configs (base 3.0,
+τ 0.1, lr 1e-4 → 1e-5).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from actors.envs import EnvSpec
+from learner import dqn_math
+from learner.agents import StepResult
+from learner.dqn import DQNAgent, batches, export_q, split_observations
+from learner.evaluation import evaluate_dqn, run_batched_episodes
+from learner.presets import QDaggerConfig
+from learner.teacher import Teacher
+
+log = logging.getLogger("rlfleet.qdagger")
+
+OFFLINE, ONLINE = "offline_pretraining", "online"
+
+
+class QDaggerAgent(DQNAgent):
+    """The QDagger student (see module doc).
+
+    Args:
+        spec: env spec (discrete actions).
+        config: `QDaggerConfig`.
+        seed: initialisation seed of the student.
+        teacher: the loaded teacher (`learner.teacher.load_teacher`).
+        teacher_replay: host:port of the Reverb server holding the teacher's restored table.
+    """
+    algo = "qdagger"
+
+    def __init__(self, spec: EnvSpec, config: QDaggerConfig, seed: int, teacher: Teacher, teacher_replay: str):
+        super().__init__(spec, config, seed)
+        self.teacher, self.teacher_replay = teacher, teacher_replay
+        self.coefficient = tf.Variable(config.distillation_base, dtype=tf.float32)
+        self.teacher_return = math.nan
+        self.random_return = math.nan
+        self.online_start_env_steps = tf.Variable(-1, dtype=tf.int64)  # env steps when the online phase began
+        self._set_learning_rate()
+
+    def checkpoint_items(self) -> dict:
+        return dict(super().checkpoint_items(), distillation_coefficient=self.coefficient,
+                    online_start_env_steps=self.online_start_env_steps)
+
+    def sync_from_checkpoint(self) -> None:
+        self._set_learning_rate()
+
+    @property
+    def phase(self) -> str:
+        return OFFLINE if int(self.learner_steps.numpy()) < self.config.offline_steps else ONLINE
+
+    def ready_for_actors(self) -> bool:
+        return self.phase == ONLINE
+
+    def on_start(self) -> None:
+        """Measures the teacher's and a uniformly random policy's evaluation returns (λ's normalisation)."""
+        c = self.config
+        self.teacher_return = float(np.mean(evaluate_dqn(
+            export_q(self.teacher.q) | {"epsilon": np.float32(0)}, self.spec.env_id, c.eval_episodes,
+            10 ** 6 + 1, c.epsilon_eval)))
+        rng = np.random.default_rng(1)
+        self.random_return = float(np.mean(run_batched_episodes(
+            self.spec.env_id, c.random_eval_episodes, 10 ** 6 + 2,
+            lambda obs: rng.integers(0, self.spec.action_dim, len(obs)))))
+        if not self.teacher_return > self.random_return:
+            log.warning("the teacher's evaluation return %.1f is not above a random policy's %.1f: the distillation "
+                        "coefficient stays at its base value until the cutoff", self.teacher_return,
+                        self.random_return)
+        print(f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f}, "
+              f"a random policy at {self.random_return:.1f}", flush=True)
+
+    def samples(self, replay_address: str):
+        """The remaining offline minibatches from the teacher's replay, then the student's own."""
+        remaining = max(0, self.config.offline_steps - int(self.learner_steps.numpy()))
+        if remaining:
+            yield from itertools.islice(batches(self.teacher_replay, self.config.batch_size), remaining)
+        yield from batches(replay_address, self.config.batch_size)
+
+    @tf.function
+    def _qdagger_step(self, batch):
+        c = self.config
+        with tf.GradientTape() as tape:
+            td, q_all, mean_q = self._td_loss(batch)
+            obs, _ = split_observations(batch["observation"], c.n_step, self.spec.frame_stack)
+            distill = tf.reduce_mean(dqn_math.distillation_loss(q_all, self.teacher.q(obs),
+                                                                c.distillation_temperature))
+            loss = td + self.coefficient * distill
+        grads = tape.gradient(loss, self.q.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
+        return td, distill, mean_q
+
+    def consume(self, batch, version: int, env_steps: int) -> StepResult:
+        c = self.config
+        if float(self.coefficient.numpy()) > 0:
+            td, distill, mean_q = self._qdagger_step(batch)
+        else:  # λ = 0: plain DQN, no teacher forward pass
+            (td, mean_q), distill = self._train_step(batch), tf.constant(0.0)
+        steps = int(self.learner_steps.assign_add(1).numpy())
+        if steps % c.target_update_period == 0:
+            self._copy_target()
+        metrics = {"td_loss": float(td), "distillation_loss": float(distill), "mean_q": float(mean_q),
+                   "distillation_coefficient": float(self.coefficient.numpy()), "epsilon": self.epsilon}
+        if steps < c.offline_steps:
+            evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
+            return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics if evaluate else {})
+        if steps == c.offline_steps:  # end of the offline phase: actors start with these weights
+            self.online_start_env_steps.assign(env_steps)
+            print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase",
+                  flush=True)
+            return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics)
+        online_steps = env_steps - int(self.online_start_env_steps.numpy())
+        if c.distillation_cutoff_env_steps and online_steps >= c.distillation_cutoff_env_steps \
+                and float(self.coefficient.numpy()) > 0:
+            self.coefficient.assign(0.0)
+            self._set_learning_rate()
+        if steps % c.publish_every:
+            return StepResult(gradient_steps=1)
+        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end,
+                                               c.epsilon_decay_env_steps)
+        return StepResult(gradient_steps=1, updated=True, metrics=dict(metrics, epsilon=self.epsilon))
+
+    def on_evaluation(self, returns: list[float], env_steps: int) -> None:
+        """Online: updates λ from the student's evaluation return (and the learning rate with it)."""
+        c = self.config
+        if self.phase != ONLINE or not self.teacher_return > self.random_return \
+                or float(self.coefficient.numpy()) == 0:
+            return  # offline, the student distils at the base coefficient (it has no env data of its own yet)
+        online_steps = max(0, env_steps - int(self.online_start_env_steps.numpy()))
+        self.coefficient.assign(dqn_math.distillation_coefficient(
+            c.distillation_base, float(np.mean(returns)), self.teacher_return, self.random_return, online_steps,
+            c.distillation_cutoff_env_steps or None))
+        self._set_learning_rate()
+
+    def _set_learning_rate(self) -> None:
+        c = self.config
+        self.optimizer.learning_rate.assign(dqn_math.interpolated_learning_rate(
+            float(self.coefficient.numpy()), c.distillation_base, c.learning_rate, c.learning_rate_final))
+
+    def status_extras(self) -> dict:
+        return {"phase": self.phase, "distillation_coefficient": float(self.coefficient.numpy()),
+                "teacher_eval_return_mean": self.teacher_return, "random_eval_return_mean": self.random_return}

@@ -1,0 +1,99 @@
+"""Teacher run directories for QDagger (Reincarnating RL, Agarwal et al. 2022).
+
+A finished DQN (or QDagger) run directory is a teacher: `run.json` (algo,
+env, config), `checkpoints/` (its Q-network), `replay/` (a Reverb checkpoint
+of its replay table, written at the end of the run) and `summary.json` (its
+final evaluation return). `load_teacher` checks all of it before anything
+starts and restores the teacher's Q-network.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+from actors.envs import EnvSpec
+from replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, read_tables
+
+TEACHER_ALGOS = ("dqn", "qdagger")
+
+
+class TeacherError(ValueError):
+    """A directory is not a usable teacher; the message says what is wrong and how to fix it."""
+
+
+@dataclasses.dataclass
+class Teacher:
+    """A loaded teacher.
+
+    Attributes:
+        directory: the teacher's run directory.
+        q: its Q-network (maps observations [N, *obs_shape] to Q-values [N, A] float32).
+        replay_checkpoint: its latest complete Reverb checkpoint directory.
+        final_eval_return: its summary's final evaluation return (None when it has no summary).
+    """
+    directory: str
+    q: object
+    replay_checkpoint: str
+    final_eval_return: float | None
+
+
+def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
+    """Checks that `directory` is a teacher for `spec` without loading its network; returns its run.json.
+
+    Raises:
+        TeacherError: missing directory, run.json, checkpoint or replay
+            checkpoint; another algorithm or env.
+    """
+    hint = "pass the --logdir of a finished `rlfleet up --algo dqn` run on the same env"
+    if not os.path.isdir(directory):
+        raise TeacherError(f"--teacher {directory}: no such directory; {hint}.")
+    run_path = os.path.join(directory, "run.json")
+    if not os.path.exists(run_path):
+        raise TeacherError(f"--teacher {directory}: no run.json, so this is not an rlfleet run directory; {hint}.")
+    with open(run_path) as f:
+        run = json.load(f)
+    if run.get("algo") not in TEACHER_ALGOS:
+        raise TeacherError(f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a DQN "
+                           f"or QDagger run (a Q-network and its replay); {hint}.")
+    if run.get("env_id") != spec.env_id:
+        raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
+    if tf.train.latest_checkpoint(os.path.join(directory, "checkpoints")) is None:
+        raise TeacherError(f"--teacher {directory}: no Q-network checkpoint in {directory}/checkpoints; {hint}.")
+    if latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR)) is None:
+        raise TeacherError(
+            f"--teacher {directory}: no Reverb replay checkpoint in {directory}/{REPLAY_SUBDIR}; a DQN run "
+            "writes one when it finishes (or run `rlfleet replay-checkpoint --replay HOST:PORT` while its "
+            "replay server, started with --checkpoint-dir, runs).")
+    return run
+
+
+def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
+    """Checks `directory` (see `check_teacher_dir`) and restores the teacher's Q-network for `spec`.
+
+    Raises:
+        TeacherError: see `check_teacher_dir`; also a Q-network whose shapes do
+            not fit `spec` (another action count or observation size).
+    """
+    from learner.dqn import make_q_network
+    from learner.presets import make_algo_config
+    run = check_teacher_dir(directory, spec)
+    config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
+    q = make_q_network(spec, config, 0, "teacher_q")
+    latest = tf.train.latest_checkpoint(os.path.join(directory, "checkpoints"))
+    try:
+        tf.train.Checkpoint(q=q).restore(latest).expect_partial().assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.OpError) as e:
+        raise TeacherError(f"--teacher {directory}: its Q-network does not fit {spec.env_id} "
+                           f"({spec.action_dim} actions, observations {spec.obs_shape}): {e}") from None
+    replay = latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
+    read_tables(replay)  # ReplayCheckpointError (a ValueError) on an unreadable checkpoint
+    summary_path = os.path.join(directory, "summary.json")
+    final = None
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            final = json.load(f).get("final_eval_return_mean")
+    return Teacher(directory, q, replay, final)
+

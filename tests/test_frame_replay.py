@@ -1,0 +1,116 @@
+"""The DQN actor's frame-sharing replay items: each stores the newest frame per step, and the n + 4
+frames of an item rebuild exactly the stacked observations the policy saw (real Reverb server and
+writers; a scripted Atari-like batched env whose frames encode the step that produced them)."""
+import threading
+import types
+
+import numpy as np
+import reverb
+import tensorflow as tf
+
+from actors.actor import Actor
+from learner.dqn import split_observations
+from learner.networks import NatureCNN
+from proto import rlfleet_pb2
+from replay.server import DQN_TABLE, dqn_signature
+
+N_STEP, STACK, ENVS, STEPS = 3, 4, 2, 120
+
+
+class ScriptedFrames:
+    """ENVS envs of 84x84 frames; pixel [0, 0] holds a unique frame id, [0, 1] the env. Episodes end
+    by termination or (every third one) by truncation after 7-19 steps; stacks start with 3 zero frames."""
+    single_observation_space = types.SimpleNamespace(shape=(STACK, 84, 84))
+
+    def __init__(self, stop: threading.Event):
+        self.rng, self.stop, self.next_id = np.random.default_rng(0), stop, 1
+        self.seen = {}  # frame id of the newest frame -> the stacked observation the policy was given
+        self.acted = [[] for _ in range(ENVS)]  # per env, frame ids of the observations acted on, in order
+        self.truncated_tails = set()  # frame ids of the last n steps of truncated episodes
+        self.steps = 0
+
+    def _frame(self, env):
+        f = np.zeros((84, 84), np.uint8)
+        f[0, 0], f[0, 1] = self.next_id % 256, env
+        f[0, 2] = self.next_id // 256
+        self.next_id += 1
+        return f
+
+    def _reset(self, env):
+        self.left[env] = int(self.rng.integers(7, 20))
+        self.episodes[env] += 1
+        stack = np.zeros((STACK, 84, 84), np.uint8)
+        stack[-1] = self._frame(env)
+        return stack
+
+    def reset(self, seed=None):
+        self.left, self.episodes = [0] * ENVS, [0] * ENVS
+        self.obs = np.stack([self._reset(i) for i in range(ENVS)])
+        return self.obs.copy(), {}
+
+    def step(self, action):
+        for i in range(ENVS):
+            self.seen[_fid(self.obs[i, -1])] = self.obs[i].copy()
+            self.acted[i].append(_fid(self.obs[i, -1]))
+        term, trunc = np.zeros(ENVS, bool), np.zeros(ENVS, bool)
+        for i in range(ENVS):
+            self.left[i] -= 1
+            if self.left[i] == 0:
+                (trunc if self.episodes[i] % 3 == 0 else term)[i] = True
+                if trunc[i]:
+                    self.truncated_tails.update(self.acted[i][-N_STEP:])
+                self.obs[i] = self._reset(i)
+            else:
+                self.obs[i] = np.concatenate([self.obs[i, 1:], self._frame(i)[None]])
+        self.steps += 1
+        if self.steps >= STEPS:
+            self.stop.set()
+        return self.obs.copy(), np.ones(ENVS, np.float32), term, trunc, {}
+
+
+def _fid(frame):
+    return int(frame[0, 0]) + 256 * int(frame[0, 2])
+
+
+def test_items_rebuild_the_stacked_observations():
+    server = reverb.Server([reverb.Table.queue(DQN_TABLE, 10_000,
+                                               signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))])
+    address = f"localhost:{server.port}"
+    actor = Actor.__new__(Actor)  # no learner: the collection loop alone
+    actor.config = rlfleet_pb2.RunConfig(algo="dqn", table=DQN_TABLE, num_envs=ENVS, unroll_length=N_STEP, seed=0)
+    actor.replay_address, actor.frame_stack = address, STACK
+    actor.stop, actor.lock = threading.Event(), threading.Lock()
+    actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
+    weights = types.SimpleNamespace(latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(),
+                                                "epsilon": np.float32(1.0)}))
+    venv = ScriptedFrames(actor.stop)
+    actor._collect_dqn(venv, weights)
+
+    client = reverb.Client(address)
+    size = client.server_info()[DQN_TABLE].current_size
+    items = [s for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False,
+                                      unpack_as_table_signature=True)]
+    assert size > 0.6 * STEPS * ENVS
+    starts = set()
+    for item in items:
+        d = item.data
+        frames = d["observation"][None]
+        obs, bootstrap = (x[0] for x in split_observations(frames, N_STEP, STACK))
+        fid = _fid(obs[-1])
+        assert fid not in starts  # one item per transition
+        starts.add(fid)
+        np.testing.assert_array_equal(obs, venv.seen[fid])  # the stack the policy acted on
+        if not d["done"][:N_STEP].any():  # the bootstrap stack, N_STEP steps later in the same episode
+            np.testing.assert_array_equal(bootstrap, venv.seen[_fid(bootstrap[-1])])
+            assert bootstrap[-1][0, 1] == obs[-1][0, 1]  # same env
+            assert venv.acted[obs[-1][0, 1]].index(_fid(bootstrap[-1])) == \
+                venv.acted[obs[-1][0, 1]].index(fid) + N_STEP
+        assert d["policy_version"][0] == 0
+    # Every transition has its item, except the last n of episodes cut by the time limit (no bootstrap
+    # observation) and, per env, the last n (windows not complete yet) plus up to 4 more (the items a
+    # writer may still have in flight when the actor stops: it closes without flushing).
+    assert venv.truncated_tails and not starts & venv.truncated_tails
+    expected = set(venv.seen) - venv.truncated_tails
+    assert starts <= expected
+    assert expected - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 4):]}
+    server.stop()

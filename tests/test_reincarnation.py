@@ -1,0 +1,151 @@
+"""DQN teachers and QDagger students through the whole cluster (real processes, loopback), teacher
+directories, and Reverb replay checkpoints."""
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+
+from actors.envs import env_spec
+from conftest import ENV, ROOT
+from learner.teacher import TeacherError, check_teacher_dir, load_teacher
+from replay.checkpoints import latest_checkpoint, open_teacher_replay
+
+
+def _up(*args, timeout=900):
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", *map(str, args)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _rows(logdir):
+    return [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _first_env_steps_reaching(rows, target):
+    """Env steps of the first metrics row whose latest evaluation return is >= target (None if never)."""
+    return next((r["env_steps"] for r in rows if (r["eval_return_mean"] or -1e9) >= target), None)
+
+
+@pytest.fixture(scope="module")
+def cartpole_teacher(tmp_path_factory):
+    """A DQN run on CartPole-v1 (30k env steps): the teacher of the QDagger tests."""
+    logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
+    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 30000, "--logdir", logdir)
+    return logdir
+
+
+def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teacher):
+    """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
+    summary = json.loads((cartpole_teacher / "summary.json").read_text())
+    assert summary["algo"] == "dqn" and summary["env_steps"] >= 30000
+    assert summary["final_eval_return_mean"] >= 150, summary  # random policy: ~22
+    [table] = summary["replay"]
+    # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
+    spi = summary["config"]["samples_per_insert"]
+    error_buffer = 0.1 * spi * summary["config"]["min_replay_size"]
+    expected = spi * (table["inserts"] - summary["config"]["min_replay_size"])
+    assert abs(table["samples"] - expected) <= error_buffer + spi * 200, (table, spi)
+    # Teacher artifacts: Q-network checkpoint and a complete Reverb checkpoint of the replay.
+    assert latest_checkpoint(str(cartpole_teacher / "replay")) is not None
+    teacher = load_teacher(str(cartpole_teacher), env_spec("CartPole-v1"))
+    assert teacher.final_eval_return == summary["final_eval_return_mean"]
+    q = teacher.q(tf.zeros([2, 4]))
+    assert q.shape == (2, 2) and np.all(np.isfinite(q.numpy()))
+
+
+def test_qdagger_student_reaches_the_teacher_with_far_fewer_env_steps(cartpole_teacher, tmp_path):
+    logdir = tmp_path / "student"
+    out = _up("--algo", "qdagger", "--env", "CartPole-v1", "--teacher", cartpole_teacher, "--total-steps", 12000,
+              "--logdir", logdir, "--report-interval", 2)
+    assert "offline_pretraining" in out.stdout and "online" in out.stdout
+    summary = json.loads((logdir / "summary.json").read_text())
+    teacher_return = summary["teacher_eval_return_mean"]
+    assert teacher_return > summary["random_eval_return_mean"] + 50, summary
+    target = 0.9 * teacher_return
+    student_steps = _first_env_steps_reaching(_rows(logdir), target)
+    teacher_steps = _first_env_steps_reaching(_rows(cartpole_teacher), target)
+    assert teacher_steps is not None, f"the teacher never evaluated at {target:.1f} during its run"
+    assert student_steps is not None, f"the student never reached {target:.1f}: {summary}"
+    # Reincarnation: the student needs a fraction of the online env steps DQN from scratch (the teacher) needed.
+    assert student_steps <= 0.5 * teacher_steps, (student_steps, teacher_steps)
+    assert summary["final_eval_return_mean"] >= target, summary
+    assert summary["learner_steps"] >= summary["config"]["offline_steps"]
+    tables = {t["table"]: t for t in summary["replay"]}
+    assert tables["teacher/dqn_replay"]["samples"] >= summary["config"]["offline_steps"] * 64 * 0.9
+
+
+def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(tmp_path):
+    """A DQN-style table (SampleToInsertRatio) checkpointed, then reopened as a teacher's replay."""
+    limiter = reverb.rate_limiters.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=10,
+                                                       error_buffer=100.0)
+    table = reverb.Table("dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000, limiter)
+    root = tmp_path / "replay"
+    from replay.checkpoints import checkpointer
+    server = reverb.Server([table], checkpointer=checkpointer(str(root)))
+    client = reverb.Client(f"localhost:{server.port}")
+    values = np.arange(60, dtype=np.float32)
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for v in values:
+            writer.append({"x": np.full(3, v, np.float32)})
+            writer.create_item("dqn_replay", 1.0, {"x": writer.history["x"][-1:]})
+    client.checkpoint()
+    server.stop()
+    work = tmp_path / "teacher_copy"
+    new_server = reverb.Server([reverb.Table("dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                                             1000, reverb.rate_limiters.MinSize(1))],
+                               checkpointer=checkpointer(open_teacher_replay(str(root), str(work))))
+    new_client = reverb.Client(f"localhost:{new_server.port}")
+    assert new_client.server_info()["dqn_replay"].current_size == len(values)
+    # 2000 samples: far beyond the ~150 that the checkpointed limiter (1 per insert, ±100) allows.
+    seen = {float(s[0].data[0][0]) for s in new_client.sample("dqn_replay", num_samples=2000)}
+    assert seen == set(values.tolist())
+    new_server.stop()
+    assert latest_checkpoint(str(root)) is not None  # the teacher's own checkpoint is untouched
+
+
+def test_unusable_teachers_fail_fast(cartpole_teacher, tmp_path):
+    spec = env_spec("CartPole-v1")
+    with pytest.raises(TeacherError, match="no such directory"):
+        check_teacher_dir(str(tmp_path / "missing"), spec)
+    with pytest.raises(TeacherError, match="trained on CartPole-v1, not Acrobot-v1"):
+        check_teacher_dir(str(cartpole_teacher), env_spec("Acrobot-v1"))
+    copy = tmp_path / "no-replay"
+    shutil.copytree(cartpole_teacher, copy, ignore=shutil.ignore_patterns("replay"))
+    with pytest.raises(TeacherError, match="no Reverb replay checkpoint"):
+        check_teacher_dir(str(copy), spec)
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "qdagger", "--env", "CartPole-v1",
+                          "--teacher", copy, "--total-steps", "1000", "--logdir", tmp_path / "s"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no Reverb replay checkpoint" in out.stderr
+    assert not (tmp_path / "s").exists()  # nothing started
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "qdagger", "--env", "CartPole-v1",
+                          "--total-steps", "1000", "--logdir", tmp_path / "s"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs --teacher DIR" in out.stderr
+
+
+def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
+    """A few thousand Atari steps through the cluster (AtariVectorEnv actors, Nature CNN, frame-sharing replay),
+    ending in a teacher directory that QDagger loads and continues from."""
+    teacher = tmp_path / "pong-dqn"
+    small = ["--set", "min_replay_size=500", "--set", "replay_size=5000", "--set", "eval_episodes=1",
+             "--envs-per-actor", 4]
+    _up("--algo", "dqn", "--env", "ALE/Pong-v5", "--total-steps", 2000, "--logdir", teacher, *small)
+    summary = json.loads((teacher / "summary.json").read_text())
+    assert summary["env_steps"] >= 2000 and summary["learner_steps"] > 0
+    assert -21 <= summary["final_eval_return_mean"] <= 21
+    assert latest_checkpoint(str(teacher / "replay")) is not None
+    student = tmp_path / "pong-qdagger"
+    out = _up("--algo", "qdagger", "--env", "ALE/Pong-v5", "--teacher", teacher, "--offline-steps", 20,
+              "--total-steps", 500, "--logdir", student, "--set", "random_eval_episodes=1", *small)
+    assert "offline_pretraining" in out.stdout or "online" in out.stdout
+    summary = json.loads((student / "summary.json").read_text())
+    assert summary["algo"] == "qdagger" and summary["env_steps"] >= 500
+    assert summary["learner_steps"] >= 20
+    assert -21 <= summary["teacher_eval_return_mean"] <= 21
