@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,62 +59,28 @@ def _dir_bytes(path: str) -> int:
 
 def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dict:
     """Agent steps/s written to Reverb by one real actor process, and replay bytes per transition."""
-    import portpicker
     import psutil
+    from benchmarks.local_cluster import LocalCluster
     from deploy.status import get_status
     from replay.checkpoints import checkpoint_replay
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "min_replay_size=900000",
             "--set", "replay_size=1000000"]
-    rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
-    logdir = tempfile.mkdtemp(prefix="rlfleet-atari-")
-    cli = [sys.executable, "-m", "deploy.cli"]
-    common = ["--algo", "dqn", "--env", env_id, *sets]
-    procs = [subprocess.Popen(cli + ["replay", *common, "--port", str(rport), "--checkpoint-dir",
-                                     os.path.join(logdir, "replay")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        procs.append(subprocess.Popen(cli + ["learner", *common, "--replay", f"127.0.0.1:{rport}",
-                                             "--logdir", logdir, "--port", str(lport)], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        address = f"127.0.0.1:{lport}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                get_status(address, 1)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise RuntimeError("learner did not start")
-                time.sleep(0.5)
-        replay_proc = psutil.Process(procs[0].pid)
+    checkpoints = tempfile.mkdtemp(prefix="rlfleet-atari-replay-")
+    with LocalCluster(["--algo", "dqn", "--env", env_id, *sets], ["--checkpoint-dir", checkpoints]) as cluster:
+        address = cluster.learner_address
+        replay_proc = psutil.Process(cluster.procs[0].pid)
         rss0 = replay_proc.memory_info().rss
-        procs.append(subprocess.Popen(cli + ["actor", "--learner", address], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        while get_status(address, 2)["replay"][0]["inserts"] == 0:
-            time.sleep(0.5)
-        time.sleep(warmup)
-        s0, t0 = get_status(address, 2), time.time()
-        time.sleep(seconds)
-        s1, t1 = get_status(address, 2), time.time()
-        procs[-1].terminate()
-        procs[-1].wait(30)
+        actor = cluster.add_actor()
+        s0, s1, dt = cluster.window(seconds, warmup)
+        actor.terminate()
+        actor.wait(30)
         items = get_status(address, 2)["replay"][0]["size"]
         rss1 = replay_proc.memory_info().rss
-        path = checkpoint_replay(f"127.0.0.1:{rport}")
+        path = checkpoint_replay(cluster.replay_address)
         inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
-        return dict(written_agent_steps_per_second=inserts / (t1 - t0),
+        return dict(written_agent_steps_per_second=inserts / dt,
                     items=items, memory_bytes_per_transition=(rss1 - rss0) / items,
                     checkpoint_bytes_per_transition=_dir_bytes(path) / items)
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def learner_rates(env_id: str, seconds: float) -> dict:

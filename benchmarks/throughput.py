@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -108,51 +106,17 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
 
 def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
     """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
-    import portpicker
-    from deploy.status import get_status
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    from benchmarks.local_cluster import LocalCluster
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "max_policy_lag=-1"]
-    rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
-    logdir = tempfile.mkdtemp(prefix="rlfleet-throughput-")
-    cli = [sys.executable, "-m", "deploy.cli"]
-    procs = [subprocess.Popen(cli + ["replay", "--env", env_id, "--port", str(rport), *sets], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        procs.append(subprocess.Popen(cli + ["learner", "--env", env_id, "--replay", f"127.0.0.1:{rport}",
-                                             "--logdir", logdir, "--port", str(lport), *sets], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        address = f"127.0.0.1:{lport}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                get_status(address, 1)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise RuntimeError("learner did not start")
-                time.sleep(0.5)
+    with LocalCluster(["--env", env_id, *sets]) as cluster:
         for _ in range(num_actors):
-            procs.append(subprocess.Popen(cli + ["actor", "--learner", address, "--env-backend", backend], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            cluster.add_actor("--env-backend", backend)
         cfg = make_config("default", env_id, {"envs_per_actor": num_envs})
         per_item = cfg.unroll_length * num_envs
-        while get_status(address, 2)["replay"][0]["inserts"] == 0:
-            time.sleep(0.5)
-        time.sleep(warmup)
-        s0, t0 = get_status(address, 2), time.time()
-        time.sleep(seconds)
-        s1, t1 = get_status(address, 2), time.time()
+        s0, s1, dt = cluster.window(seconds, warmup)
         inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
-        return dict(written_env_steps_per_second=inserts * per_item / (t1 - t0),
-                    stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / (t1 - t0))
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        return dict(written_env_steps_per_second=inserts * per_item / dt,
+                    stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / dt)
 
 
 def main() -> None:

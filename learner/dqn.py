@@ -55,12 +55,21 @@ def split_observations(frames, n_step: int, frame_stack: int):
     return frames[:, :frame_stack], frames[:, n_step:n_step + frame_stack]
 
 
-def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE):
-    """Yields minibatches {field: [batch_size, ...]} drawn from `table` through Reverb's tf.data dataset."""
-    dataset = reverb.TrajectoryDataset.from_table_signature(
-        server_address=replay_address, table=table, max_in_flight_samples_per_worker=2 * batch_size)
-    for sample in dataset.batch(batch_size, drop_remainder=True):
-        yield sample.data
+def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE, rate_limiter_timeout_ms: int = 1000):
+    """Yields minibatches {field: [batch_size, ...]} drawn from `table` through Reverb's tf.data dataset, forever.
+
+    A dataset whose sample requests wait on the rate limiter for longer than
+    `rate_limiter_timeout_ms` ends (Reverb's semantics) and is opened again, so
+    no request stays blocked for long: a learner whose actors have stopped
+    still exits promptly (an indefinitely blocked request held the process
+    for minutes at exit).
+    """
+    while True:
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            server_address=replay_address, table=table, max_in_flight_samples_per_worker=2 * batch_size,
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms)
+        for sample in dataset.batch(batch_size, drop_remainder=True):
+            yield sample.data
 
 
 class DQNAgent(Agent):

@@ -1,0 +1,80 @@
+"""Real `rlfleet replay` / `learner` / `actor` processes on loopback ports, for benchmarks."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LocalCluster:
+    """Context manager: starts a replay server and a learner (and actors on request); stops them all on exit.
+
+    Args:
+        common: arguments both `replay` and `learner` get (--algo, --env, --set ...).
+        replay_args: extra `replay` arguments (e.g. --checkpoint-dir).
+    Attributes:
+        replay_address / learner_address: host:port; logdir: the learner's run directory;
+        procs: the child processes, replay first.
+    Raises:
+        RuntimeError: the learner did not answer status within 120 s.
+    """
+
+    def __init__(self, common: list[str], replay_args: list[str] = ()):
+        import portpicker
+        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+        rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
+        self.replay_address, self.learner_address = f"127.0.0.1:{rport}", f"127.0.0.1:{lport}"
+        self.logdir = tempfile.mkdtemp(prefix="rlfleet-bench-")
+        self.common, self.replay_args, self.lport, self.rport = common, list(replay_args), lport, rport
+        self.procs: list[subprocess.Popen] = []
+
+    def _start(self, args: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], env=self.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p
+
+    def __enter__(self) -> "LocalCluster":
+        from deploy.status import get_status
+        self._start(["replay", *self.common, "--port", str(self.rport), *self.replay_args])
+        self._start(["learner", *self.common, "--replay", self.replay_address, "--logdir", self.logdir,
+                     "--port", str(self.lport)])
+        deadline = time.time() + 120
+        while True:
+            try:
+                get_status(self.learner_address, 1)
+                return self
+            except Exception:
+                if time.time() > deadline:
+                    self.__exit__()
+                    raise RuntimeError("learner did not start") from None
+                time.sleep(0.5)
+
+    def add_actor(self, *args: str) -> subprocess.Popen:
+        """Starts one `rlfleet actor` joining the learner."""
+        return self._start(["actor", "--learner", self.learner_address, *args])
+
+    def window(self, seconds: float, warmup: float) -> tuple[dict, dict, float]:
+        """Waits for the first replay insert and `warmup` s, then returns (status before, status after, seconds)
+        around a `seconds` window."""
+        from deploy.status import get_status
+        while get_status(self.learner_address, 2)["replay"][0]["inserts"] == 0:
+            time.sleep(0.5)
+        time.sleep(warmup)
+        s0, t0 = get_status(self.learner_address, 2), time.time()
+        time.sleep(seconds)
+        return s0, get_status(self.learner_address, 2), time.time() - t0
+
+    def __exit__(self, *exc) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
