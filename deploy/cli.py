@@ -79,7 +79,8 @@ def common(f):
 
 @main.command()
 @common
-@click.option("--total-steps", type=int, required=True, help="Env steps to train for.")
+@click.option("--total-steps", type=int, required=True,
+              help="Env steps to train for (agent steps: 4 frames each on Atari).")
 @click.option("--logdir", required=True, type=click.Path(file_okay=False), help="Run directory.")
 @click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
@@ -88,8 +89,8 @@ def common(f):
 @click.option("--env-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
-                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, envpool if it has "
-                   "the env, else async.")
+                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, envpool for "
+                   "Box-action envs it has, else async.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from the latest checkpoint of this run directory.")
 @click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
@@ -229,12 +230,12 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
 @click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
 def status_cmd(learner_address, as_json, timeout):
     """Query the learner's status RPC."""
-    from deploy.status import StatusError, format_status, get_status
+    from deploy.status import StatusError, format_status, get_status, to_json_ready
     try:
         st = get_status(learner_address, timeout)
     except StatusError as e:
         _fail(str(e))
-    click.echo(json.dumps(st, indent=2) if as_json else format_status(st))
+    click.echo(json.dumps(to_json_ready(st), indent=2, allow_nan=False) if as_json else format_status(st))
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             summary = json.load(f)
         print(f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
               f"final eval return {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
-              f"episodes, {summary['wall_seconds']:.0f}s. Summary: {summary_path}", flush=True)
+              f"episode(s), {summary['wall_seconds']:.0f}s. Summary: {summary_path}", flush=True)
         return 0
     except KeyboardInterrupt:
         print("\nrlfleet up: interrupted; stopping actors, checkpointing the learner...", flush=True)

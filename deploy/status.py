@@ -50,6 +50,20 @@ def _to_dict(msg) -> dict:
     return d
 
 
+def to_json_ready(st: dict) -> dict:
+    """A status dict for strict JSON: NaN (a value not known yet) becomes null. Every algorithm's
+    fields stay (0 where they do not apply), so scripts see one schema."""
+    def clean(v):
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
+    return clean(st)
+
+
 def _num(x, fmt="{:,.0f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 

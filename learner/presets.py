@@ -169,7 +169,7 @@ QDAGGER_PRESETS = {"default": {}}
 QDAGGER_ENV_OVERRIDES = {
     ("default", "CartPole-v1"): dict(_CLASSIC_CONTROL, learning_rate=2.5e-4, learning_rate_final=2.5e-5,
                                      offline_steps=3000, distillation_cutoff_env_steps=50_000,
-                                     epsilon_start=0.05, min_replay_size=500, target_update_period=100),
+                                     epsilon_start=0.05, min_replay_size=500),
     ("default", "Acrobot-v1"): dict(_CLASSIC_CONTROL, learning_rate=2.5e-4, learning_rate_final=2.5e-5,
                                     offline_steps=3000, distillation_cutoff_env_steps=50_000,
                                     epsilon_start=0.05, min_replay_size=500),

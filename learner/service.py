@@ -311,11 +311,14 @@ class Learner:
         dt = max(now - last["time"], 1e-6)
         self.rates = {"env_steps_per_second": (st["env_steps"] - last["env_steps"]) / dt,
                       "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt}
-        row = dict(time=now, wall_seconds=now - self.start_time, env_steps=st["env_steps"],
-                   learner_steps=st["learner_steps"], weights_version=st["weights_version"],
+        extras = {k: st[k] for k in ("teacher_eval_return_mean", "random_eval_return_mean",
+                                     "distillation_coefficient") if self.algo == "qdagger"}
+        row = dict(time=now, wall_seconds=now - self.start_time, phase=st["phase"], env_steps=st["env_steps"],
+                   learner_steps=st["learner_steps"], weights_version=st["weights_version"], **extras,
                    episode_return_mean=st["episode_return_mean"], eval_return_mean=st["eval_return_mean"],
                    dropped_env_steps=st["dropped_env_steps"], consumed_env_steps=st["consumed_env_steps"],
-                   num_actors=len(st["actors"]), **self.rates, **self.last_metrics)
+                   num_actors=len(st["actors"]), **self.rates, **{k: v for k, v in self.last_metrics.items()
+                                                                     if k not in extras})
         metrics_file.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
                                        for k, v in row.items()}) + "\n")
         metrics_file.flush()

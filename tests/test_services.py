@@ -53,7 +53,9 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     # The CLI shows the same, for people and for scripts.
     out = rlfleet("status", "--learner", address, "--json")
     assert out.returncode == 0, out.stderr
-    as_json = json.loads(out.stdout)
+    def strict(constant):
+        raise AssertionError(f"status --json printed {constant}, which is not JSON")
+    as_json = json.loads(out.stdout, parse_constant=strict)
     for field in ("algo", "env_id", "phase", "learner_steps", "env_steps", "weights_version",
                   "episode_return_mean", "eval_return_mean", "env_steps_per_second",
                   "learner_steps_per_second", "uptime_seconds", "actors", "replay", "distillation_coefficient"):
