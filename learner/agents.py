@@ -84,6 +84,9 @@ class Agent(abc.ABC):
         """Algorithm-specific status fields (e.g. kl_beta)."""
         return {}
 
+    def on_resume(self, env_steps: int) -> None:
+        """Called after a checkpoint restore with the run's env steps so far (schedules that depend on them)."""
+
     def on_start(self) -> None:
         """Called once the service is up, before the first sample (may take time: it is not blocking startup)."""
 

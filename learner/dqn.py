@@ -139,6 +139,11 @@ class DQNAgent(Agent):
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
         return loss, mean_q
 
+    def on_resume(self, env_steps: int) -> None:
+        """Puts ε where its schedule is at `env_steps` (the first weights after a resume carry it)."""
+        c = self.config
+        self.epsilon = dqn_math.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+
     def consume(self, batch, version: int, env_steps: int) -> StepResult:
         c = self.config
         loss, mean_q = self._train_step(batch)

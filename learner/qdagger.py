@@ -138,6 +138,13 @@ class QDaggerAgent(DQNAgent):
                                                c.epsilon_decay_env_steps)
         return StepResult(gradient_steps=1, updated=True, metrics=dict(metrics, epsilon=self.epsilon))
 
+    def on_resume(self, env_steps: int) -> None:
+        """ε at its schedule's point in the online phase (ε_start before it)."""
+        c = self.config
+        start = int(self.online_start_env_steps.numpy())
+        online_steps = env_steps - start if start >= 0 else 0
+        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+
     def on_evaluation(self, returns: list[float], env_steps: int) -> None:
         """Online: updates λ from the student's evaluation return (and the learning rate with it)."""
         c = self.config

@@ -120,6 +120,7 @@ class Learner:
                                    "pass the --logdir of an earlier run.")
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
+            self.agent.on_resume(int(self.counters["env_steps"].numpy()))
             print(f"rlfleet learner: resumed from {latest}", flush=True)
         with open(os.path.join(logdir, "run.json"), "w") as f:
             json.dump(run, f, indent=2)

@@ -49,6 +49,14 @@ def test_consume_publishes_every_n_steps_with_decayed_epsilon():
     assert agent.export_weights()[EPSILON] == pytest.approx(expected, rel=1e-5)
 
 
+def test_resumed_agent_publishes_the_scheduled_epsilon():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1")
+    agent = DQNAgent(SPEC, cfg, seed=0)
+    assert agent.export_weights()[EPSILON] == pytest.approx(cfg.epsilon_start)
+    agent.on_resume(env_steps=10 * cfg.epsilon_decay_env_steps)  # a run restored long after the decay
+    assert agent.export_weights()[EPSILON] == pytest.approx(cfg.epsilon_end)
+
+
 def test_numpy_actor_q_matches_tensorflow_and_epsilon_greedy():
     cfg = make_algo_config("dqn", "default", "CartPole-v1")
     agent = DQNAgent(SPEC, cfg, seed=3)
