@@ -117,16 +117,18 @@ class QDaggerAgent(DQNAgent):
         steps = int(self.learner_steps.assign_add(1).numpy())
         if steps % c.target_update_period == 0:
             self._copy_target()
-        metrics = {"td_loss": float(td), "distillation_loss": float(distill), "mean_q": float(mean_q),
-                   "distillation_coefficient": float(self.coefficient.numpy()), "epsilon": self.epsilon}
+
+        def metrics() -> dict:  # read back only when reported (each read waits for the step)
+            return {"td_loss": float(td), "distillation_loss": float(distill), "mean_q": float(mean_q),
+                    "distillation_coefficient": float(self.coefficient.numpy()), "epsilon": self.epsilon}
         if steps < c.offline_steps:
             evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
-            return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics if evaluate else {})
+            return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
         if steps == c.offline_steps:  # end of the offline phase: actors start with these weights
             self.online_start_env_steps.assign(env_steps)
             print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase",
                   flush=True)
-            return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics)
+            return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - int(self.online_start_env_steps.numpy())
         if c.distillation_cutoff_env_steps and online_steps >= c.distillation_cutoff_env_steps \
                 and float(self.coefficient.numpy()) > 0:
@@ -136,7 +138,7 @@ class QDaggerAgent(DQNAgent):
             return StepResult(gradient_steps=1)
         self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end,
                                                c.epsilon_decay_env_steps)
-        return StepResult(gradient_steps=1, updated=True, metrics=dict(metrics, epsilon=self.epsilon))
+        return StepResult(gradient_steps=1, updated=True, metrics=metrics())
 
     def on_resume(self, env_steps: int) -> None:
         """ε at its schedule's point in the online phase (ε_start before it)."""
