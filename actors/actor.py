@@ -187,6 +187,19 @@ class Actor:
         obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(cfg.num_envs)])
         return np.random.default_rng(cfg.seed), obs
 
+    def _check_finite(self, obs: np.ndarray, reward: np.ndarray) -> None:
+        """Raises ActorError when the env returned a NaN/inf observation or reward, before it is written:
+        replay and the learner only ever see finite data (what was collected before stays)."""
+        bad_obs = ~np.isfinite(obs).reshape(len(obs), -1).all(axis=1) if obs.dtype.kind == "f" \
+            else np.zeros(len(obs), bool)
+        bad = bad_obs | ~np.isfinite(reward)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            what = "observation" if bad_obs[i] else f"reward ({reward[i]})"
+            raise ActorError(f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what} "
+                             f"after {self.env_steps} env steps; the actor stopped without writing it. Fix the "
+                             "env (or its wrappers); the replay and the learner keep everything collected so far.")
+
     def _count_steps(self, reward, done) -> None:
         """Counts one batch step; queues the returns of finished episodes for the next heartbeat."""
         self._episode_return += reward
@@ -213,6 +226,7 @@ class Actor:
                 self.policy_version = version
                 action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
                 next_obs, reward, terminated, truncated, _ = venv.step(to_env_action(action, self.low, self.high))
+                self._check_finite(next_obs, reward)
                 done = np.logical_or(terminated, truncated)
                 writer.append(dict(
                     observation=np.asarray(obs, np.float32), action=action,
@@ -275,6 +289,7 @@ class Actor:
                 self.policy_version = version
                 action = epsilon_greedy(arrays, obs, rng)
                 next_obs, reward, terminated, truncated, _ = venv.step(action)
+                self._check_finite(next_obs, reward)
                 done = np.logical_or(terminated, truncated)
                 frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
                 for i in range(b):

@@ -5,6 +5,7 @@ import threading
 import types
 
 import numpy as np
+import pytest
 import reverb
 import tensorflow as tf
 
@@ -113,4 +114,39 @@ def test_items_rebuild_the_stacked_observations():
     expected = set(venv.seen) - venv.truncated_tails
     assert starts <= expected
     assert expected - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 4):]}
+    server.stop()
+
+
+class NaNAfter(ScriptedFrames):
+    """The scripted env, but env 1 reports a NaN reward at step 30."""
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.steps == 30:
+            reward = reward.copy()
+            reward[1] = np.nan
+        return obs, reward, term, trunc, info
+
+
+def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
+    from actors.actor import ActorError
+    server = reverb.Server([reverb.Table.queue(DQN_TABLE, 10_000,
+                                               signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))])
+    address = f"localhost:{server.port}"
+    actor = Actor.__new__(Actor)
+    actor.config = rlfleet_pb2.RunConfig(algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS,
+                                         unroll_length=N_STEP, seed=0)
+    actor.replay_address, actor.frame_stack = address, STACK
+    actor.stop, actor.lock = threading.Event(), threading.Lock()
+    actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
+    weights = types.SimpleNamespace(latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(),
+                                                "epsilon": np.float32(1.0)}))
+    with pytest.raises(ActorError, match=r"Scripted-v0 \(env 1 of this actor\) returned a non-finite reward"):
+        actor._collect_dqn(NaNAfter(actor.stop), weights)
+    assert actor.env_steps == 29 * ENVS  # the bad step was not counted
+    client = reverb.Client(address)
+    size = client.server_info()[DQN_TABLE].current_size
+    assert size > 0  # what was collected before stays
+    for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False, unpack_as_table_signature=True):
+        assert np.isfinite(s.data["reward"]).all()
     server.stop()
