@@ -101,7 +101,7 @@ def learner_rates(env_id: str, seconds: float) -> dict:
                  "done": tf.constant(np.zeros((b, n + 1), bool)),
                  "policy_version": tf.constant(np.zeros((b, n + 1), np.int64))}
         if algo == "dqn":
-            agent, step = DQNAgent(spec, cfg), None
+            agent = DQNAgent(spec, cfg)
             step = agent._train_step
         else:
             teacher = Teacher("-", make_q_network(spec, cfg, 7, "teacher_q"), "-", None)

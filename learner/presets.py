@@ -155,7 +155,6 @@ class QDaggerConfig(DQNConfig):
     (λ = base) to `learning_rate_final` (λ = 0) with λ/base. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
     """
-    learning_rate: float = 1e-4
     learning_rate_final: float = 1e-5
     offline_steps: int = 100_000
     distillation_base: float = 3.0

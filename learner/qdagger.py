@@ -75,7 +75,7 @@ class QDaggerAgent(DQNAgent):
         """Measures the teacher's and a uniformly random policy's evaluation returns (λ's normalisation)."""
         c = self.config
         self.teacher_return = float(np.mean(evaluate_dqn(
-            export_q(self.teacher.q) | {"epsilon": np.float32(0)}, self.spec.env_id, c.eval_episodes,
+            export_q(self.teacher.q), self.spec.env_id, c.eval_episodes,
             10 ** 6 + 1, c.epsilon_eval)))
         rng = np.random.default_rng(1)
         self.random_return = float(np.mean(run_batched_episodes(

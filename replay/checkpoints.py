@@ -44,12 +44,11 @@ def latest_checkpoint(root: str) -> str | None:
     return os.path.join(root, done[-1]) if done else None
 
 
-def checkpointer(root: str, fallback: str | None = None):
-    """Reverb checkpointer writing under `root`; at start it loads the latest checkpoint of `root`
-    (or, when `root` has none, of `fallback`)."""
+def checkpointer(root: str):
+    """Reverb checkpointer writing under `root`; at start it loads the latest checkpoint of `root`."""
     from reverb.platform import checkpointers_lib
     os.makedirs(root, exist_ok=True)
-    return checkpointers_lib.DefaultCheckpointer(root, fallback_checkpoint_path=fallback)
+    return checkpointers_lib.DefaultCheckpointer(root)
 
 
 def checkpoint_replay(address: str, timeout_s: float = 600.0) -> str:
