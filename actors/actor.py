@@ -25,6 +25,7 @@ from actors.envs import make_batched_env, resolve_backend
 from actors.policy import epsilon_greedy, sample_actions, to_env_action
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
+from proto.security import ClientSecurity, channel
 
 log = logging.getLogger("rlfleet.actor")
 
@@ -36,6 +37,10 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 
 class ActorError(RuntimeError):
     """An actor setup problem with a message that says how to fix it."""
+
+
+class _ReplayLost(Exception):
+    """The replay server went away and came back (a restart): the open writers are dead."""
 
 
 class _WeightsSubscriber(threading.Thread):
@@ -80,23 +85,37 @@ class Actor:
             (an actor on another machine may reach Reverb under another name).
         backend: override the env backend ("async" or "sync").
         connect_timeout_s: how long to wait for the learner before failing.
+        security: TLS and token for the learner connection (`proto.security.ClientSecurity`).
     Raises:
-        ActorError: learner unreachable, or registration refused.
+        ActorError: learner unreachable, or registration refused (wrong token, other envs per actor).
+        SecurityError: unreadable TLS files.
+
+    Faults: the weight stream and heartbeats reconnect with backoff when the
+    learner restarts (the restarted learner re-admits the actor by its id); when
+    the replay server restarts, the actor opens new writers and resets its envs
+    (episodes in progress are dropped, never reported as complete).
     """
 
     def __init__(self, learner_address: str, num_envs: int = 0, replay_address: str | None = None,
-                 backend: str | None = None, connect_timeout_s: float = 30.0):
-        self.channel = grpc.insecure_channel(learner_address, options=proto_arrays.GRPC_OPTIONS)
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
-        except grpc.FutureTimeoutError:
-            raise ActorError(f"learner {learner_address} unreachable after {connect_timeout_s:.0f}s; "
-                             "check the address (rlfleet up prints it) and that the learner runs.") from None
+                 backend: str | None = None, connect_timeout_s: float = 30.0,
+                 security: ClientSecurity | None = None):
+        self.channel = channel(learner_address, security)
         self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
         self.host = socket.gethostname()
         try:
-            resp = self.stub.RegisterActor(rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs))
+            resp = self.stub.RegisterActor(rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
+                                           wait_for_ready=True, timeout=connect_timeout_s)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ActorError(f"learner {learner_address} unreachable after {connect_timeout_s:.0f}s; check "
+                                 "the address (rlfleet up prints it), that the learner runs, and --tls-ca when "
+                                 "it serves TLS.") from None
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ActorError(f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
+                                 "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
+                                 "certificates).") from None
             raise ActorError(f"learner refused registration: {e.details()}") from None
         self.actor_id, self.config = resp.actor_id, resp.config
         self.replay_address = replay_address or self.config.replay_address
@@ -113,6 +132,26 @@ class Actor:
         self.pending_returns: list[float] = []
         self.pending_lengths: list[int] = []
         self.lock = threading.Lock()
+        self.replay_epoch = 0      # +1 each time the replay server comes back after being unreachable
+        self._restarts = 0
+
+    def _watch_replay(self):
+        """Counts the replay server's comebacks in `replay_epoch`: every second it opens a TCP connection to
+        the replay port. A refused connection means the process is gone (a busy server, e.g. one writing a
+        checkpoint, still accepts connections, so it is not mistaken for a restart)."""
+        host, _, port = self.replay_address.rpartition(":")
+        down = False
+        while not self.stop.wait(1.0):
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+                if down:
+                    down = False
+                    self.replay_epoch += 1
+            except OSError:
+                if not down:
+                    print(f"rlfleet actor {self.actor_id}: replay server {self.replay_address} unreachable; "
+                          "waiting for it", flush=True)
+                down = True
 
     def _heartbeat_loop(self):
         while not self.stop.wait(HEARTBEAT_S):
@@ -135,9 +174,15 @@ class Actor:
                 self.pending_lengths = lengths + self.pending_lengths
             log.warning("heartbeat failed: %s", e.code())
 
-    def _wait_written(self, writer, in_flight: int = 1) -> bool:
-        """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping."""
+    def _wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:
+        """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping.
+
+        Raises:
+            _ReplayLost: the replay server restarted since `epoch` (a writer never recovers from that).
+        """
         while True:
+            if self.replay_epoch != epoch:
+                raise _ReplayLost()
             try:
                 writer.flush(block_until_num_items=in_flight, timeout_ms=500)
                 return True
@@ -153,13 +198,11 @@ class Actor:
                 signal.signal(sig, lambda *_: self.stop.set())
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
         try:
-            if venv.single_observation_space.shape != self.obs_shape:
-                raise ActorError(f"env {cfg.env_id} here has observations of shape "
-                                 f"{venv.single_observation_space.shape}, the learner expects "
-                                 f"{self.obs_shape}: install the same gymnasium/mujoco/ale-py versions.")
+            self._check_spec(venv)
             weights = _WeightsSubscriber(self.stub, self.actor_id, self.stop)
             weights.start()
             threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+            threading.Thread(target=self._watch_replay, daemon=True, name="replay-watch").start()
             while not weights.ready.wait(0.5):
                 if weights.error:
                     raise ActorError(weights.error)
@@ -167,10 +210,15 @@ class Actor:
                     return 0
             print(f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
                   f"-> {self.replay_address}", flush=True)
-            if cfg.algo in ("dqn", "qdagger"):
-                self._collect_dqn(venv, weights)
-            else:
-                self._collect(venv, weights)
+            collect = self._collect_dqn if cfg.algo in ("dqn", "qdagger") else self._collect
+            while not self.stop.is_set():
+                try:
+                    collect(venv, weights, self.replay_epoch)
+                    break
+                except _ReplayLost:
+                    self._restarts += 1
+                    print(f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
+                          "writers, envs reset (the episodes in progress are dropped)", flush=True)
             if weights.error:
                 raise ActorError(weights.error)
         finally:
@@ -179,13 +227,31 @@ class Actor:
             self._heartbeat()  # final steps and episodes
         return self.env_steps
 
+    def _check_spec(self, venv) -> None:
+        """Raises ActorError when this machine's env differs from the learner's (observation shape,
+        number of discrete actions or action dimension), before anything is written."""
+        cfg, net = self.config, json.loads(self.config.network_json)
+        space = venv.single_action_space
+        here = dict(observation_shape=tuple(venv.single_observation_space.shape))
+        there = dict(observation_shape=self.obs_shape)
+        if "num_actions" in net:
+            here["actions"], there["actions"] = int(getattr(space, "n", -1)), int(net["num_actions"])
+        if "action_dim" in net:
+            here["action_dim"], there["action_dim"] = int(np.prod(space.shape or (0,))), int(net["action_dim"])
+        diff = [f"{k} {here[k]} here, {there[k]} at the learner" for k in here if here[k] != there[k]]
+        if diff:
+            raise ActorError(f"env {cfg.env_id} on this machine does not match the learner's: {'; '.join(diff)}. "
+                             "Install the same gymnasium/mujoco/ale-py versions as the learner machine; "
+                             "nothing was written to replay.")
+
     def _start(self, venv):
         """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""
         cfg = self.config
         self._episode_return = np.zeros(cfg.num_envs, np.float64)
         self._episode_length = np.zeros(cfg.num_envs, np.int64)
-        obs, _ = venv.reset(seed=[int(cfg.seed) + i for i in range(cfg.num_envs)])
-        return np.random.default_rng(cfg.seed), obs
+        seed = int(cfg.seed) + 7919 * self._restarts  # a restart after a replay outage gets new episodes
+        obs, _ = venv.reset(seed=[seed + i for i in range(cfg.num_envs)])
+        return np.random.default_rng(seed), obs
 
     def _check_finite(self, obs: np.ndarray, reward: np.ndarray) -> None:
         """Raises ActorError when the env returned a NaN/inf observation or reward, before it is written:
@@ -212,7 +278,7 @@ class Actor:
             self._episode_return[done] = 0.0
             self._episode_length[done] = 0
 
-    def _collect(self, venv, weights: _WeightsSubscriber) -> None:
+    def _collect(self, venv, weights: _WeightsSubscriber, epoch: int) -> None:
         """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps."""
         cfg = self.config
         t, b = cfg.unroll_length, cfg.num_envs
@@ -236,14 +302,14 @@ class Actor:
                 appended += 1
                 if appended > t and (appended - 1) % t == 0:
                     writer.create_item(cfg.table, 1.0, {k: col[-(t + 1):] for k, col in writer.history.items()})
-                    if not self._wait_written(writer):
+                    if not self._wait_written(writer, epoch):
                         break
                 obs = next_obs
                 self._count_steps(reward, done)
         finally:
             writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
 
-    def _collect_dqn(self, venv, weights: _WeightsSubscriber) -> None:
+    def _collect_dqn(self, venv, weights: _WeightsSubscriber, epoch: int) -> None:
         """DQN / QDagger: one writer per env; every step, an item of that env's last n+1 steps.
 
         Each step stores only the newest frame of its observation (S =
@@ -302,7 +368,7 @@ class Actor:
                             real[i][-k] = False
                     if done[i]:  # next_obs[i] starts the next episode
                         pad(i, next_obs[i])
-                if not all(self._wait_written(w, in_flight=4) for w in writers):
+                if not all(self._wait_written(w, epoch, in_flight=4) for w in writers):
                     break
                 obs = next_obs
                 self._count_steps(reward, done)

@@ -21,8 +21,26 @@ def _quiet_tf() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _parse_overrides(items: tuple[str, ...]) -> dict:
-    out = {}
+def _load_config_file(path: str | None) -> dict:
+    """The settings of a TOML config file (top-level `key = value` pairs)."""
+    if not path:
+        return {}
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        _fail(f"--config-file {path}: not valid TOML ({e}); write one `key = value` per line, "
+              "e.g. learning_rate = 1e-4 or hidden = [64, 64].")
+    nested = sorted(k for k, v in values.items() if isinstance(v, dict))
+    if nested:
+        _fail(f"--config-file {path}: sections or tables {nested} are not settings; put every setting at the top "
+              "level as `key = value`.")
+    return values
+
+
+def _parse_overrides(items: tuple[str, ...], config_file: str | None = None) -> dict:
+    out = _load_config_file(config_file)
     for item in items:
         if "=" not in item:
             _fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set learning_rate=1e-4")
@@ -68,6 +86,9 @@ _common = [
                  help="Hyperparameter preset: default or paper (BatchPPO reference values)."),
     click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                  help="Override one preset value (repeatable), e.g. --set learning_rate=1e-4."),
+    click.option("--config-file", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="TOML file of preset overrides, one `key = value` per line (e.g. learning_rate = 1e-4); "
+                      "--set values win over it."),
 ]
 
 
@@ -75,6 +96,31 @@ def common(f):
     for opt in reversed(_common):
         f = opt(f)
     return f
+
+
+_TOKEN_HELP = "Shared cluster token sent with every learner call (default: $RLFLEET_TOKEN; empty: none)."
+_client_security = [
+    click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+                 help="PEM of the CA that signed the learner's certificate; turns TLS on."),
+    click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                 help="PEM of this client's certificate (a learner started with --tls-client-ca asks for it)."),
+    click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM of --tls-cert's private key."),
+    click.option("--token", default=None, help=_TOKEN_HELP),
+]
+
+
+def client_security(f):
+    """Adds --tls-ca/--tls-cert/--tls-key/--token; the command receives them as `security` (ClientSecurity)."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, tls_ca, tls_cert, tls_key, token, **kwargs):
+        from proto.security import ClientSecurity, token_from_env
+        security = ClientSecurity(tls_ca, tls_cert, tls_key, token_from_env(token))
+        return f(*args, security=security, **kwargs)
+    for opt in reversed(_client_security):
+        wrapper = opt(wrapper)
+    return wrapper
 
 
 @main.command()
@@ -86,6 +132,9 @@ def common(f):
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address the learner listens on; loopback keeps the cluster on this machine. A private address "
+                   "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.")
 @click.option("--env-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
@@ -98,13 +147,13 @@ def common(f):
               help="qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
 @click.option("--offline-steps", type=int, default=None,
               help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
-def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_per_actor, seed,
-       learner_port, env_backend, resume, report_interval, teacher, offline_steps):
+def up(algo, env_id, preset, overrides, config_file, total_steps, logdir, num_actors, envs_per_actor, seed,
+       learner_port, bind, env_backend, resume, report_interval, teacher, offline_steps):
     """Run replay, learner and actors as local processes until --total-steps env steps."""
     _quiet_tf()
     _check_algo(algo)
     from deploy.launcher import LaunchError, launch
-    overrides = _parse_overrides(overrides)
+    overrides = _parse_overrides(overrides, config_file)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
     _check_teacher_args(algo, teacher, offline_steps, overrides)
@@ -113,7 +162,8 @@ def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_pe
     try:
         code = launch(algo=algo, env_id=env_id, preset=preset, overrides=overrides, total_steps=total_steps,
                       logdir=logdir, num_actors=num_actors, seed=seed, learner_port=learner_port,
-                      env_backend=env_backend, resume=resume, report_interval=report_interval, teacher=teacher)
+                      env_backend=env_backend, resume=resume, report_interval=report_interval, teacher=teacher,
+                      bind=bind)
     except LaunchError as e:
         _fail(str(e))
     sys.exit(code)
@@ -130,7 +180,10 @@ def up(algo, env_id, preset, overrides, total_steps, logdir, num_actors, envs_pe
 @click.option("--teacher", type=click.Path(file_okay=False), default=None,
               help="Serve this DQN run directory's replay read-only for a QDagger student (needs "
                    "--checkpoint-dir for the copy).")
-def replay_cmd(algo, env_id, preset, overrides, port, queue_items, checkpoint_dir, teacher):
+@click.option("--checkpoint-interval", default=600.0, show_default=True, type=float,
+              help="dqn/qdagger with --checkpoint-dir: seconds between Reverb checkpoints (0: only on stop), so "
+                   "that a replay server that crashes restarts with at most this much replay lost.")
+def replay_cmd(algo, env_id, preset, overrides, config_file, port, queue_items, checkpoint_dir, teacher, checkpoint_interval):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     _check_algo(algo)
@@ -140,11 +193,16 @@ def replay_cmd(algo, env_id, preset, overrides, port, queue_items, checkpoint_di
     try:
         spec = env_spec(env_id)
         require_action_kind(spec, algo)
-        cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides))
+        cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides, config_file))
         tables = tables_for(algo, spec, cfg, queue_items)
-        if algo == "ppo" and (checkpoint_dir or teacher):
-            _fail("--checkpoint-dir and --teacher are for dqn/qdagger replay; PPO's queue is on-policy.")
-        serve(tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher)
+        if algo == "ppo" and teacher:
+            _fail("--teacher is for qdagger replay; PPO's queue is on-policy.")
+        if algo == "ppo" and checkpoint_dir:
+            click.echo("rlfleet replay: PPO's queue is on-policy and is not checkpointed; --checkpoint-dir "
+                       "is ignored.", err=True)
+            checkpoint_dir = None
+        serve(tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher,
+              checkpoint_interval_s=checkpoint_interval)
     except (EnvError, ValueError) as e:
         _fail(str(e))
 
@@ -183,22 +241,44 @@ def replay_checkpoint_cmd(replay_address):
 @click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
 @click.option("--offline-steps", type=int, default=None,
               help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
-def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_actors, logdir, total_steps,
+@click.option("--auto-resume", is_flag=True,
+              help="Resume from --logdir when it holds a checkpoint, else start a new run (for restarts by a "
+                   "supervisor such as docker-compose).")
+@click.option("--actor-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds without a heartbeat after which an actor leaves the status list.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="PEM certificate chain of this learner; with --tls-key turns TLS on.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              help="Require client certificates signed by this CA (PEM): mutual TLS.")
+@click.option("--token", default=None, help="Shared cluster token every actor and status call must send "
+                                            "(default: $RLFLEET_TOKEN; empty: none).")
+def learner_cmd(algo, env_id, preset, overrides, config_file, replay_address, replay_for_actors, logdir, total_steps,
                 port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file,
-                teacher, teacher_replay, offline_steps):
+                teacher, teacher_replay, offline_steps, auto_resume, actor_timeout, tls_cert, tls_key,
+                tls_client_ca, token):
     """Run the learner service (BatchPPO, DQN or QDagger) against a running replay server."""
     _quiet_tf()
     _check_algo(algo)
-    overrides = _parse_overrides(overrides)
+    overrides = _parse_overrides(overrides, config_file)
     _check_teacher_args(algo, teacher, offline_steps, overrides)
+    if bool(tls_cert) != bool(tls_key):
+        _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
+    if tls_client_ca and not tls_cert:
+        _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    if auto_resume and resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+        resume = logdir
     from actors.envs import EnvError
     from learner.service import Learner, LearnerError
+    from proto.security import token_from_env
     try:
         learner = Learner(algo, env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
                           preset=preset, overrides=overrides, seed=seed, resume=resume,
                           report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval,
                           replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger,
-                          teacher=teacher, teacher_replay=teacher_replay)
+                          teacher=teacher, teacher_replay=teacher_replay, actor_timeout_s=actor_timeout,
+                          tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+                          token=token_from_env(token))
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
@@ -214,13 +294,15 @@ def learner_cmd(algo, env_id, preset, overrides, replay_address, replay_for_acto
 @click.option("--env-backend", default=None, type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="Override the run's env backend.")
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
-def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout):
+@client_security
+def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout, security):
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()
     from actors.actor import Actor, ActorError
+    from proto.security import SecurityError
     try:
-        Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout).run()
-    except ActorError as e:
+        Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout, security).run()
+    except (ActorError, SecurityError) as e:
         _fail(str(e))
 
 
@@ -228,14 +310,31 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON (snake_case fields).")
 @click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
-def status_cmd(learner_address, as_json, timeout):
+@client_security
+def status_cmd(learner_address, as_json, timeout, security):
     """Query the learner's status RPC."""
     from deploy.status import StatusError, format_status, get_status, to_json_ready
+    from proto.security import SecurityError
     try:
-        st = get_status(learner_address, timeout)
-    except StatusError as e:
+        st = get_status(learner_address, timeout, security)
+    except (StatusError, SecurityError) as e:
         _fail(str(e))
     click.echo(json.dumps(to_json_ready(st), indent=2, allow_nan=False) if as_json else format_status(st))
+
+
+@main.command("health")
+@click.option("--learner", "learner_address", default=None, help="Learner host:port: ask its gRPC health service.")
+@click.option("--replay", "replay_address", default=None, help="Reverb server host:port: ask it for its tables.")
+@click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
+@client_security
+def health_cmd(learner_address, replay_address, timeout, security):
+    """Exit 0 when the service answers (container health checks); exit 1 with the reason otherwise."""
+    if bool(learner_address) == bool(replay_address):
+        _fail("pass exactly one of --learner HOST:PORT or --replay HOST:PORT.")
+    from deploy.status import check_health
+    ok, message = check_health(learner_address, replay_address, timeout, security)
+    click.echo(message, err=not ok)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

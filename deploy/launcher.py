@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actors.envs import EnvError, env_spec, require_action_kind
 from deploy.status import StatusError, get_status
+from proto.security import ClientSecurity, token_from_env
 from learner.presets import make_algo_config
 from learner.teacher import check_teacher_dir
 from replay.checkpoints import REPLAY_SUBDIR
@@ -91,11 +92,11 @@ def _learner_ready(address: str) -> bool:
             return False
 
 
-def _port_free(port: int) -> bool:
-    """True when `port` can be bound on the loopback address."""
+def _port_free(port: int, host: str = LOOPBACK) -> bool:
+    """True when `port` can be bound on `host`."""
     with socket.socket() as s:
         try:
-            s.bind((LOOPBACK, port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
@@ -122,8 +123,13 @@ def progress_line(st: dict, total_steps: int) -> str:
 
 def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
            num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "auto",
-           resume: str | None = None, report_interval: float = 5.0, teacher: str | None = None) -> int:
+           resume: str | None = None, report_interval: float = 5.0, teacher: str | None = None,
+           bind: str = LOOPBACK) -> int:
     """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
+
+    The learner listens on `bind` (default loopback; another address lets actors on other machines attach,
+    and the replay server is announced to actors at that address too). With $RLFLEET_TOKEN set, the
+    learner requires that token and the actors and the progress rows send it.
 
     DQN and QDagger replay servers keep Reverb checkpoints in LOGDIR/replay (so
     the finished run can be a QDagger teacher, and --resume restores its
@@ -149,14 +155,17 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
                            "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
                            "--config", preset, *(["--teacher", teacher] if teacher else []),
+                           *(["--bind", bind] if bind != LOOPBACK else []),
                            *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
-    if learner_port and not _port_free(learner_port):
+    if learner_port and not _port_free(learner_port, bind):
         raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
     teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
     value_based = algo in ("dqn", "qdagger")
-    learner_address = f"{LOOPBACK}:{learner_port or portpicker.pick_unused_port()}"
+    learner_port = learner_port or portpicker.pick_unused_port()
+    learner_address = f"{LOOPBACK if bind in ('0.0.0.0', '::') else bind}:{learner_port}"
+    security = ClientSecurity(token=token_from_env(None))
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
     children: list[_Child] = []
@@ -175,9 +184,11 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
                 "--checkpoint-dir", os.path.join(logdir, "teacher_replay")], logdir))
             _wait_until(lambda: _replay_ready(teacher_address), children, "the teacher's replay server", 300)
         learner_args = ["learner", *common, "--replay", replay_address, "--logdir", logdir,
-                        "--total-steps", str(total_steps), "--port", learner_address.split(":")[1],
-                        "--bind", LOOPBACK, "--seed", str(seed), "--env-backend", env_backend,
+                        "--total-steps", str(total_steps), "--port", str(learner_port),
+                        "--bind", bind, "--seed", str(seed), "--env-backend", env_backend,
                         "--report-interval", str(report_interval), "--linger", "3"]
+        if bind != LOOPBACK and bind not in ("0.0.0.0", "::"):
+            learner_args += ["--replay-for-actors", f"{bind}:{replay_address.split(':')[1]}"]
         if resume:
             learner_args += ["--resume", resume]
         if teacher:
@@ -205,7 +216,7 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             if time.time() >= next_report:
                 next_report = time.time() + report_interval
                 try:
-                    st = get_status(learner_address, 5)
+                    st = get_status(learner_address, 5, security)
                     phase = st["phase"]
                     print(progress_line(st, total_steps), flush=True)
                 except StatusError as e:

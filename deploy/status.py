@@ -6,30 +6,57 @@ import math
 import grpc
 from google.protobuf import json_format
 
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
+from proto.security import ClientSecurity, channel
 
 
 class StatusError(RuntimeError):
     """The learner could not be queried."""
 
 
-def get_status(address: str, timeout_s: float = 5.0) -> dict:
-    """Calls GetStatus on the learner at `address`.
+def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | None = None) -> dict:
+    """Calls GetStatus on the learner at `address` (TLS and token per `security`).
 
     Returns:
         dict with the snake_case fields of the `Status` message in proto/rlfleet.proto
         (NaN for values not yet known).
     Raises:
-        StatusError: unreachable learner or RPC failure within `timeout_s` seconds.
+        StatusError: unreachable learner, refused token or RPC failure within `timeout_s` seconds.
+        SecurityError: unreadable TLS files.
     """
-    with grpc.insecure_channel(address) as channel:
+    with channel(address, security) as ch:
         try:
-            msg = rlfleet_pb2_grpc.LearnerStub(channel).GetStatus(
+            msg = rlfleet_pb2_grpc.LearnerStub(ch).GetStatus(
                 rlfleet_pb2.GetStatusRequest(), timeout=timeout_s, wait_for_ready=False)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
             raise StatusError(f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
-                              "check the address that `rlfleet up` printed and that the learner runs.") from None
+                              "check the address that `rlfleet up` printed, that the learner runs, and "
+                              "--tls-ca when it uses TLS.") from None
     return _to_dict(msg)
+
+
+def check_health(learner: str | None = None, replay: str | None = None, timeout_s: float = 5.0,
+                 security: ClientSecurity | None = None) -> tuple[bool, str]:
+    """Asks the learner's gRPC health service (`learner` host:port) or a Reverb server (`replay`) whether
+    it serves. Returns (ok, message); never raises for an unreachable service."""
+    if replay:
+        import reverb
+        try:
+            tables = reverb.Client(replay).server_info(timeout=max(1, int(timeout_s)))
+        except Exception as e:
+            return False, f"replay {replay}: unreachable ({e})"
+        return True, f"replay {replay}: serving tables {sorted(tables)}"
+    with channel(learner, security) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return False, f"learner {learner}: unreachable ({e.code().name}: {e.details()})"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    return resp.status == health_pb2.HealthCheckResponse.SERVING, f"learner {learner}: {status}"
 
 
 def _to_dict(msg) -> dict:
@@ -84,9 +111,11 @@ def format_status(st: dict) -> str:
                      f"teacher eval return {_num(st.get('teacher_eval_return_mean'), '{:,.1f}')}   "
                      f"random policy return {_num(st.get('random_eval_return_mean'), '{:,.1f}')}")
     lines.append("")
-    lines.append(f"{'actor':>5}  {'host':<20} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}")
+    lines.append(f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} "
+                 f"{'heartbeat':>10}")
     for a in st.get("actors", []):
-        lines.append(f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a['num_envs']:>5} {a['policy_version']:>10} "
+        lines.append(f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a.get('address', '')[:16]:<16} {a['num_envs']:>5} "
+                     f"{a['policy_version']:>10} "
                      f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s")
     if not st.get("actors"):
         lines.append("  (no actors)")

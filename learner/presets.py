@@ -77,8 +77,30 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
         raise ValueError(f"unknown {name.upper()} setting(s) {bad}; valid settings: {sorted(fields)}.")
     for k, v in values.items():  # JSON overrides give lists where the config holds tuples
         if isinstance(v, list) and isinstance(fields[k].default, tuple):
-            values[k] = tuple(v)
+            values[k] = v = tuple(v)
+        _check_type(name, k, v, fields[k].default)
     return cls(**values)
+
+
+def _check_type(name: str, key: str, value, default) -> None:
+    """Raises ValueError when `value` cannot stand for a setting whose default is `default`."""
+    kind = type(default)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is tuple:
+        ok = isinstance(value, tuple) and all(isinstance(x, type(default[0])) for x in value) if default \
+            else isinstance(value, tuple)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind) \
+            or f"a list like {list(default)}"
+        raise ValueError(f"{name.upper()} setting {key} = {value!r}: expected {want} (default {default!r}); "
+                         "fix it in --set or the --config-file.")
 
 
 def make_config(preset: str, env_id: str, overrides: dict | None = None) -> PPOConfig:

@@ -30,13 +30,14 @@ from actors.envs import env_spec, require_action_kind
 from learner.agents import Agent, PPOAgent
 from learner.presets import make_algo_config
 from proto import arrays as proto_arrays
-from proto import rlfleet_pb2, rlfleet_pb2_grpc
+from proto import rlfleet_pb2, rlfleet_pb2_grpc, security
 from replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
 from replay.server import table_status
 
 log = logging.getLogger("rlfleet.learner")
 
-ACTOR_TIMEOUT_S = 30.0   # an actor without heartbeat for this long leaves the status list
+ACTOR_TIMEOUT_S = 30.0   # default: an actor without heartbeat for this long leaves the status list
+REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
 RECENT_EPISODES = 100    # episode_return_mean is over this many recent training episodes
 
 
@@ -55,7 +56,7 @@ class _Servicer(rlfleet_pb2_grpc.LearnerServicer):
         return self.learner.stream_weights(request, context)
 
     def Heartbeat(self, request, context):
-        return self.learner.heartbeat(request)
+        return self.learner.heartbeat(request, context)
 
     def GetStatus(self, request, context):
         return self.learner.status_proto()
@@ -76,6 +77,10 @@ class Learner:
         replay_host_for_actors: replay address as actors should dial it.
         teacher / teacher_replay: QDagger only: the teacher's run directory and the
             Reverb server holding its restored replay (`rlfleet replay --teacher`).
+        actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list
+            (its env steps stay counted; a heartbeat later re-admits it).
+        tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
+        token: shared token every `rlfleet.Learner` call must carry ("" = none; `proto.security`).
     Raises:
         EnvError / ValueError / LearnerError: bad env, preset, replay table or resume dir.
         TeacherError (a ValueError): `teacher` is not a usable teacher for `env_id`.
@@ -86,7 +91,8 @@ class Learner:
                  overrides: dict | None = None, seed: int = 0, resume: str | None = None,
                  report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
                  replay_host_for_actors: str | None = None, env_backend: str = "auto",
-                 linger_s: float = 0.0, teacher: str | None = None, teacher_replay: str | None = None):
+                 linger_s: float = 0.0, teacher: str | None = None, teacher_replay: str | None = None,
+                 actor_timeout_s: float = ACTOR_TIMEOUT_S, tls: tuple | None = None, token: str = ""):
         self.spec = env_spec(env_id)
         require_action_kind(self.spec, algo)
         self.config = make_algo_config(algo, preset, env_id, overrides)
@@ -96,7 +102,7 @@ class Learner:
         self.logdir, self.total_steps = logdir, total_steps
         self.env_backend = env_backend
         self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
-        self.linger_s = linger_s
+        self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
         os.makedirs(logdir, exist_ok=True)
         run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(self.config.to_json()))
         if algo == "qdagger":
@@ -143,12 +149,17 @@ class Learner:
         self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
         self._sampler_error: Exception | None = None
 
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS)
+        interceptors = [security.TokenInterceptor(token)] if token else []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS,
+                                  interceptors=interceptors)
         rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
-            self.port = self.server.add_insecure_port(f"{bind}:{port}")
+            if tls:
+                self.port = self.server.add_secure_port(f"{bind}:{port}", security.server_credentials(*tls))
+            else:
+                self.port = self.server.add_insecure_port(f"{bind}:{port}")
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -168,8 +179,9 @@ class Learner:
         with self.lock:
             actor_id = self.next_actor_id
             self.next_actor_id += 1
-            self.actors[actor_id] = dict(host=request.host or context.peer(), num_envs=c.envs_per_actor,
-                                         policy_version=-1, env_steps=0, last_seen=time.time())
+            self.actors[actor_id] = dict(host=request.host or _peer_ip(context.peer()),
+                                         address=_peer_ip(context.peer()), num_envs=c.envs_per_actor,
+                                         policy_version=-1, env_steps=0, steps_before=0, last_seen=time.time())
         log.info("actor %d registered from %s", actor_id, request.host)
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=rlfleet_pb2.RunConfig(
             algo=self.algo, env_id=self.env_id, replay_address=self.replay_for_actors, table=self.agent.table,
@@ -181,6 +193,8 @@ class Learner:
         sent = request.min_version - 1
         while context.is_active():
             with self.weights_cond:
+                if self.weights_msg is not None and sent > self.weights_msg.version:
+                    sent = -1  # the actor holds a newer version than ours: we restarted from a checkpoint
                 self.weights_cond.wait_for(
                     lambda: self.stop_event.is_set() or (self.weights_msg is not None
                                                          and self.weights_msg.version > sent), timeout=1.0)
@@ -191,12 +205,18 @@ class Learner:
                 sent = msg.version
                 yield msg
 
-    def heartbeat(self, request):
+    def heartbeat(self, request, context):
         with self.lock:
             a = self.actors.get(request.actor_id)
-            if a is None:  # timed out earlier, or registered with a previous learner: re-admit it
-                a = self.actors[request.actor_id] = dict(host=request.host, num_envs=request.num_envs,
-                                                         policy_version=-1, env_steps=0, last_seen=0.0)
+            if a is None:
+                # Timed out earlier (its steps so far are counted in departed_env_steps), or registered
+                # with a learner that has since restarted (its steps so far are in the restored count or
+                # were lost with the crash): count only what it collects from now on.
+                a = self.actors[request.actor_id] = dict(
+                    host=request.host, address=_peer_ip(context.peer()), num_envs=request.num_envs,
+                    policy_version=-1, env_steps=request.env_steps, steps_before=request.env_steps, last_seen=0.0)
+                self.next_actor_id = max(self.next_actor_id, request.actor_id + 1)
+                log.info("actor %d (%s) rejoined", request.actor_id, request.host)
             a.update(env_steps=request.env_steps, policy_version=request.policy_version,
                      last_seen=time.time())
             self.recent_returns.extend(request.episode_returns)
@@ -205,10 +225,12 @@ class Learner:
     def _env_steps_locked(self) -> int:
         now = time.time()
         for actor_id, a in list(self.actors.items()):
-            if now - a["last_seen"] > ACTOR_TIMEOUT_S:
-                self.departed_env_steps += a["env_steps"]
+            if now - a["last_seen"] > self.actor_timeout_s:
+                self.departed_env_steps += a["env_steps"] - a["steps_before"]
                 del self.actors[actor_id]
-        reported = self.base_env_steps + self.departed_env_steps + sum(a["env_steps"] for a in self.actors.values())
+                log.info("actor %d left the status list (no heartbeat for %.0fs)", actor_id, self.actor_timeout_s)
+        reported = self.base_env_steps + self.departed_env_steps + sum(
+            a["env_steps"] - a["steps_before"] for a in self.actors.values())
         # Heartbeats lag by up to a second; the learner has at least seen what it consumed or dropped.
         seen = int(self.counters["consumed_env_steps"].numpy()) + int(self.counters["dropped_env_steps"].numpy())
         return max(reported, seen)
@@ -218,7 +240,7 @@ class Learner:
         with self.lock:
             env_steps = self._env_steps_locked()
             now = time.time()
-            actors = [dict(actor_id=i, host=a["host"], num_envs=a["num_envs"],
+            actors = [dict(actor_id=i, host=a["host"], address=a["address"], num_envs=a["num_envs"],
                            policy_version=a["policy_version"], env_steps=a["env_steps"],
                            seconds_since_heartbeat=round(now - a["last_seen"], 3))
                       for i, a in sorted(self.actors.items())]
@@ -262,18 +284,36 @@ class Learner:
             self.weights_cond.notify_all()
 
     def _sampler(self) -> None:
-        try:
-            for sample in self.agent.samples(self.replay_address):
-                while not self.stop_event.is_set():
-                    try:
-                        self._sample_queue.put(sample, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
+        """Feeds `_sample_queue` from the replay server; when the server goes away (restart, crash) it
+        reconnects with backoff for up to REPLAY_OUTAGE_S seconds before giving up."""
+        lost_since, backoff = None, 0.5
+        while not self.stop_event.is_set():
+            try:
+                for sample in self.agent.samples(self.replay_address):
+                    if lost_since is not None:
+                        print(f"rlfleet learner: replay server {self.replay_address} is back", flush=True)
+                    lost_since, backoff = None, 0.5
+                    while not self.stop_event.is_set():
+                        try:
+                            self._sample_queue.put(sample, timeout=0.5)
+                            break
+                        except queue.Full:
+                            continue
+                    if self.stop_event.is_set():
+                        return
+                return
+            except Exception as e:  # replay unreachable or restarted
                 if self.stop_event.is_set():
                     return
-        except Exception as e:  # replay died: the main loop reports it
-            self._sampler_error = e
+                if lost_since is None:
+                    lost_since = time.time()
+                    print(f"rlfleet learner: lost the replay server {self.replay_address} ({e}); "
+                          f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s", flush=True)
+                elif time.time() - lost_since > REPLAY_OUTAGE_S:
+                    self._sampler_error = e  # the main loop reports it
+                    return
+                self.stop_event.wait(backoff)
+                backoff = min(2 * backoff, 5.0)
 
     def _check_replay(self) -> None:
         self._check_table(self.replay_address, f"rlfleet replay --algo {self.algo}", "the learner")
@@ -393,7 +433,10 @@ class Learner:
                     completed = True
                     break
                 if self._sampler_error is not None:
-                    raise LearnerError(f"lost the replay server {self.replay_address}: {self._sampler_error}")
+                    raise LearnerError(f"lost the replay server {self.replay_address} for more than "
+                                       f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (DQN/QDagger: "
+                                       "with the same --checkpoint-dir, so that it restores its tables) and "
+                                       "resume this run with --resume.")
                 try:
                     sample = self._sample_queue.get(timeout=0.5)
                 except queue.Empty:
@@ -455,6 +498,13 @@ class Learner:
             self.server.stop(grace=1.0).wait()
             metrics_file.close()
             writer.close()
+
+
+def _peer_ip(peer: str) -> str:
+    """The IP address in a gRPC peer string ("ipv4:10.0.0.2:5432" or "ipv6:[::1]:5432")."""
+    kind, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else peer
+    return host.strip("[]")
 
 
 def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:

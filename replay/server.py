@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import reverb
 import tensorflow as tf
@@ -124,12 +125,14 @@ def ppo_queue_items(config) -> int:
 
 
 def serve(tables: list, port: int, stop_event: threading.Event | None = None, checkpoint_dir: str | None = None,
-          teacher_dir: str | None = None) -> None:
+          teacher_dir: str | None = None, checkpoint_interval_s: float = 0.0) -> None:
     """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
 
     With `checkpoint_dir` the tables start from the latest Reverb checkpoint
-    there (if any), and a new checkpoint is written when stopping if the
-    tables changed since the latest one. With `teacher_dir` (a DQN run
+    there (if any), a new checkpoint is written every `checkpoint_interval_s`
+    seconds (0: never) and when stopping, each time only if the tables changed
+    since the latest one: a server killed without warning restarts from what
+    it held at most one interval earlier. With `teacher_dir` (a DQN run
     directory) the server instead serves that run's replay read-only, from a
     copy made in `checkpoint_dir` whose rate limiter admits every sample
     (`replay.checkpoints.open_teacher_replay`); `tables` then only name the
@@ -159,12 +162,20 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
             signal.signal(sig, lambda *_: stop.set())
     log.info("replay server listening on port %d with tables %s", port, [t.name for t in tables])
     print(f"rlfleet replay: serving on port {port}", flush=True)
-    while not stop.wait(0.5):
-        pass
-    if checkpoint_dir and not teacher_dir:
+    writes_checkpoints = bool(checkpoint_dir and not teacher_dir)
+
+    def checkpoint_if_changed():
         client = reverb.Client(f"localhost:{port}")
         if checkpoints.tables_changed(client, checkpoints.latest_checkpoint(checkpoint_dir)):
             print(f"rlfleet replay: checkpoint {client.checkpoint()}", flush=True)
+
+    next_checkpoint = time.time() + checkpoint_interval_s
+    while not stop.wait(0.5):
+        if writes_checkpoints and checkpoint_interval_s > 0 and time.time() >= next_checkpoint:
+            checkpoint_if_changed()
+            next_checkpoint = time.time() + checkpoint_interval_s
+    if writes_checkpoints:
+        checkpoint_if_changed()
     server.stop()
     print("rlfleet replay: stopped", flush=True)
 

@@ -75,3 +75,66 @@ def test_learner_port_in_use(tmp_path):
                       "--learner-port", port, timeout=120)
     assert out.returncode == 2 and f"--learner-port {port} is in use" in out.stderr
     assert not (tmp_path / "r" / "logs").exists()
+
+
+def test_malformed_config_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("learning_rate = 1e-4\nhidden [64, 64]\n")
+    out = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "1000", "--logdir", tmp_path / "r",
+                  "--config-file", bad, timeout=120)
+    assert out.returncode == 2 and f"--config-file {bad}: not valid TOML" in out.stderr and "line 2" in out.stderr
+    assert not (tmp_path / "r" / "logs").exists()  # nothing was started
+    typo = tmp_path / "typo.toml"
+    typo.write_text("learning_rat = 1e-4\n")
+    out = rlfleet("learner", "--algo", "dqn", "--env", "CartPole-v1", "--replay", "127.0.0.1:1", "--logdir",
+                  tmp_path / "r", "--config-file", typo, timeout=120)
+    assert out.returncode == 2 and "unknown DQN setting(s) ['learning_rat']" in out.stderr
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('n_step = "three"\n[replay]\nsize = 10\n')
+    out = rlfleet("replay", "--algo", "dqn", "--env", "CartPole-v1", "--port", "1", "--config-file", wrong, timeout=120)
+    assert out.returncode == 2 and "['replay'] are not settings" in out.stderr
+    wrong.write_text('n_step = "three"\n')
+    out = rlfleet("replay", "--algo", "dqn", "--env", "CartPole-v1", "--port", "1", "--config-file", wrong, timeout=120)
+    assert out.returncode == 2 and "n_step = 'three': expected an integer" in out.stderr
+
+
+def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
+    """A learner (here a stand-in gRPC server on a real socket) announcing CartPole with 5-dim observations and
+    3 actions: a real actor process whose CartPole has 4 and 2 exits with the difference, writing nothing."""
+    import json
+    from concurrent import futures
+
+    import grpc
+    import reverb
+    from proto import rlfleet_pb2, rlfleet_pb2_grpc
+    from replay.server import dqn_tables
+
+    import tensorflow as tf
+    replay = reverb.Server(dqn_tables((4,), tf.float32, 3, 1000, 10, 8.0))
+    heartbeats = []
+
+    class Learner(rlfleet_pb2_grpc.LearnerServicer):
+        def RegisterActor(self, request, context):
+            net = dict(obs_shape=[5], frame_stack=1, num_actions=3, network="mlp")
+            return rlfleet_pb2.RegisterActorResponse(actor_id=0, config=rlfleet_pb2.RunConfig(
+                algo="dqn", env_id="CartPole-v1", replay_address=f"127.0.0.1:{replay.port}", table="dqn_replay",
+                num_envs=2, unroll_length=3, network_json=json.dumps(net), env_backend="sync"))
+
+        def Heartbeat(self, request, context):
+            heartbeats.append(request.env_steps)
+            return rlfleet_pb2.HeartbeatResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    rlfleet_pb2_grpc.add_LearnerServicer_to_server(Learner(), server)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    server.start()
+    try:
+        out = rlfleet("actor", "--learner", f"127.0.0.1:{port}", timeout=120)
+    finally:
+        server.stop(0)
+    assert out.returncode == 2
+    assert "does not match the learner's" in out.stderr
+    assert "observation_shape (4,) here, (5,) at the learner" in out.stderr and "actions 2 here, 3" in out.stderr
+    assert reverb.Client(f"127.0.0.1:{replay.port}").server_info()["dqn_replay"].current_size == 0
+    assert not any(heartbeats)  # no env step was reported either
+    replay.stop()

@@ -73,19 +73,28 @@ def _fid(frame):
     return int(frame[0, 0]) + 256 * int(frame[0, 2])
 
 
-def test_items_rebuild_the_stacked_observations():
+def _bare_actor():
+    """A Reverb server with the Atari DQN table, an Actor without a learner (its collection loop alone) writing
+    to it, and random-policy weights. Returns (server, actor, weights)."""
     server = reverb.Server([reverb.Table.queue(DQN_TABLE, 10_000,
                                                signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))])
-    address = f"localhost:{server.port}"
-    actor = Actor.__new__(Actor)  # no learner: the collection loop alone
-    actor.config = rlfleet_pb2.RunConfig(algo="dqn", table=DQN_TABLE, num_envs=ENVS, unroll_length=N_STEP, seed=0)
-    actor.replay_address, actor.frame_stack = address, STACK
+    actor = Actor.__new__(Actor)
+    actor.config = rlfleet_pb2.RunConfig(algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS,
+                                         unroll_length=N_STEP, seed=0)
+    actor.replay_address, actor.frame_stack = f"localhost:{server.port}", STACK
     actor.stop, actor.lock = threading.Event(), threading.Lock()
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
+    actor.replay_epoch, actor._restarts = 0, 0
     weights = types.SimpleNamespace(latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(),
                                                 "epsilon": np.float32(1.0)}))
+    return server, actor, weights
+
+
+def test_items_rebuild_the_stacked_observations():
+    server, actor, weights = _bare_actor()
+    address = actor.replay_address
     venv = ScriptedFrames(actor.stop)
-    actor._collect_dqn(venv, weights)
+    actor._collect_dqn(venv, weights, 0)
 
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size
@@ -130,19 +139,10 @@ class NaNAfter(ScriptedFrames):
 
 def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
     from actors.actor import ActorError
-    server = reverb.Server([reverb.Table.queue(DQN_TABLE, 10_000,
-                                               signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))])
-    address = f"localhost:{server.port}"
-    actor = Actor.__new__(Actor)
-    actor.config = rlfleet_pb2.RunConfig(algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS,
-                                         unroll_length=N_STEP, seed=0)
-    actor.replay_address, actor.frame_stack = address, STACK
-    actor.stop, actor.lock = threading.Event(), threading.Lock()
-    actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
-    weights = types.SimpleNamespace(latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(),
-                                                "epsilon": np.float32(1.0)}))
+    server, actor, weights = _bare_actor()
+    address = actor.replay_address
     with pytest.raises(ActorError, match=r"Scripted-v0 \(env 1 of this actor\) returned a non-finite reward"):
-        actor._collect_dqn(NaNAfter(actor.stop), weights)
+        actor._collect_dqn(NaNAfter(actor.stop), weights, 0)
     assert actor.env_steps == 29 * ENVS  # the bad step was not counted
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size

@@ -1,0 +1,137 @@
+"""Transport security for the learner's gRPC service: TLS and a shared token.
+
+Server side: `server_credentials` (TLS, optionally requiring client
+certificates) and `TokenInterceptor` (every `rlfleet.Learner` call must carry
+`authorization: Bearer TOKEN` metadata; the gRPC health service stays open so
+container health checks need no secret). Client side: `channel` builds an
+insecure or TLS channel that adds the token to every call.
+
+Reverb has no authentication of its own: the replay port must stay on a private
+network (see README, "Security").
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hmac
+import os
+
+import grpc
+
+from proto.arrays import GRPC_OPTIONS
+
+TOKEN_ENV = "RLFLEET_TOKEN"   # where every command reads the shared token from when --token is not given
+_METADATA_KEY = "authorization"
+_PROTECTED_PREFIX = "/rlfleet.Learner/"
+
+
+class SecurityError(ValueError):
+    """Unreadable or incomplete TLS material; the message names the file or option."""
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise SecurityError(f"{what} {path}: cannot read it ({e.strerror}); pass a PEM file that exists.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSecurity:
+    """How a client (actor, status, health) talks to the learner.
+
+    Fields: `tls_ca` PEM path of the CA that signed the learner's certificate
+    (setting it turns TLS on); `tls_cert`/`tls_key` PEM paths of this client's
+    certificate and key (for a learner started with --tls-client-ca); `token`
+    the shared token ("" = none; defaults to $RLFLEET_TOKEN in the CLI).
+    """
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    token: str = ""
+
+
+def channel(address: str, security: ClientSecurity | None = None) -> grpc.Channel:
+    """A channel to the learner at `address` ("host:port") with TLS and the token as configured.
+
+    Raises:
+        SecurityError: a PEM file cannot be read, or only one of cert/key is given.
+    """
+    s = security or ClientSecurity()
+    if bool(s.tls_cert) != bool(s.tls_key):
+        raise SecurityError("--tls-cert and --tls-key go together (this client's certificate and its key).")
+    if s.tls_ca or s.tls_cert:
+        creds = grpc.ssl_channel_credentials(root_certificates=_read(s.tls_ca, "--tls-ca"),
+                                             private_key=_read(s.tls_key, "--tls-key"),
+                                             certificate_chain=_read(s.tls_cert, "--tls-cert"))
+        ch = grpc.secure_channel(address, creds, options=GRPC_OPTIONS)
+    else:
+        ch = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    if s.token:
+        ch = grpc.intercept_channel(ch, _AddToken(s.token))
+    return ch
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
+        grpc.ClientCallDetails):
+    pass
+
+
+class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str):
+        self.metadata = (_METADATA_KEY, f"Bearer {token}")
+
+    def _details(self, d):
+        return _CallDetails(d.method, d.timeout, list(d.metadata or []) + [self.metadata], d.credentials,
+                            d.wait_for_ready, d.compression)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:
+    """TLS credentials for the learner: its certificate chain and key (PEM paths); with `client_ca`,
+    clients must present a certificate signed by that CA (mutual TLS).
+
+    Raises:
+        SecurityError: a file cannot be read.
+    """
+    return grpc.ssl_server_credentials(
+        [(_read(key, "--tls-key"), _read(cert, "--tls-cert"))],
+        root_certificates=_read(client_ca, "--tls-client-ca"), require_client_auth=bool(client_ca))
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every `rlfleet.Learner` call whose metadata lacks `authorization: Bearer TOKEN`
+    (UNAUTHENTICATED, before the handler runs); the health service is not checked."""
+
+    def __init__(self, token: str):
+        self.expected = f"Bearer {token}".encode()
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong token: this learner requires the cluster's shared token; pass "
+                          f"--token or set {TOKEN_ENV} to the value the learner was started with.")
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if not method.startswith(_PROTECTED_PREFIX):
+            return continuation(handler_call_details)
+        got = dict(handler_call_details.invocation_metadata or ()).get(_METADATA_KEY, "")
+        if hmac.compare_digest(got.encode(), self.expected):
+            return continuation(handler_call_details)
+        return self._deny_stream if method.endswith("/StreamWeights") else self._deny_unary
+
+
+def token_from_env(token: str | None) -> str:
+    """`token` if given, else $RLFLEET_TOKEN, else "" (no token)."""
+    return token if token is not None else os.environ.get(TOKEN_ENV, "")

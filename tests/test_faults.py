@@ -1,0 +1,103 @@
+"""Faults, nothing lost: kill -9 of an actor, of the learner and of the replay server.
+
+Each test runs the services as separate processes (`rlfleet replay`, `rlfleet
+learner`, `rlfleet actor`, as docker-compose runs them) on loopback ports, with
+DQN on CartPole-v1, and asserts that counters and learning continue from where
+they were rather than restart.
+"""
+import os
+import signal
+
+from conftest import wait_for
+from deploy.status import StatusError, get_status
+
+DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
+
+
+def _status(address):
+    try:
+        return get_status(address, 2)
+    except StatusError:
+        return None
+
+
+def _table(st):
+    return next(t for t in st["replay"] if t["table"] == "dqn_replay")
+
+
+def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extra=()):
+    run = tmp_path / "run"
+    replay_port, learner_port = free_port(), free_port()
+    replay_args = ("replay", *DQN, "--port", replay_port, "--checkpoint-dir", run / "replay", *replay_extra)
+    replay = procs.start("replay", *replay_args)
+    learner_args = ("learner", *DQN, "--replay", f"127.0.0.1:{replay_port}", "--logdir", run, "--port", learner_port,
+                    "--total-steps", 10 ** 7, "--checkpoint-interval", 2, "--report-interval", 1,
+                    "--actor-timeout", 3, *learner_extra)
+    learner = procs.start("learner", *learner_args)
+    address = f"127.0.0.1:{learner_port}"
+    wait_for(lambda: _status(address), 180, "the learner to serve", [replay, learner])
+    started = [procs.start(f"actor-{i}", "actor", "--learner", address) for i in range(actors)]
+    return dict(run=run, replay=replay, learner=learner, actors=started, address=address,
+                replay_args=replay_args, learner_args=learner_args)
+
+
+def test_actor_kill9_training_continues(procs, tmp_path, free_port):
+    c = _cluster(procs, tmp_path, free_port)
+    st = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s["learner_steps"] > 50 and s,
+                  240, "two actors and learning", [c["learner"], *c["actors"]])
+    c["actors"][0].proc.send_signal(signal.SIGKILL)
+    c["actors"][0].proc.wait()
+    # The dead actor leaves the status list after --actor-timeout; the other one goes on.
+    after = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s, 60,
+                     "the killed actor to leave the status list", [c["learner"], c["actors"][1]])
+    assert after["env_steps"] >= st["env_steps"]
+    later = wait_for(lambda: (s := _status(c["address"])) and s["env_steps"] > after["env_steps"] + 500
+                     and s["learner_steps"] > after["learner_steps"] + 50 and s,
+                     120, "collection and learning to continue", [c["learner"], c["actors"][1]])
+    assert later["actors"][0]["policy_version"] > st["weights_version"]
+
+
+def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
+    c = _cluster(procs, tmp_path, free_port)
+    before = wait_for(lambda: (s := _status(c["address"])) and s["learner_steps"] > 300 and len(s["actors"]) == 2
+                      and s, 240, "learning", [c["learner"], *c["actors"]])
+    ckpt_index = c["run"] / "checkpoints" / "checkpoint"
+    written = os.path.getmtime(ckpt_index)
+    wait_for(lambda: os.path.getmtime(ckpt_index) > written, 30, "a checkpoint after that point", [c["learner"]])
+    c["learner"].proc.send_signal(signal.SIGKILL)
+    c["learner"].proc.wait()
+    learner = procs.start("learner-restarted", *c["learner_args"], "--resume", c["run"])
+    first = wait_for(lambda: _status(c["address"]), 180, "the restarted learner", [learner, c["replay"]])
+    # Counters continue from the checkpoint (taken after `before`), not from zero.
+    assert first["learner_steps"] >= before["learner_steps"], (first, before)
+    assert first["env_steps"] >= before["env_steps"]
+    assert first["weights_version"] >= before["weights_version"]
+    # The same actor processes (not restarted) rejoin by themselves and act with the new learner's weights.
+    assert all(a.proc.poll() is None for a in c["actors"])
+    later = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2
+                     and s["learner_steps"] > first["learner_steps"] + 100
+                     and min(a["policy_version"] for a in s["actors"]) > first["weights_version"] and s,
+                     180, "actors to rejoin and learning to continue", [learner, *c["actors"]])
+    assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
+    assert later["env_steps"] > first["env_steps"]
+
+
+def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
+    c = _cluster(procs, tmp_path, free_port, replay_extra=("--checkpoint-interval", 3))
+    before = wait_for(lambda: (s := _status(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000
+                      and s, 240, "a filled replay table", [c["learner"], c["replay"], *c["actors"]])
+    checkpoints = lambda: c["replay"].output().count("rlfleet replay: checkpoint")
+    seen = checkpoints()
+    wait_for(lambda: checkpoints() > seen, 30, "a replay checkpoint after that point", [c["replay"]])
+    c["replay"].proc.send_signal(signal.SIGKILL)
+    c["replay"].proc.wait()
+    replay = procs.start("replay-restarted", *c["replay_args"])
+    restored = wait_for(lambda: (s := _status(c["address"])) and s["replay"] and s, 120, "the restarted replay",
+                        [replay, c["learner"]])
+    assert _table(restored)["size"] >= _table(before)["size"], "the table did not come back from its checkpoint"
+    # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
+    later = wait_for(lambda: (s := _status(c["address"])) and _table(s)["inserts"] > _table(restored)["inserts"] + 500
+                     and s["learner_steps"] > restored["learner_steps"] + 100 and s,
+                     180, "inserts and learning after the restart", [replay, c["learner"], *c["actors"]])
+    assert later["env_steps"] > before["env_steps"]
+    assert "is back" in c["actors"][0].output()
