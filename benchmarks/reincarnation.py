@@ -2,7 +2,8 @@
 
 1. Teacher: `rlfleet up --algo dqn` with seed 0 for --teacher-steps env steps (reused when its
    directory already holds a finished run).
-2. DQN from scratch: the teacher run itself plus seeds 1..K-1, each for --teacher-steps env steps.
+2. DQN from scratch: the teacher run itself plus seeds 1..K-1 (K = --scratch-seeds, default --seeds), each
+   for --teacher-steps env steps.
 3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
    (after the preset's offline pretraining, or --offline-steps).
 For each run: the env steps of the first progress row whose latest evaluation return reaches the
@@ -63,20 +64,26 @@ def main() -> None:
     p.add_argument("--student-steps", type=int, default=15000)
     p.add_argument("--offline-steps", type=int, default=None)
     p.add_argument("--fraction", type=float, default=1.0, help="target = fraction x teacher return")
+    p.add_argument("--scratch-seeds", type=int, default=None,
+                   help="DQN-from-scratch runs, the teacher included (default: --seeds)")
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for every run")
+    p.add_argument("--student-set", dest="student_sets", action="append", default=[],
+                   help="KEY=VALUE for the QDagger students only (after --set)")
     p.add_argument("--workdir", default="runs/reincarnation")
     args = p.parse_args()
     sets = [a for kv in args.sets for a in ("--set", kv)]
     name = args.env.replace("/", "-")
     teacher = os.path.join(args.workdir, f"{name}-dqn-s0")
-    scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in range(1, args.seeds)]
+    scratch_seeds = args.scratch_seeds or args.seeds
+    scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in range(1, scratch_seeds)]
     students = [os.path.join(args.workdir, f"{name}-qdagger-s{s}") for s in range(args.seeds)]
     for s, d in enumerate(scratch):
         _up(["--algo", "dqn", "--env", args.env, "--total-steps", str(args.teacher_steps), "--seed", str(s), *sets], d)
     offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
     for s, d in enumerate(students):
+        student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
         _up(["--algo", "qdagger", "--env", args.env, "--teacher", teacher, "--total-steps", str(args.student_steps),
-             "--seed", str(s), *offline, *sets], d)
+             "--seed", str(s), *offline, *sets, *student_sets], d)
 
     runs = report_lib.load_runs(scratch + students)
     by_dir = {r["dir"]: r for r in runs}

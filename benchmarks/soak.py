@@ -3,11 +3,13 @@
 Runs real `rlfleet replay` / `learner` / `actor` processes on loopback (DQN on a
 small env, each actor stepping its envs in-process), polls GetStatus twice a
 second over one channel and records its latency, samples every process's
-resident memory every 15 s and reads the replay table's rate-limiter wait
-statistics. Prints, per minute, env steps and learner steps taken (both must
-grow every minute: no deadlock), and at the end the GetStatus latency
+resident memory every 15 s and follows the replay table's insert and sample
+counters. Prints, per minute, env steps and learner steps taken (both must
+grow every minute after the warm-up: no deadlock), and at the end the GetStatus latency
 percentiles, each process's memory at the start of the steady state against
-the end, and the longest wait any insert or sample call had pending.
+the end, and the longest stretch in which the replay table saw no insert (or no
+sample) at all: an upper bound on how long the rate limiter held everyone back
+(Reverb 0.14 reports no wait times of its own).
 
 Usage:
     python benchmarks/soak.py --actors 8 --minutes 10 --out benchmarks/results/soak.json
@@ -29,32 +31,30 @@ sys.path.insert(0, ROOT)
 from benchmarks.local_cluster import LocalCluster  # noqa: E402
 
 
-def _seconds(duration) -> float:
-    return duration.seconds + duration.nanos / 1e9
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--actors", type=int, default=8)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--steady-after", type=float, default=2.0, help="minutes of warm-up before memory is compared")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   help="KEY=VALUE for replay and learner, e.g. replay_size=20000 (a table that fills early)")
     p.add_argument("--out", default=None, help="write the results here as JSON")
     args = p.parse_args()
 
     import grpc
-    import reverb
     from proto import rlfleet_pb2, rlfleet_pb2_grpc
     from proto.security import channel
 
-    with LocalCluster(["--algo", "dqn", "--env", args.env]) as cluster:
+    sets = [a for kv in args.sets for a in ("--set", kv)]
+    with LocalCluster(["--algo", "dqn", "--env", args.env, *sets]) as cluster:
         for _ in range(args.actors):
             cluster.add_actor("--env-backend", "sync")
         roles = ["replay", "learner"] + [f"actor-{i}" for i in range(args.actors)]
         procs = {role: psutil.Process(p.pid) for role, p in zip(roles, cluster.procs)}
         stub = rlfleet_pb2_grpc.LearnerStub(channel(cluster.learner_address))
-        replay = reverb.Client(cluster.replay_address)
-        latencies, memory, minutes, waits = [], [], [], dict(insert=0.0, sample=0.0)
+        latencies, memory, minutes = [], [], []
+        stalls = {k: dict(value=-1, since=time.time(), longest=0.0) for k in ("inserts", "samples")}
         start = time.time()
         next_mem = next_minute = start
         last = None
@@ -66,15 +66,19 @@ def main() -> None:
                 raise SystemExit(f"GetStatus failed: {e.code().name} {e.details()}")
             latencies.append(time.perf_counter() - t0)
             now = time.time()
+            table = next((t for t in st.replay if t.table == "dqn_replay"), None)
+            for k, s in stalls.items():
+                value = getattr(table, k) if table else s["value"]
+                if value != s["value"]:
+                    s["value"], s["since"] = value, now
+                elif s["value"] > 0:  # after the first insert / sample
+                    s["longest"] = max(s["longest"], now - s["since"])
             if now >= next_mem:
                 next_mem += 15
                 dead = [r for r, p in procs.items() if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE]
                 if dead:
                     raise SystemExit(f"processes died: {dead}")
                 memory.append(dict(t=now - start, **{r: p.memory_info().rss / 2 ** 20 for r, p in procs.items()}))
-                rl = replay.server_info(timeout=10)["dqn_replay"].rate_limiter_info
-                waits["insert"] = max(waits["insert"], _seconds(rl.insert_stats.pending_wait_time))
-                waits["sample"] = max(waits["sample"], _seconds(rl.sample_stats.pending_wait_time))
             if now >= next_minute:
                 next_minute += 60
                 row = dict(minute=round((now - start) / 60), env_steps=st.env_steps, learner_steps=st.learner_steps,
@@ -92,18 +96,19 @@ def main() -> None:
     steady = [m for m in memory if m["t"] >= args.steady_after * 60]
     mem = {r: dict(start_mib=round(steady[0][r], 1), end_mib=round(steady[-1][r], 1),
                    growth_pct=round(100 * (steady[-1][r] / steady[0][r] - 1), 1)) for r in roles}
-    progress = [m for m in minutes if "d_env_steps" in m]
+    progress = [m for m in minutes if "d_env_steps" in m and m["minute"] > args.steady_after]
     result = dict(
-        env=args.env, actors=args.actors, minutes=args.minutes,
+        env=args.env, actors=args.actors, minutes=args.minutes, settings=args.sets,
         status_calls=len(lat_ms), status_latency_ms=dict(p50=round(float(np.percentile(lat_ms, 50)), 2),
                                                          p99=round(float(np.percentile(lat_ms, 99)), 2),
                                                          max=round(float(lat_ms.max()), 2)),
         every_minute_progressed=all(m["d_env_steps"] > 0 and m["d_learner_steps"] > 0 for m in progress),
-        max_pending_wait_s=waits, memory=mem, per_minute=minutes)
+        longest_stall_s={k: round(s["longest"], 1) for k, s in stalls.items()}, memory=mem, per_minute=minutes)
     print(f"\nGetStatus latency over {len(lat_ms)} calls: p50 {result['status_latency_ms']['p50']} ms, "
           f"p99 {result['status_latency_ms']['p99']} ms, max {result['status_latency_ms']['max']} ms")
-    print(f"env and learner steps grew in every minute: {result['every_minute_progressed']}")
-    print(f"longest pending rate-limiter wait: insert {waits['insert']:.1f} s, sample {waits['sample']:.1f} s")
+    print(f"env and learner steps grew in every minute after the warm-up: {result['every_minute_progressed']}")
+    print(f"longest stretch without any replay insert: {result['longest_stall_s']['inserts']:.1f} s, "
+          f"without any sample: {result['longest_stall_s']['samples']:.1f} s")
     print(f"memory (MiB) from minute {args.steady_after:g} to the end:")
     for r, m in mem.items():
         print(f"  {r:<10} {m['start_mib']:>8.1f} -> {m['end_mib']:>8.1f}  ({m['growth_pct']:+.1f}%)")

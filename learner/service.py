@@ -3,7 +3,9 @@
 Threads:
 - main: reads batches from the replay queue, updates, publishes weights,
   evaluates, checkpoints and writes metrics; stops at `total_steps` env steps.
-- sampler: pulls items out of Reverb into a small local queue.
+- sampler: pulls items out of Reverb into a small local queue; reconnects when
+  the replay server restarts.
+- replay-status: reads the replay tables' counters once a second for status.
 - gRPC workers: RegisterActor, StreamWeights, Heartbeat, GetStatus, health.
 All state shared with the gRPC threads is guarded by `Learner.lock`.
 """
@@ -148,6 +150,7 @@ class Learner:
         self.weights_msg = None
         self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
         self._sampler_error: Exception | None = None
+        self._replay_status: list[dict] = []
 
         interceptors = [security.TokenInterceptor(token)] if token else []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS,
@@ -260,11 +263,20 @@ class Learner:
             if self.phase not in ("training", "waiting_for_actors"):
                 extras.pop("phase", None)  # evaluating / stopping / done describe the run's end
             out.update(extras)
-        out["replay"] = table_status(self.replay_address, timeout_s=1)
-        if self.teacher_replay:
-            out["replay"] += [dict(t, table=f"teacher/{t['table']}")
-                              for t in table_status(self.teacher_replay, timeout_s=1)]
+        out["replay"] = list(self._replay_status)
         return out
+
+    def _refresh_replay_status(self) -> None:
+        """Reads the replay tables' sizes and counters (status shows this copy, so GetStatus never waits
+        on the replay server)."""
+        tables = table_status(self.replay_address, timeout_s=1)
+        if self.teacher_replay:
+            tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_replay, timeout_s=1)]
+        self._replay_status = tables
+
+    def _replay_status_loop(self) -> None:
+        while not self.stop_event.wait(1.0):
+            self._refresh_replay_status()
 
     def status_proto(self) -> rlfleet_pb2.Status:
         d = self.status_dict()
@@ -406,6 +418,8 @@ class Learner:
     def run(self) -> dict:
         """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
         self._check_replay()
+        self._refresh_replay_status()
+        threading.Thread(target=self._replay_status_loop, daemon=True, name="replay-status").start()
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
@@ -476,6 +490,7 @@ class Learner:
             if completed and self.algo in ("dqn", "qdagger"):  # the run directory becomes a teacher
                 summary["replay_checkpoint_dir"] = self._checkpoint_replay()
             last = self._log_metrics(writer, metrics_file, last)
+            self._refresh_replay_status()
             st = self.status_dict()
             summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
                            weights_version=st["weights_version"], consumed_env_steps=st["consumed_env_steps"],
