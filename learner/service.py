@@ -269,9 +269,9 @@ class Learner:
     def _refresh_replay_status(self) -> None:
         """Reads the replay tables' sizes and counters (status shows this copy, so GetStatus never waits
         on the replay server)."""
-        tables = table_status(self.replay_address, timeout_s=1)
+        tables = table_status(self.replay_address, timeout_s=3)
         if self.teacher_replay:
-            tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_replay, timeout_s=1)]
+            tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_replay, timeout_s=3)]
         self._replay_status = tables
 
     def _replay_status_loop(self) -> None:

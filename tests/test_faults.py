@@ -22,7 +22,17 @@ def _status(address):
 
 
 def _table(st):
-    return next(t for t in st["replay"] if t["table"] == "dqn_replay")
+    """The DQN table's status row (zeros while status has not read the replay server yet)."""
+    return next((t for t in st["replay"] if t["table"] == "dqn_replay"),
+                dict(size=0, max_size=0, inserts=0, samples=0))
+
+
+def _server_info(address):
+    import reverb
+    try:
+        return reverb.Client(address).server_info(timeout=2)["dqn_replay"]
+    except Exception:
+        return None
 
 
 def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extra=()):
@@ -92,9 +102,11 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     c["replay"].proc.send_signal(signal.SIGKILL)
     c["replay"].proc.wait()
     replay = procs.start("replay-restarted", *c["replay_args"])
-    restored = wait_for(lambda: (s := _status(c["address"])) and s["replay"] and s, 120, "the restarted replay",
-                        [replay, c["learner"]])
-    assert _table(restored)["size"] >= _table(before)["size"], "the table did not come back from its checkpoint"
+    replay_address = f"127.0.0.1:{c['replay_args'][c['replay_args'].index('--port') + 1]}"
+    info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
+    assert info.current_size >= _table(before)["size"], "the table did not come back from its checkpoint"
+    assert "Loading checkpoint from" in replay.output()
+    restored = wait_for(lambda: _status(c["address"]), 60, "status after the restart", [replay, c["learner"]])
     # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
     later = wait_for(lambda: (s := _status(c["address"])) and _table(s)["inserts"] > _table(restored)["inserts"] + 500
                      and s["learner_steps"] > restored["learner_steps"] + 100 and s,
