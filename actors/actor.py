@@ -107,9 +107,11 @@ class Actor:
                                            wait_for_ready=True, timeout=connect_timeout_s)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ActorError(f"learner {learner_address} unreachable after {connect_timeout_s:.0f}s; check "
-                                 "the address (rlfleet up prints it), that the learner runs, and --tls-ca when "
-                                 "it serves TLS.") from None
+                raise ActorError(f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
+                                 "check the address (rlfleet up prints it) and that the learner runs. If it serves "
+                                 "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
+                                 "(the learner's log names the handshake error); if it serves plaintext, pass no "
+                                 "TLS options.") from None
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
             if e.code() == grpc.StatusCode.UNAVAILABLE:

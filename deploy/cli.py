@@ -223,16 +223,21 @@ def replay_checkpoint_cmd(replay_address):
 @common
 @click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
 @click.option("--replay-for-actors", default=None, help="Replay address as actors dial it (default: --replay).")
-@click.option("--logdir", required=True, type=click.Path(file_okay=False))
+@click.option("--logdir", required=True, type=click.Path(file_okay=False),
+              help="Run directory: checkpoints, metrics, TensorBoard, summary.json.")
 @click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
 @click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None)
+@click.option("--seed", default=0, show_default=True, type=int, help="Network initialisation and actor env seeds.")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continue from the latest checkpoint of this run directory (same --algo/--env/--config/--set "
+                   "and --config-file as its first start).")
 @click.option("--env-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "async", "sync", "envpool", "ale"]), help="Env backend actors use (see `up`).")
-@click.option("--report-interval", default=5.0, show_default=True, type=float)
-@click.option("--checkpoint-interval", default=120.0, show_default=True, type=float, help="Seconds.")
+@click.option("--report-interval", default=5.0, show_default=True, type=float,
+              help="Seconds between metrics rows (metrics.jsonl, TensorBoard).")
+@click.option("--checkpoint-interval", default=120.0, show_default=True, type=float,
+              help="Seconds between learner checkpoints (a restarted learner continues from the latest).")
 @click.option("--linger", default=5.0, show_default=True, type=float,
               help="Seconds to keep serving after the run ends, so actors see the stop.")
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")

@@ -34,8 +34,8 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
             raise StatusError(f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
-                              "check the address that `rlfleet up` printed, that the learner runs, and "
-                              "--tls-ca when it uses TLS.") from None
+                              "check the address that `rlfleet up` printed and that the learner runs; with TLS, "
+                              "pass --tls-ca (and --tls-cert/--tls-key when it requires client certificates).") from None
     return _to_dict(msg)
 
 
