@@ -103,7 +103,7 @@ def _port_free(port: int, host: str = LOOPBACK) -> bool:
 
 
 def _interrupt(signum, frame):
-    """SIGTERM/SIGHUP to `up` stop the cluster the way Ctrl-C does."""
+    """SIGINT (Ctrl-C), SIGTERM and SIGHUP to `up` stop the cluster cleanly."""
     raise KeyboardInterrupt
 
 
@@ -170,7 +170,9 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
     common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
     children: list[_Child] = []
     actors: list[_Child] = []
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or
+    # `kill -INT` must still stop the cluster cleanly.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         replay_args = ["replay", *common, "--port", replay_address.split(":")[1]]
         if value_based:

@@ -419,7 +419,8 @@ class Learner:
         """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
         self._check_replay()
         self._refresh_replay_status()
-        threading.Thread(target=self._replay_status_loop, daemon=True, name="replay-status").start()
+        status_thread = threading.Thread(target=self._replay_status_loop, daemon=True, name="replay-status")
+        status_thread.start()
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
@@ -511,6 +512,7 @@ class Learner:
                 self.weights_cond.notify_all()
             self.health.enter_graceful_shutdown()
             self.server.stop(grace=1.0).wait()
+            status_thread.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits
             metrics_file.close()
             writer.close()
 
