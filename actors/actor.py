@@ -122,7 +122,7 @@ class Actor:
         self.actor_id, self.config = resp.actor_id, resp.config
         self.replay_address = replay_address or self.config.replay_address
         self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
-        net = json.loads(self.config.network_json)
+        self.net = net = json.loads(self.config.network_json)
         if self.config.algo == "ppo":
             self.low = np.asarray(net["action_low"], np.float32)
             self.high = np.asarray(net["action_high"], np.float32)
@@ -232,7 +232,7 @@ class Actor:
     def _check_spec(self, venv) -> None:
         """Raises ActorError when this machine's env differs from the learner's (observation shape,
         number of discrete actions or action dimension), before anything is written."""
-        cfg, net = self.config, json.loads(self.config.network_json)
+        cfg, net = self.config, self.net
         space = venv.single_action_space
         here = dict(observation_shape=tuple(venv.single_observation_space.shape))
         there = dict(observation_shape=self.obs_shape)

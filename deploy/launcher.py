@@ -17,12 +17,10 @@ import subprocess
 import sys
 import time
 
-import grpc
 import portpicker
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actors.envs import EnvError, env_spec, require_action_kind
-from deploy.status import StatusError, get_status
+from deploy.status import StatusError, check_health, get_status
 from proto.security import ClientSecurity, token_from_env
 from learner.presets import make_algo_config
 from learner.teacher import check_teacher_dir
@@ -72,24 +70,6 @@ def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> Non
         if time.time() > deadline:
             raise LaunchError(f"{what} did not become ready within {timeout:.0f}s; see {children[-1].log_path}")
         time.sleep(0.3)
-
-
-def _replay_ready(address: str) -> bool:
-    import reverb
-    try:
-        reverb.Client(address).server_info(timeout=1)
-        return True
-    except Exception:
-        return False
-
-
-def _learner_ready(address: str) -> bool:
-    with grpc.insecure_channel(address) as ch:
-        try:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            return resp.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
 
 
 def _port_free(port: int, host: str = LOOPBACK) -> bool:
@@ -179,12 +159,12 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             replay_args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
         replay = _Child("replay", replay_args, logdir)
         children.append(replay)
-        _wait_until(lambda: _replay_ready(replay_address), children, "the replay server", 300)
+        _wait_until(lambda: check_health(replay=replay_address, timeout_s=1)[0], children, "the replay server", 300)
         if teacher:
             children.append(_Child("teacher-replay", [
                 "replay", *common, "--port", teacher_address.split(":")[1], "--teacher", teacher,
                 "--checkpoint-dir", os.path.join(logdir, "teacher_replay")], logdir))
-            _wait_until(lambda: _replay_ready(teacher_address), children, "the teacher's replay server", 300)
+            _wait_until(lambda: check_health(replay=teacher_address, timeout_s=1)[0], children, "the teacher's replay server", 300)
         learner_args = ["learner", *common, "--replay", replay_address, "--logdir", logdir,
                         "--total-steps", str(total_steps), "--port", str(learner_port),
                         "--bind", bind, "--seed", str(seed), "--env-backend", env_backend,
@@ -197,7 +177,7 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
             learner_args += ["--teacher", teacher, "--teacher-replay", teacher_address]
         learner = _Child("learner", learner_args, logdir)
         children.append(learner)
-        _wait_until(lambda: _learner_ready(learner_address), children, "the learner", 180)
+        _wait_until(lambda: check_health(learner_address, timeout_s=1)[0], children, "the learner", 180)
         print(f"rlfleet up: learner at {learner_address} (query it: rlfleet status --learner {learner_address})",
               flush=True)
         print(f"rlfleet up: {num_actors} actor(s) x {cfg.envs_per_actor} {env_id} envs; logs in "
