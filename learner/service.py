@@ -12,6 +12,7 @@ All state shared with the gRPC threads is guarded by `Learner.lock`.
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import logging
 import math
@@ -128,6 +129,7 @@ class Learner:
                                    "pass the --logdir of an earlier run.")
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
+            actors_at_checkpoint = _read_actor_record(latest)
             self.agent.on_resume(int(self.counters["env_steps"].numpy()))
             print(f"rlfleet learner: resumed from {latest}", flush=True)
         with open(os.path.join(logdir, "run.json"), "w") as f:
@@ -142,7 +144,11 @@ class Learner:
         self.base_env_steps = int(self.counters["env_steps"].numpy())  # restored
         self.actors: dict[int, dict] = {}
         self.departed_env_steps = 0
-        self.next_actor_id = 0
+        # Actors not in self.actors whose env steps up to some point are already counted: those that timed
+        # out, and after --resume those connected when the restored checkpoint was taken. When one of them
+        # rejoins (same process, same id) it is counted from that point, so its steps in between are not lost.
+        self.counted_actor_steps: dict[int, int] = actors_at_checkpoint["env_steps"] if resume else {}
+        self.next_actor_id = actors_at_checkpoint["next_actor_id"] if resume else 0
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.last_metrics: dict = {}
@@ -212,12 +218,14 @@ class Learner:
         with self.lock:
             a = self.actors.get(request.actor_id)
             if a is None:
-                # Timed out earlier (its steps so far are counted in departed_env_steps), or registered
-                # with a learner that has since restarted (its steps so far are in the restored count or
-                # were lost with the crash): count only what it collects from now on.
+                # Timed out earlier, or registered with a learner that has since restarted from a
+                # checkpoint: count from where the count left it (its last heartbeat before the timeout, or
+                # the checkpoint), so that the steps it took while away are counted too.
+                before = min(self.counted_actor_steps.pop(request.actor_id, request.env_steps),
+                             request.env_steps)
                 a = self.actors[request.actor_id] = dict(
                     host=request.host, address=_peer_ip(context.peer()), num_envs=request.num_envs,
-                    policy_version=-1, env_steps=request.env_steps, steps_before=request.env_steps, last_seen=0.0)
+                    policy_version=-1, env_steps=request.env_steps, steps_before=before, last_seen=0.0)
                 self.next_actor_id = max(self.next_actor_id, request.actor_id + 1)
                 log.info("actor %d (%s) rejoined", request.actor_id, request.host)
             a.update(env_steps=request.env_steps, policy_version=request.policy_version,
@@ -230,6 +238,7 @@ class Learner:
         for actor_id, a in list(self.actors.items()):
             if now - a["last_seen"] > self.actor_timeout_s:
                 self.departed_env_steps += a["env_steps"] - a["steps_before"]
+                self.counted_actor_steps[actor_id] = a["env_steps"]
                 del self.actors[actor_id]
                 log.info("actor %d left the status list (no heartbeat for %.0fs)", actor_id, self.actor_timeout_s)
         reported = self.base_env_steps + self.departed_env_steps + sum(
@@ -392,8 +401,18 @@ class Learner:
     def _save(self) -> str:
         with self.lock:
             self.counters["env_steps"].assign(self._env_steps_locked())
+            record = dict(next_actor_id=self.next_actor_id,
+                          env_steps={str(i): a["env_steps"] for i, a in self.actors.items()})
+            # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
+            record["env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
         self.agent.sync_to_checkpoint()
-        return self.ckpt_manager.save()
+        path = self.ckpt_manager.save()
+        _write_actor_record(path, record)
+        kept = {_actor_record_path(c) for c in self.ckpt_manager.checkpoints}
+        for old in glob.glob(os.path.join(self.ckpt_manager.directory, "*.actors.json")):
+            if old not in kept:
+                os.remove(old)
+        return path
 
     def _checkpoint_replay(self) -> str | None:
         """Has the replay server write a Reverb checkpoint; returns the directory it keeps its latest one in
@@ -522,6 +541,30 @@ def _peer_ip(peer: str) -> str:
     kind, _, rest = peer.partition(":")
     host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else peer
     return host.strip("[]")
+
+
+def _actor_record_path(checkpoint: str) -> str:
+    return checkpoint + ".actors.json"
+
+
+def _write_actor_record(checkpoint: str, record: dict) -> None:
+    """Writes `record` (next actor id; each connected actor's cumulative env steps) beside `checkpoint`."""
+    tmp = _actor_record_path(checkpoint) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, _actor_record_path(checkpoint))
+
+
+def _read_actor_record(checkpoint: str) -> dict:
+    """The record `_write_actor_record` left beside `checkpoint`: {"next_actor_id": int, "env_steps":
+    {actor_id (int): cumulative env steps}}; empty (ids from 0) for checkpoints written before it existed."""
+    try:
+        with open(_actor_record_path(checkpoint)) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return dict(next_actor_id=0, env_steps={})
+    return dict(next_actor_id=int(record["next_actor_id"]),
+                env_steps={int(k): int(v) for k, v in record["env_steps"].items()})
 
 
 def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
