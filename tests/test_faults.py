@@ -5,6 +5,7 @@ learner`, `rlfleet actor`, as docker-compose runs them) on loopback ports, with
 DQN on CartPole-v1, and asserts that counters and learning continue from where
 they were rather than restart.
 """
+import math
 import os
 import signal
 
@@ -58,7 +59,7 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     # A paused actor (SIGSTOP: a frozen host, a network partition) leaves the list after --actor-timeout
     # and rejoins with its id when it resumes; none of its env steps is lost from the count.
     c["actors"][1].proc.send_signal(signal.SIGSTOP)
-    wait_for(lambda: (s := _status(c["address"])) and [a["actor_id"] for a in s["actors"]] == [0], 60,
+    wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s, 60,
              "the paused actor to leave the status list", [c["learner"], c["actors"][0]])
     c["actors"][1].proc.send_signal(signal.SIGCONT)
     back = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s, 60,
@@ -79,8 +80,9 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
 
 def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port)
-    before = wait_for(lambda: (s := _status(c["address"])) and s["learner_steps"] > 300 and len(s["actors"]) == 2
-                      and s, 240, "learning", [c["learner"], *c["actors"]])
+    # A policy clearly better than random (CartPole: ~22) before the crash.
+    before = wait_for(lambda: (s := _status(c["address"])) and s["eval_return_mean"] >= 150
+                      and len(s["actors"]) == 2 and s, 240, "an evaluation return >= 150", [c["learner"], *c["actors"]])
     ckpt_index = c["run"] / "checkpoints" / "checkpoint"
     # The index is rewritten when a save ends; a save that was under way at `before` took its counters
     # earlier, so wait for the index to change twice.
@@ -100,8 +102,11 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     later = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2
                      and s["learner_steps"] > first["learner_steps"] + 100
                      and min(a["policy_version"] for a in s["actors"]) > first["weights_version"]
-                     and s["env_steps"] > first["env_steps"] and s,
-                     180, "actors to rejoin and learning and collection to continue", [learner, *c["actors"]])
+                     and s["env_steps"] > first["env_steps"] and not math.isnan(s["eval_return_mean"]) and s,
+                     180, "actors to rejoin, learning and collection to continue, and an evaluation",
+                     [learner, *c["actors"]])
+    # Returns continue from the restored network rather than from a random one.
+    assert later["eval_return_mean"] >= 100, later
     assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
     # Nothing the surviving actors collected is lost from the count: the checkpoint recorded where each
     # actor stood, so the steps between that checkpoint and the rejoin (the crash window) are counted too.
@@ -118,8 +123,10 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     before = wait_for(lambda: (s := _status(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000
                       and s, 240, "a filled replay table", [c["learner"], c["replay"], *c["actors"]])
     checkpoints = lambda: c["replay"].output().count("rlfleet replay: checkpoint")
+    # A checkpoint under way when `before` was read (status reads replay counters up to a second late) may
+    # hold fewer items: wait for the second one to finish.
     seen = checkpoints()
-    wait_for(lambda: checkpoints() > seen, 30, "a replay checkpoint after that point", [c["replay"]])
+    wait_for(lambda: checkpoints() > seen + 1, 30, "a replay checkpoint after that point", [c["replay"]])
     c["replay"].proc.send_signal(signal.SIGKILL)
     c["replay"].proc.wait()
     replay = procs.start("replay-restarted", *c["replay_args"])
