@@ -136,6 +136,8 @@ class Actor:
         self.lock = threading.Lock()
         self.replay_epoch = 0      # +1 each time the replay server comes back after being unreachable
         self._restarts = 0
+        self.learner_address = learner_address
+        self._heartbeats_failed = 0  # in a row
 
     def _watch_replay(self):
         """Counts the replay server's comebacks in `replay_epoch`: every second it opens a TCP connection to
@@ -168,12 +170,17 @@ class Actor:
                 actor_id=self.actor_id, env_steps=self.env_steps, policy_version=self.policy_version,
                 episode_returns=returns, episode_lengths=lengths, num_envs=self.config.num_envs,
                 host=self.host), timeout=5)
+            if self._heartbeats_failed:
+                print(f"rlfleet actor {self.actor_id}: learner {self.learner_address} is back after "
+                      f"{self._heartbeats_failed} failed heartbeats; rejoined", flush=True)
+                self._heartbeats_failed = 0
             if resp.stop:
                 self.stop.set()
         except grpc.RpcError as e:
             with self.lock:  # keep the returns for the next heartbeat
                 self.pending_returns = returns + self.pending_returns
                 self.pending_lengths = lengths + self.pending_lengths
+            self._heartbeats_failed += 1
             log.warning("heartbeat failed: %s", e.code())
 
     def _wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:

@@ -123,11 +123,19 @@ def client_security(f):
     return wrapper
 
 
+def _logdir(logdir: str | None, resume: str | None) -> str:
+    """--logdir, or the --resume directory when --logdir is not given; exits with a message if neither is."""
+    if logdir is None and resume is None:
+        _fail("Missing option '--logdir' (the run directory; when resuming, --resume DIR alone continues in DIR).")
+    return logdir if logdir is not None else resume
+
+
 @main.command()
 @common
 @click.option("--total-steps", type=int, required=True,
               help="Env steps to train for (agent steps: 4 frames each on Atari).")
-@click.option("--logdir", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--logdir", default=None, type=click.Path(file_okay=False),
+              help="Run directory (required, except with --resume: then that directory).")
 @click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -157,6 +165,7 @@ def up(algo, env_id, preset, overrides, config_file, total_steps, logdir, num_ac
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
     _check_teacher_args(algo, teacher, offline_steps, overrides)
+    logdir = _logdir(logdir, resume)
     if total_steps <= 0 or num_actors <= 0:
         _fail("--total-steps and --actors must be positive.")
     try:
@@ -176,7 +185,8 @@ def up(algo, env_id, preset, overrides, config_file, total_steps, logdir, num_ac
               help="Queue capacity in items (default: one update batch): how far actors may run ahead.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="dqn/qdagger: Reverb checkpoints go here (RUN_DIR/replay makes the run a teacher); the "
-                   "tables start from the latest one, and a new one is written on stop.")
+                   "tables start from the latest one, and a new one is written on stop (unless the tables are "
+                   "unchanged since the latest one, which stop then names).")
 @click.option("--teacher", type=click.Path(file_okay=False), default=None,
               help="Serve this DQN run directory's replay read-only for a QDagger student (needs "
                    "--checkpoint-dir for the copy).")
@@ -223,8 +233,9 @@ def replay_checkpoint_cmd(replay_address):
 @common
 @click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
 @click.option("--replay-for-actors", default=None, help="Replay address as actors dial it (default: --replay).")
-@click.option("--logdir", required=True, type=click.Path(file_okay=False),
-              help="Run directory: checkpoints, metrics, TensorBoard, summary.json.")
+@click.option("--logdir", default=None, type=click.Path(file_okay=False),
+              help="Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
+                   "--resume: then that directory).")
 @click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
 @click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
@@ -271,6 +282,7 @@ def learner_cmd(algo, env_id, preset, overrides, config_file, replay_address, re
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
     if tls_client_ca and not tls_cert:
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    logdir = _logdir(logdir, resume)
     if auto_resume and resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
         resume = logdir
     from actors.envs import EnvError

@@ -115,7 +115,7 @@ def format_status(st: dict) -> str:
                  f"{'heartbeat':>10}")
     for a in st.get("actors", []):
         lines.append(f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a.get('address', '')[:16]:<16} {a['num_envs']:>5} "
-                     f"{a['policy_version']:>10} "
+                     f"{a['policy_version'] if a['policy_version'] >= 0 else 'none yet':>10} "
                      f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s")
     if not st.get("actors"):
         lines.append("  (no actors)")
@@ -123,4 +123,6 @@ def format_status(st: dict) -> str:
     lines.append(f"{'replay table':<20} {'size':>8} {'max':>8} {'inserts':>10} {'samples':>10}")
     for t in st.get("replay", []):
         lines.append(f"{t['table']:<20} {t['size']:>8} {t['max_size']:>8} {t['inserts']:>10} {t['samples']:>10}")
+    if not st.get("replay"):
+        lines.append("  (the replay server does not answer the learner)")
     return "\n".join(lines)

@@ -164,10 +164,14 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
     print(f"rlfleet replay: serving on port {port}", flush=True)
     writes_checkpoints = bool(checkpoint_dir and not teacher_dir)
 
-    def checkpoint_if_changed():
+    def checkpoint_if_changed(final: bool = False):
         client = reverb.Client(f"localhost:{port}")
-        if checkpoints.tables_changed(client, checkpoints.latest_checkpoint(checkpoint_dir)):
+        latest = checkpoints.latest_checkpoint(checkpoint_dir)
+        if checkpoints.tables_changed(client, latest):
             print(f"rlfleet replay: checkpoint {client.checkpoint()}", flush=True)
+        elif final:
+            print(f"rlfleet replay: tables unchanged since checkpoint {latest}" if latest
+                  else "rlfleet replay: tables empty, no checkpoint written", flush=True)
 
     next_checkpoint = time.time() + checkpoint_interval_s
     while not stop.wait(0.5):
@@ -175,7 +179,7 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
             checkpoint_if_changed()
             next_checkpoint = time.time() + checkpoint_interval_s
     if writes_checkpoints:
-        checkpoint_if_changed()
+        checkpoint_if_changed(final=True)
     server.stop()
     print("rlfleet replay: stopped", flush=True)
 

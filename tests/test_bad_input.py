@@ -46,6 +46,8 @@ def test_used_logdir_needs_resume(tmp_path):
     out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "new",
                   "--resume", tmp_path, timeout=120)
     assert out.returncode == 2 and "no checkpoint found" in out.stderr
+    out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", timeout=120)
+    assert out.returncode == 2 and "Missing option '--logdir'" in out.stderr and "--resume DIR" in out.stderr
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):

@@ -10,7 +10,8 @@ import os
 import signal
 
 from conftest import wait_for
-from deploy.status import StatusError, get_status
+from deploy.status import StatusError, format_status, get_status
+from replay.checkpoints import latest_checkpoint
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
@@ -91,7 +92,10 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
         wait_for(lambda: os.path.getmtime(ckpt_index) > written, 30, "a checkpoint after that point", [c["learner"]])
     c["learner"].proc.send_signal(signal.SIGKILL)
     c["learner"].proc.wait()
-    learner = procs.start("learner-restarted", *c["learner_args"], "--resume", c["run"])
+    # The same command with --resume RUN in place of --logdir RUN (it continues in the resumed directory).
+    args = list(c["learner_args"])
+    del args[args.index("--logdir"):args.index("--logdir") + 2]
+    learner = procs.start("learner-restarted", *args, "--resume", c["run"])
     first = wait_for(lambda: _status(c["address"]), 180, "the restarted learner", [learner, c["replay"]])
     # Counters continue from the checkpoint (taken after `before`), not from zero.
     assert first["learner_steps"] >= before["learner_steps"], (first, before)
@@ -129,6 +133,8 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     wait_for(lambda: checkpoints() > seen + 1, 30, "a replay checkpoint after that point", [c["replay"]])
     c["replay"].proc.send_signal(signal.SIGKILL)
     c["replay"].proc.wait()
+    wait_for(lambda: (s := _status(c["address"])) and "replay server does not answer" in format_status(s), 30,
+             "status to report the replay outage", [c["learner"]])
     replay = procs.start("replay-restarted", *c["replay_args"])
     replay_address = f"127.0.0.1:{c['replay_args'][c['replay_args'].index('--port') + 1]}"
     info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
@@ -141,3 +147,15 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
                      180, "inserts and learning after the restart", [replay, c["learner"], *c["actors"]])
     assert later["env_steps"] > before["env_steps"]
     assert "is back" in c["actors"][0].output()
+    # A clean stop (SIGTERM) writes a final checkpoint; a server whose tables did not change since its
+    # latest checkpoint names that one instead of writing another.
+    for p in (*c["actors"], c["learner"]):
+        assert p.stop() == 0, p.output()[-2000:]
+    assert replay.stop() == 0
+    latest = latest_checkpoint(str(c["run"] / "replay"))
+    assert f"rlfleet replay: checkpoint {latest}" in replay.output() or \
+        f"rlfleet replay: tables unchanged since checkpoint {latest}" in replay.output(), replay.output()[-2000:]
+    again = procs.start("replay-again", *c["replay_args"])
+    wait_for(lambda: _server_info(replay_address), 120, "the replay server once more", [again])
+    assert again.stop() == 0
+    assert f"tables unchanged since checkpoint {latest}" in again.output(), again.output()[-2000:]
