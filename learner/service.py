@@ -42,6 +42,7 @@ log = logging.getLogger("rlfleet.learner")
 ACTOR_TIMEOUT_S = 30.0   # default: an actor without heartbeat for this long leaves the status list
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
 RECENT_EPISODES = 100    # episode_return_mean is over this many recent training episodes
+PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time
 
 
 class LearnerError(RuntimeError):
@@ -129,7 +130,7 @@ class Learner:
                                    "pass the --logdir of an earlier run.")
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
-            actors_at_checkpoint = _read_actor_record(latest)
+            progress = _read_progress(latest)
             self.agent.on_resume(int(self.counters["env_steps"].numpy()))
             print(f"rlfleet learner: resumed from {latest}", flush=True)
         with open(os.path.join(logdir, "run.json"), "w") as f:
@@ -147,8 +148,10 @@ class Learner:
         # Actors not in self.actors whose env steps up to some point are already counted: those that timed
         # out, and after --resume those connected when the restored checkpoint was taken. When one of them
         # rejoins (same process, same id) it is counted from that point, so its steps in between are not lost.
-        self.counted_actor_steps: dict[int, int] = actors_at_checkpoint["env_steps"] if resume else {}
-        self.next_actor_id = actors_at_checkpoint["next_actor_id"] if resume else 0
+        self.counted_actor_steps: dict[int, int] = progress["actor_env_steps"] if resume else {}
+        self.next_actor_id = progress["next_actor_id"] if resume else 0
+        # Seconds this run trained in earlier processes (up to the restored checkpoint).
+        self.earlier_wall_s = progress["wall_seconds"] if resume else 0.0
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.last_metrics: dict = {}
@@ -375,7 +378,7 @@ class Learner:
                       "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt}
         extras = {k: st[k] for k in ("teacher_eval_return_mean", "random_eval_return_mean",
                                      "distillation_coefficient") if self.algo == "qdagger"}
-        row = dict(time=now, wall_seconds=now - self.start_time, phase=st["phase"], env_steps=st["env_steps"],
+        row = dict(time=now, wall_seconds=self._wall_seconds(now), phase=st["phase"], env_steps=st["env_steps"],
                    learner_steps=st["learner_steps"], weights_version=st["weights_version"], **extras,
                    episode_return_mean=st["episode_return_mean"], eval_return_mean=st["eval_return_mean"],
                    dropped_env_steps=st["dropped_env_steps"], consumed_env_steps=st["consumed_env_steps"],
@@ -401,15 +404,15 @@ class Learner:
     def _save(self) -> str:
         with self.lock:
             self.counters["env_steps"].assign(self._env_steps_locked())
-            record = dict(next_actor_id=self.next_actor_id,
-                          env_steps={str(i): a["env_steps"] for i, a in self.actors.items()})
+            progress = dict(next_actor_id=self.next_actor_id, wall_seconds=self._wall_seconds(time.time()),
+                            actor_env_steps={str(i): a["env_steps"] for i, a in self.actors.items()})
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
-            record["env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
+            progress["actor_env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
         self.agent.sync_to_checkpoint()
         path = self.ckpt_manager.save()
-        _write_actor_record(path, record)
-        kept = {_actor_record_path(c) for c in self.ckpt_manager.checkpoints}
-        for old in glob.glob(os.path.join(self.ckpt_manager.directory, "*.actors.json")):
+        _write_progress(path, progress)
+        kept = {_progress_path(c) for c in self.ckpt_manager.checkpoints}
+        for old in glob.glob(os.path.join(self.ckpt_manager.directory, "*" + PROGRESS_SUFFIX)):
             if old not in kept:
                 os.remove(old)
         return path
@@ -429,6 +432,10 @@ class Learner:
                   "can serve as a QDagger teacher.", flush=True)
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
         return os.path.dirname(path)
+
+    def _wall_seconds(self, now: float) -> float:
+        """Seconds this run has trained, summed over its processes (a resumed run continues the count)."""
+        return self.earlier_wall_s + now - self.start_time
 
     def _env_steps(self) -> int:
         with self.lock:
@@ -515,7 +522,7 @@ class Learner:
             summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
                            weights_version=st["weights_version"], consumed_env_steps=st["consumed_env_steps"],
                            dropped_env_steps=st["dropped_env_steps"], replay=st["replay"],
-                           wall_seconds=time.time() - self.start_time, checkpoint=path,
+                           wall_seconds=self._wall_seconds(time.time()), checkpoint=path,
                            config=json.loads(c.to_json()))
             with open(os.path.join(self.logdir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
@@ -543,28 +550,29 @@ def _peer_ip(peer: str) -> str:
     return host.strip("[]")
 
 
-def _actor_record_path(checkpoint: str) -> str:
-    return checkpoint + ".actors.json"
+def _progress_path(checkpoint: str) -> str:
+    return checkpoint + PROGRESS_SUFFIX
 
 
-def _write_actor_record(checkpoint: str, record: dict) -> None:
-    """Writes `record` (next actor id; each connected actor's cumulative env steps) beside `checkpoint`."""
-    tmp = _actor_record_path(checkpoint) + ".tmp"
+def _write_progress(checkpoint: str, progress: dict) -> None:
+    """Writes `progress` beside `checkpoint` (see `_read_progress`)."""
+    tmp = _progress_path(checkpoint) + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, _actor_record_path(checkpoint))
+        json.dump(progress, f)
+    os.replace(tmp, _progress_path(checkpoint))
 
 
-def _read_actor_record(checkpoint: str) -> dict:
-    """The record `_write_actor_record` left beside `checkpoint`: {"next_actor_id": int, "env_steps":
-    {actor_id (int): cumulative env steps}}; empty (ids from 0) for checkpoints written before it existed."""
+def _read_progress(checkpoint: str) -> dict:
+    """What `_write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
+    time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
+    steps}}; ids from 0 and no time for checkpoints written before it existed."""
     try:
-        with open(_actor_record_path(checkpoint)) as f:
-            record = json.load(f)
+        with open(_progress_path(checkpoint)) as f:
+            p = json.load(f)
     except FileNotFoundError:
-        return dict(next_actor_id=0, env_steps={})
-    return dict(next_actor_id=int(record["next_actor_id"]),
-                env_steps={int(k): int(v) for k, v in record["env_steps"].items()})
+        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
+    return dict(next_actor_id=int(p["next_actor_id"]), wall_seconds=float(p["wall_seconds"]),
+                actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()})
 
 
 def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:

@@ -66,6 +66,9 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert final["weights_version"] > stopped["weights_version"]
     assert final["learner_steps"] > stopped["learner_steps"]
     assert final["env_steps"] >= stopped["env_steps"] + 3000
+    # Wall time continues too: metrics rows of both processes count the run's training time.
+    walls = [json.loads(line)["wall_seconds"] for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+    assert walls == sorted(walls) and final["wall_seconds"] > stopped["wall_seconds"], walls
 
 
 def test_a_dead_child_makes_up_fail_loudly(tmp_path):
