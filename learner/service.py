@@ -123,6 +123,7 @@ class Learner:
             "dropped_env_steps", "updates")}
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **self.counters)
         self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
+        progress = _read_progress(None)
         if resume:
             latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
             if latest is None:
@@ -148,10 +149,10 @@ class Learner:
         # Actors not in self.actors whose env steps up to some point are already counted: those that timed
         # out, and after --resume those connected when the restored checkpoint was taken. When one of them
         # rejoins (same process, same id) it is counted from that point, so its steps in between are not lost.
-        self.counted_actor_steps: dict[int, int] = progress["actor_env_steps"] if resume else {}
-        self.next_actor_id = progress["next_actor_id"] if resume else 0
+        self.counted_actor_steps: dict[int, int] = progress["actor_env_steps"]
+        self.next_actor_id = progress["next_actor_id"]
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
-        self.earlier_wall_s = progress["wall_seconds"] if resume else 0.0
+        self.earlier_wall_s = progress["wall_seconds"]
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.last_metrics: dict = {}
@@ -562,15 +563,17 @@ def _write_progress(checkpoint: str, progress: dict) -> None:
     os.replace(tmp, _progress_path(checkpoint))
 
 
-def _read_progress(checkpoint: str) -> dict:
+def _read_progress(checkpoint: str | None) -> dict:
     """What `_write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
     time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
-    steps}}; ids from 0 and no time for checkpoints written before it existed."""
+    steps}}; ids from 0 and no time for a new run (None) and for checkpoints written before it existed."""
+    if checkpoint is None:
+        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
     try:
         with open(_progress_path(checkpoint)) as f:
             p = json.load(f)
     except FileNotFoundError:
-        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
+        return _read_progress(None)
     return dict(next_actor_id=int(p["next_actor_id"]), wall_seconds=float(p["wall_seconds"]),
                 actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()})
 
