@@ -23,6 +23,7 @@ from actors.envs import EnvError, env_spec, require_action_kind
 from deploy.status import StatusError, check_health, get_status
 from proto.security import ClientSecurity, token_from_env
 from learner.presets import make_algo_config
+from learner.run_dir import check_run_dir, run_identity
 from learner.teacher import check_teacher_dir
 from replay.checkpoints import REPLAY_SUBDIR
 
@@ -37,12 +38,15 @@ class _Child:
     def __init__(self, name: str, args: list[str], logdir: str):
         self.name = name
         self.log_path = os.path.join(logdir, "logs", f"{name}.log")
-        self.log = open(self.log_path, "ab")
+        self.log = open(self.log_path, "ab")   # a resumed run appends to the same log
+        self.log_start = self.log.tell()
         self.proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def tail(self, n: int = 25) -> str:
+        """The last `n` lines this process wrote (not those of an earlier start of the run)."""
         with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
             return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float) -> None:
@@ -124,14 +128,9 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
             check_teacher_dir(teacher, spec)
+        check_run_dir(logdir, resume, run_identity(algo, env_id, preset, cfg.to_json(), teacher))
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    if resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
-        raise LaunchError(f"--logdir {logdir} already holds a run (checkpoints/); continue it with "
-                          f"--resume {logdir}, or choose a new --logdir.")
-    if resume is not None and not os.path.exists(os.path.join(resume, "checkpoints", "checkpoint")):
-        raise LaunchError(f"--resume {resume}: no checkpoint found in {resume}/checkpoints; "
-                          "pass the --logdir of an earlier run.")
     resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
                            "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
                            "--config", preset, *(["--teacher", teacher] if teacher else []),

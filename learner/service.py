@@ -32,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from actors.envs import env_spec, require_action_kind
 from learner.agents import Agent, PPOAgent
 from learner.presets import make_algo_config
+from learner.run_dir import check_run_dir, run_identity
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc, security
 from replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
@@ -86,7 +87,7 @@ class Learner:
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
         token: shared token every `rlfleet.Learner` call must carry ("" = none; `proto.security`).
     Raises:
-        EnvError / ValueError / LearnerError: bad env, preset, replay table or resume dir.
+        EnvError / ValueError / LearnerError / RunDirError: bad env, preset, replay table or run directory.
         TeacherError (a ValueError): `teacher` is not a usable teacher for `env_id`.
     """
 
@@ -108,14 +109,12 @@ class Learner:
         self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
         self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
         os.makedirs(logdir, exist_ok=True)
-        run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(self.config.to_json()))
-        if algo == "qdagger":
-            if not (teacher and teacher_replay):
-                raise LearnerError("--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
-                                   "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`).")
-            run["teacher"] = os.path.abspath(teacher)
+        if algo == "qdagger" and not (teacher and teacher_replay):
+            raise LearnerError("--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
+                               "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`).")
+        run = run_identity(algo, env_id, preset, self.config.to_json(), teacher if algo == "qdagger" else None)
         self.teacher_replay = teacher_replay
-        _check_run_dir(logdir, resume, run)
+        check_run_dir(logdir, resume, run)
 
         self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay)
         self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
@@ -576,27 +575,6 @@ def _read_progress(checkpoint: str | None) -> dict:
         return _read_progress(None)
     return dict(next_actor_id=int(p["next_actor_id"]), wall_seconds=float(p["wall_seconds"]),
                 actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()})
-
-
-def _check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
-    """Refuses to mix runs: a used --logdir needs --resume, and a resumed run keeps its algo, env and config.
-
-    Raises:
-        LearnerError: naming the conflict and the fix.
-    """
-    if resume is None and tf.train.latest_checkpoint(os.path.join(logdir, "checkpoints")):
-        raise LearnerError(f"--logdir {logdir} already holds a run (checkpoints/); continue it with "
-                           f"--resume {logdir}, or choose a new --logdir.")
-    if resume is None or not os.path.exists(os.path.join(resume, "run.json")):
-        return
-    with open(os.path.join(resume, "run.json")) as f:
-        before = json.load(f)
-    diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
-    diffs += [f"{k}: {v!r} -> {run['config'].get(k)!r}" for k, v in before.get("config", {}).items()
-              if run["config"].get(k) != v]
-    if diffs:
-        raise LearnerError(f"--resume {resume}: this run was started with other settings ({'; '.join(diffs)}); "
-                           "resume it with the same --algo, --env, --config and --set values.")
 
 
 def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,

@@ -61,6 +61,18 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     assert "started with other settings" in out.stderr and "env_id: 'InvertedPendulum-v5' -> 'HalfCheetah-v5'" in out.stderr
 
 
+def test_up_resume_with_other_settings_fails_before_starting(tmp_path):
+    import json
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (run / "run.json").write_text(json.dumps({"algo": "dqn", "env_id": "CartPole-v1", "config": {}}))
+    out = rlfleet("up", "--algo", "dqn", "--env", "Acrobot-v1", "--total-steps", "1000", "--resume", run, timeout=120)
+    assert out.returncode == 2
+    assert "env_id: 'CartPole-v1' -> 'Acrobot-v1'" in out.stderr and "resume it with the same" in out.stderr
+    assert not (run / "logs").exists()  # no process was started
+
+
 def test_dqn_on_continuous_env_fails_fast(tmp_path):
     out = rlfleet("up", "--algo", "dqn", "--env", "HalfCheetah-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
                   timeout=120)
