@@ -125,9 +125,9 @@ class Learner:
         progress = _read_progress(None)
         if resume:
             latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
-            if latest is None:
-                raise LearnerError(f"--resume {resume}: no checkpoint found in {resume}/checkpoints; "
-                                   "pass the --logdir of an earlier run.")
+            if latest is None:  # check_run_dir saw the index file, but the files it names are gone
+                raise LearnerError(f"--resume {resume}: {resume}/checkpoints/checkpoint names no checkpoint "
+                                   "whose files exist; resume from an intact run directory.")
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
             progress = _read_progress(latest)
