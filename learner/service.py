@@ -409,8 +409,12 @@ class Learner:
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
             progress["actor_env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
         self.agent.sync_to_checkpoint()
-        path = self.ckpt_manager.save()
-        _write_progress(path, progress)
+        # The record goes down before the checkpoint index names the new checkpoint, so a crash right after
+        # the save never leaves a latest checkpoint without its record. The manager numbers checkpoints by
+        # the (restored) save counter plus one.
+        number = int(self.ckpt.save_counter.numpy()) + 1
+        _write_progress(os.path.join(self.ckpt_manager.directory, f"ckpt-{number}"), progress)
+        path = self.ckpt_manager.save(checkpoint_number=number)
         kept = {_progress_path(c) for c in self.ckpt_manager.checkpoints}
         for old in glob.glob(os.path.join(self.ckpt_manager.directory, "*" + PROGRESS_SUFFIX)):
             if old not in kept:
@@ -556,6 +560,7 @@ def _progress_path(checkpoint: str) -> str:
 
 def _write_progress(checkpoint: str, progress: dict) -> None:
     """Writes `progress` beside `checkpoint` (see `_read_progress`)."""
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)  # before the first checkpoint makes it
     tmp = _progress_path(checkpoint) + ".tmp"
     with open(tmp, "w") as f:
         json.dump(progress, f)
