@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import reverb
 
-from actors.envs import make_batched_env, resolve_backend
+from actors.envs import make_batched_env, resolve_backend, truncation_observations
 from actors.policy import epsilon_greedy, sample_actions, to_env_action
 from proto import arrays as proto_arrays
 from proto import rlfleet_pb2, rlfleet_pb2_grpc
@@ -288,10 +288,18 @@ class Actor:
             self._episode_length[done] = 0
 
     def _collect(self, venv, weights: _WeightsSubscriber, epoch: int) -> None:
-        """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps."""
+        """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps.
+
+        Terminations and truncations are written apart: at a time limit the
+        step also carries the episode's true last observation
+        (`final_observation`), which the learner bootstraps from
+        (`replay.server.ppo_signature`).
+        """
         cfg = self.config
         t, b = cfg.unroll_length, cfg.num_envs
         rng, obs = self._start(venv)
+        discount = float(self.net.get("discount", 0.99))
+        discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
         client = reverb.Client(self.replay_address)
         appended = 0
         writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
@@ -300,12 +308,18 @@ class Actor:
                 version, arrays = weights.latest
                 self.policy_version = version
                 action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
-                next_obs, reward, terminated, truncated, _ = venv.step(to_env_action(action, self.low, self.high))
+                next_obs, reward, terminated, truncated, info = venv.step(
+                    to_env_action(action, self.low, self.high))
+                final_obs = truncation_observations(next_obs, terminated, truncated, info)
                 self._check_finite(next_obs, reward)
+                self._check_finite(final_obs, reward)
                 done = np.logical_or(terminated, truncated)
+                discounted_return = discount * discounted_return + reward
                 writer.append(dict(
                     observation=np.asarray(obs, np.float32), action=action,
-                    reward=np.asarray(reward, np.float32), done=done,
+                    reward=np.asarray(reward, np.float32), terminated=np.asarray(terminated, bool),
+                    truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+                    final_observation=final_obs, discounted_return=discounted_return.astype(np.float32),
                     behaviour_log_prob=log_prob, behaviour_mean=mean, behaviour_log_std=log_std,
                     policy_version=np.full(b, version, np.int64)))
                 appended += 1
@@ -314,6 +328,7 @@ class Actor:
                     if not self._wait_written(writer, epoch):
                         break
                 obs = next_obs
+                discounted_return[done] = 0.0
                 self._count_steps(reward, done)
         finally:
             writer.close()  # no flush: at shutdown the queue may be full and nobody samples it

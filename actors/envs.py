@@ -19,6 +19,7 @@ score); the learner clips them for its TD targets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import gymnasium as gym
@@ -124,7 +125,37 @@ class _AtariVectorEnv(AtariVectorEnv):
         return super().reset(seed=seed, options=options)
 
 
-def _make(env_id: str) -> gym.Env:
+_MUJOCO_DEPRECATED_SETTOTALMASS = "compiler attribute 'settotalmass' is deprecated"
+
+
+def quiet_settotalmass_warning() -> None:
+    """Drops MuJoCo's "compiler attribute 'settotalmass' is deprecated" warning, and only that one.
+
+    gymnasium's HalfCheetah XML still sets `settotalmass`; MuJoCo 4 warns
+    about it each time the model is loaded (every env start, in every actor
+    and evaluation), which tells a user nothing they can act on. Every other
+    MuJoCo warning still reaches stderr. Safe to call more than once.
+    """
+    import sys
+    try:
+        import mujoco
+    except ImportError:
+        return
+
+    def handler(message: str) -> None:
+        if _MUJOCO_DEPRECATED_SETTOTALMASS not in message:
+            print(f"MuJoCo WARNING: {message}", file=sys.stderr, flush=True)
+
+    mujoco.set_mju_user_warning(handler)
+
+
+def make_env(env_id: str) -> gym.Env:
+    """One gymnasium env (`gym.make`), with MuJoCo's settotalmass warning dropped.
+
+    Raises:
+        EnvError: unknown or unavailable id (the message says which ids work).
+    """
+    quiet_settotalmass_warning()
     try:
         return gym.make(env_id)
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
@@ -142,7 +173,7 @@ def env_spec(env_id: str) -> EnvSpec:
     """
     if is_atari(env_id):
         return _atari_spec(env_id)
-    env = _make(env_id)
+    env = make_env(env_id)
     try:
         obs, act = env.observation_space, env.action_space
         if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
@@ -221,14 +252,46 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
         return make_atari_env(env_id, num_envs)
     if backend == "envpool":
         return EnvPoolVectorEnv(env_id, num_envs)
-    _make(env_id).close()  # fail fast here, not inside a worker process
-    fns = [lambda: gym.make(env_id) for _ in range(num_envs)]
+    make_env(env_id).close()  # fail fast here, not inside a worker process
+    fns = [functools.partial(make_env, env_id) for _ in range(num_envs)]  # by reference: workers import this module
     mode = gym.vector.AutoresetMode.SAME_STEP
     if backend == "async":
         venv = gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="spawn", autoreset_mode=mode)
     else:
         venv = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     return venv
+
+
+def truncation_observations(obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                            info: dict) -> np.ndarray:
+    """The observations a time limit cut off, for bootstrapping: float32 [B, *obs_shape].
+
+    With SAME_STEP autoreset (every backend here) the observation a batched
+    env returns for a finished episode is the first one of the next episode;
+    the episode's last observation is in info["final_obs"] (an object array,
+    valid where info["_final_obs"]): gymnasium's Sync/AsyncVectorEnv put it
+    there, and so does `EnvPoolVectorEnv`. Row i holds that final observation
+    where `truncated[i]` and not `terminated[i]` (a truncated episode's return
+    continues past the cut: r + γ·V(final)), zeros elsewhere.
+
+    Args:
+        obs: [B, *obs_shape] observations returned by `step` (for shape and batch size).
+        terminated / truncated: bool [B].
+        info: the `step` info dict.
+    Raises:
+        EnvError: an env was truncated but the backend gave no final observation for it.
+    """
+    out = np.zeros(obs.shape, np.float32)
+    cut = np.flatnonzero(np.asarray(truncated, bool) & ~np.asarray(terminated, bool))
+    if len(cut) == 0:
+        return out
+    final, has = info.get("final_obs"), info.get("_final_obs")
+    if final is None or has is None or not np.all(np.asarray(has)[cut]):
+        raise EnvError("the batched env truncated an episode but returned no info['final_obs'] for it; "
+                       "rlfleet needs SAME_STEP autoreset with final observations (make_batched_env).")
+    for i in cut:
+        out[i] = np.asarray(final[i], np.float32)
+    return out
 
 
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
@@ -260,7 +323,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         except ImportError as e:
             raise EnvError("env backend 'envpool' needs envpool: pip install envpool==1.2.5 "
                            "(or use --env-backend async).") from e
-        ref = _make(env_id)
+        ref = make_env(env_id)
         try:
             obs_space, act_space = ref.observation_space, ref.action_space
             limit = ref.spec.max_episode_steps if ref.spec else None

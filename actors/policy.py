@@ -14,8 +14,10 @@ import numpy as np
 import tensorflow as tf
 
 OBS_MEAN, OBS_STD = "obs_norm/mean", "obs_norm/std"
+OBS_CLIP = "obs_norm/clip"  # the learner's `obs_clip` setting, pushed with the weights
 LOG_STD = "policy/log_std"
-OBS_CLIP = 5.0  # BatchPPO clips normalised observations to ±5
+ACTIVATION, ACTIVATIONS = "policy/activation", ("relu", "tanh")  # hidden-layer activation: index into ACTIVATIONS
+MEAN_HEAD, MEAN_HEADS = "policy/mean_head", ("tanh", "linear")   # mean = tanh(MLP) or MLP: index into MEAN_HEADS
 
 
 def layer_names(i: int) -> tuple[str, str]:
@@ -24,28 +26,43 @@ def layer_names(i: int) -> tuple[str, str]:
 
 
 def normalize_obs(arrays: dict, obs: np.ndarray) -> np.ndarray:
-    """(obs − mean)/std clipped to ±5, float32 [B, obs_dim]."""
-    return np.clip((obs - arrays[OBS_MEAN]) / arrays[OBS_STD], -OBS_CLIP, OBS_CLIP).astype(np.float32)
+    """(obs − mean)/std clipped to ±clip, float32 [B, obs_dim].
+
+    mean, std and clip all come with the weights (`OBS_MEAN`, `OBS_STD`,
+    `OBS_CLIP`), so actors, evaluation and the learner normalise alike
+    whatever the run's `obs_clip` setting (BatchPPO's reference value: 5).
+    Raises:
+        KeyError: weights from a learner that does not push the clip value.
+    """
+    clip = float(np.ravel(arrays[OBS_CLIP])[0])  # a scalar travels as a [1] array
+    return np.clip((obs - arrays[OBS_MEAN]) / arrays[OBS_STD], -clip, clip).astype(np.float32)
 
 
-def mlp_forward(arrays: dict, x: np.ndarray, prefix: str = "policy") -> np.ndarray:
-    """ReLU MLP on the layers `{prefix}/w{i}`, `{prefix}/b{i}`; no activation on the last one."""
+def _code(arrays: dict, key: str) -> int:
+    return int(np.ravel(arrays[key])[0])
+
+
+def mlp_forward(arrays: dict, x: np.ndarray, prefix: str = "policy", activation: str = "relu") -> np.ndarray:
+    """MLP on the layers `{prefix}/w{i}`, `{prefix}/b{i}`: `activation` ("relu" or "tanh") on all but the last."""
+    act = np.tanh if activation == "tanh" else (lambda z: np.maximum(z, 0.0))
     h, i = x, 0
     while f"{prefix}/w{i + 1}" in arrays:
-        h = np.maximum(h @ arrays[f"{prefix}/w{i}"] + arrays[f"{prefix}/b{i}"], 0.0)
+        h = act(h @ arrays[f"{prefix}/w{i}"] + arrays[f"{prefix}/b{i}"])
         i += 1
     return h @ arrays[f"{prefix}/w{i}"] + arrays[f"{prefix}/b{i}"]
 
 
 def policy_mean(arrays: dict, obs: np.ndarray) -> np.ndarray:
-    """Mean action of the Gaussian policy, float32 [B, action_dim] in [-1, 1].
+    """Mean action of the Gaussian policy, float32 [B, action_dim] (in [-1, 1] with the tanh mean head).
 
-    Hidden layers use ReLU, the mean head tanh (BatchPPO reference network).
+    The hidden-layer activation and the mean head (BatchPPO's reference
+    network: ReLU, tanh) come with the weights (`ACTIVATION`, `MEAN_HEAD`).
     Args:
-        arrays: named weights from the learner (see `layer_names`, OBS_MEAN, OBS_STD).
+        arrays: named weights from the learner (see `layer_names`, OBS_MEAN, OBS_STD, OBS_CLIP).
         obs: raw observations [B, obs_dim].
     """
-    return np.tanh(mlp_forward(arrays, normalize_obs(arrays, obs)))
+    out = mlp_forward(arrays, normalize_obs(arrays, obs), "policy", ACTIVATIONS[_code(arrays, ACTIVATION)])
+    return np.tanh(out) if MEAN_HEADS[_code(arrays, MEAN_HEAD)] == "tanh" else out
 
 
 def sample_actions(arrays: dict, obs: np.ndarray, rng: np.random.Generator):
@@ -61,6 +78,12 @@ def sample_actions(arrays: dict, obs: np.ndarray, rng: np.random.Generator):
     action = mean + np.exp(log_std) * noise
     log_prob = (-0.5 * noise ** 2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
     return action, log_prob.astype(np.float32), mean, log_std
+
+
+def mean_env_action(arrays: dict, obs: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The evaluation action: the Gaussian policy's mean on raw observations [B, obs_dim], mapped onto
+    the env's Box [low, high] (BatchPPO evaluates with the mean action). float32 [B, action_dim]."""
+    return to_env_action(policy_mean(arrays, obs), low, high)
 
 
 def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:

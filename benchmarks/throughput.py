@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 from actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
 from actors.policy import sample_actions, to_env_action  # noqa: E402
-from learner.networks import GaussianPolicy  # noqa: E402
+from learner.ppo import BatchPPO  # noqa: E402
 from learner.presets import make_config  # noqa: E402
 
 
@@ -74,9 +74,7 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
     from replay.server import ppo_tables
     spec = env_spec(env_id)
     cfg = make_config("default", env_id)
-    arrays = GaussianPolicy(spec.obs_shape[0], spec.action_dim, list(cfg.policy_hidden)).export()
-    arrays["obs_norm/mean"] = np.zeros(spec.obs_shape, np.float32)
-    arrays["obs_norm/std"] = np.ones(spec.obs_shape, np.float32)
+    arrays = BatchPPO(spec, cfg).export_weights()
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((num_envs, *spec.obs_shape))
     low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
@@ -90,7 +88,9 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
     server = reverb.Server(ppo_tables(spec.obs_shape[0], spec.action_dim, num_envs, unroll, 10 ** 6))
     client = reverb.Client(f"localhost:{server.port}")
     step = dict(observation=obs.astype(np.float32), action=action, reward=np.zeros(num_envs, np.float32),
-                done=np.zeros(num_envs, bool), behaviour_log_prob=log_prob, behaviour_mean=mean,
+                terminated=np.zeros(num_envs, bool), truncated=np.zeros(num_envs, bool),
+                final_observation=np.zeros_like(obs, np.float32), discounted_return=np.zeros(num_envs, np.float32),
+                behaviour_log_prob=log_prob, behaviour_mean=mean,
                 behaviour_log_std=log_std, policy_version=np.zeros(num_envs, np.int64))
     with client.trajectory_writer(num_keep_alive_refs=unroll + 1) as writer:
         start = time.perf_counter()

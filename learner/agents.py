@@ -104,8 +104,8 @@ class PPOAgent(Agent):
     of `batch_env_steps` env steps (or `batch_episodes` episodes) is collected."""
     algo, table = "ppo", PPO_TABLE
 
-    def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int):
-        self.spec, self.config = spec, config
+    def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
+        self.spec, self.config, self.total_steps = spec, config, total_steps
         self.unroll_length = config.unroll_length
         self.ppo = BatchPPO(spec, config, seed)
         self._items, self._steps, self._episodes = [], 0, 0
@@ -117,7 +117,7 @@ class PPOAgent(Agent):
     def actor_network(self) -> dict:
         return dict(obs_dim=self.spec.obs_shape[0], action_dim=self.spec.action_dim,
                     action_low=self.spec.action_low, action_high=self.spec.action_high,
-                    policy_hidden=list(self.config.policy_hidden))
+                    policy_hidden=list(self.config.policy_hidden), discount=self.config.discount)
 
     def export_weights(self) -> dict:
         return self.ppo.export_weights()
@@ -144,12 +144,13 @@ class PPOAgent(Agent):
             return StepResult(dropped=steps)
         self._items.append(item)
         self._steps += steps
-        self._episodes += int(item["done"][:-1].sum())
+        self._episodes += int((item["terminated"][:-1] | item["truncated"][:-1]).sum())
         if not ((c.batch_env_steps and self._steps >= c.batch_env_steps) or
                 (c.batch_episodes and self._episodes >= c.batch_episodes)):
             return StepResult()
         batch = {k: np.concatenate([it[k] for it in self._items], axis=1) for k in self._items[0]}
-        metrics = self.ppo.update(batch)
+        progress = min(1.0, env_steps / self.total_steps) if self.total_steps else 0.0
+        metrics = self.ppo.update(batch, progress)
         result = StepResult(gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True,
                             metrics=metrics)
         self._items, self._steps, self._episodes = [], 0, 0

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import gymnasium as gym
 import numpy as np
 
-from actors.envs import make_batched_env, resolve_backend
-from actors.policy import epsilon_greedy, policy_mean, to_env_action
+from actors.envs import make_batched_env, make_env, resolve_backend
+from actors.policy import epsilon_greedy, mean_env_action
 
 
 def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], object]) -> list[float]:
@@ -17,7 +16,7 @@ def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarra
 
     Returns the undiscounted return of each episode.
     """
-    env = gym.make(env_id)
+    env = make_env(env_id)
     returns = []
     try:
         for i in range(episodes):
@@ -36,7 +35,7 @@ def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarra
 def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, action_high) -> list[float]:
     """BatchPPO evaluation: the Gaussian policy's mean action, mapped onto the env's Box bounds."""
     low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
-    return run_episodes(env_id, episodes, seed, lambda o: to_env_action(policy_mean(arrays, o), low, high)[0])
+    return run_episodes(env_id, episodes, seed, lambda o: mean_env_action(arrays, o, low, high)[0])
 
 
 def run_batched_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray],

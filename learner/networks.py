@@ -12,7 +12,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from actors.policy import CONV_STRIDES, LOG_STD, conv_names, layer_names, nature_cnn_q
+from actors.policy import (ACTIVATION, ACTIVATIONS, CONV_STRIDES, LOG_STD, MEAN_HEAD, MEAN_HEADS, conv_names,
+                           layer_names, nature_cnn_q)
 
 
 def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
@@ -22,45 +23,62 @@ def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
 
 
 class MLP(tf.Module):
-    """ReLU MLP: [N, in] float32 -> [N, out] float32 (no output activation)."""
+    """MLP: [N, in] float32 -> [N, out] float32, `activation` ("relu" or "tanh") on hidden layers only.
 
-    def __init__(self, sizes: list[int], out_scale: float, seed: int, name: str):
+    Hidden layers are variance-scaling initialised (scale 2 for ReLU, 1 for
+    tanh), the output layer with `out_scale`.
+    """
+
+    def __init__(self, sizes: list[int], out_scale: float, seed: int, name: str, activation: str = "relu"):
         super().__init__(name=name)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r}: choose one of {ACTIVATIONS}")
+        self.activation = activation
         rng = np.random.default_rng(seed)
         self.kernels, self.biases = [], []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
-            w, bias = _dense(a, b, out_scale if last else 2.0, rng)
+            w, bias = _dense(a, b, out_scale if last else (2.0 if activation == "relu" else 1.0), rng)
             self.kernels.append(w)
             self.biases.append(bias)
 
     def __call__(self, x):
+        act = tf.nn.relu if self.activation == "relu" else tf.tanh
         for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
             x = tf.matmul(x, w) + b
             if i < len(self.kernels) - 1:
-                x = tf.nn.relu(x)
+                x = act(x)
         return x
 
 
 class GaussianPolicy(tf.Module):
-    """Diagonal Gaussian policy with tanh mean and state-independent log-std.
+    """Diagonal Gaussian policy with a state-independent log-std.
 
     Call: normalised observations [N, obs_dim] float32 -> (mean [N, A], log_std [N, A]).
+    The mean is tanh(MLP(obs)) (`mean_head` "tanh", the BatchPPO network) or
+    the MLP's output itself ("linear", as in Stable-Baselines3 and CleanRL).
     """
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: list[int], init_std: float = 0.35,
-                 mean_init_factor: float = 0.1, seed: int = 0):
+                 mean_init_factor: float = 0.1, seed: int = 0, activation: str = "relu", mean_head: str = "tanh"):
         super().__init__(name="policy")
-        self.mlp = MLP([obs_dim, *hidden, action_dim], mean_init_factor, seed, "policy_mlp")
+        if mean_head not in MEAN_HEADS:
+            raise ValueError(f"mean_head {mean_head!r}: choose one of {MEAN_HEADS}")
+        self.mean_head = mean_head
+        self.mlp = MLP([obs_dim, *hidden, action_dim], mean_init_factor, seed, "policy_mlp", activation)
         self.log_std = tf.Variable(np.full(action_dim, math.log(init_std), np.float32))
 
     def __call__(self, obs):
-        mean = tf.tanh(self.mlp(obs))
+        mean = self.mlp(obs)
+        if self.mean_head == "tanh":
+            mean = tf.tanh(mean)
         return mean, tf.broadcast_to(self.log_std, tf.shape(mean))
 
     def export(self) -> dict:
-        """Named numpy arrays in the layout `actors.policy` reads."""
-        out = {LOG_STD: self.log_std.numpy()}
+        """Named numpy arrays in the layout `actors.policy` reads (the layer structure, activation and mean
+        head travel with them)."""
+        out = {LOG_STD: self.log_std.numpy(), ACTIVATION: np.float32(ACTIVATIONS.index(self.mlp.activation)),
+               MEAN_HEAD: np.float32(MEAN_HEADS.index(self.mean_head))}
         for i, (w, b) in enumerate(zip(self.mlp.kernels, self.mlp.biases)):
             wn, bn = layer_names(i)
             out[wn], out[bn] = w.numpy(), b.numpy()
@@ -70,9 +88,9 @@ class GaussianPolicy(tf.Module):
 class ValueNetwork(tf.Module):
     """State-value MLP: normalised observations [N, obs_dim] -> values [N] float32."""
 
-    def __init__(self, obs_dim: int, hidden: list[int], seed: int = 1):
+    def __init__(self, obs_dim: int, hidden: list[int], seed: int = 1, activation: str = "relu"):
         super().__init__(name="value")
-        self.mlp = MLP([obs_dim, *hidden, 1], 1.0, seed, "value_mlp")
+        self.mlp = MLP([obs_dim, *hidden, 1], 1.0, seed, "value_mlp", activation)
 
     def __call__(self, obs):
         return self.mlp(obs)[:, 0]

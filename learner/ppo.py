@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from actors.envs import EnvSpec
-from actors.policy import OBS_MEAN, OBS_STD
+from actors.policy import OBS_CLIP, OBS_MEAN, OBS_STD
 from learner import ppo_math
 from learner.networks import GaussianPolicy, ValueNetwork
 from learner.normalizer import RunningMeanStd
@@ -38,8 +38,9 @@ class BatchPPO:
         obs_dim = spec.obs_shape[0]
         self.config = config
         self.policy = GaussianPolicy(obs_dim, spec.action_dim, list(config.policy_hidden),
-                                     config.init_std, config.mean_init_factor, seed)
-        self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1)
+                                     config.init_std, config.mean_init_factor, seed, config.activation,
+                                     config.mean_head)
+        self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1, config.activation)
         self.policy_opt = tf.keras.optimizers.Adam(config.learning_rate)
         self.value_opt = tf.keras.optimizers.Adam(config.learning_rate)
         self.policy_opt.build(self.policy.trainable_variables)
@@ -80,17 +81,33 @@ class BatchPPO:
                                   "mean": s[f"{prefix}_mean"].numpy(), "var": s[f"{prefix}_var"].numpy()})
 
     def export_weights(self) -> dict:
-        """Everything the actors' numpy policy needs: policy layers, log-std, obs normalizer."""
+        """Everything the actors' numpy policy needs: policy layers, log-std, obs normalizer (mean, std, clip).
+
+        Every setting that changes what the policy outputs travels here, so the
+        actors' behaviour policy and the evaluator compute the learner's policy
+        exactly (`tests/test_one_policy.py`).
+        """
         out = self.policy.export()
         out[OBS_MEAN] = self.obs_norm.mean.astype(np.float32)
         out[OBS_STD] = self.obs_norm.std.astype(np.float32)
+        out[OBS_CLIP] = np.float32(self.obs_norm.clip)
         return out
 
-    @tf.function(input_signature=[_SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_2D, _SPEC_2D, _SPEC_1D,
+    def _apply(self, optimizer, grads, variables) -> None:
+        """One optimizer step; gradients clipped to a global norm of `max_grad_norm` when it is > 0."""
+        if self.config.max_grad_norm > 0:
+            grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm)
+        optimizer.apply_gradients(zip(grads, variables))
+
+    @tf.function(input_signature=[_SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_1D,
                                   _SPEC_1D, tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.float32)])
-    def _train(self, obs, actions, beh_log_prob, beh_mean, beh_log_std, advantages, returns, minibatches, beta):
+    def _train(self, obs, actions, prox_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns,
+               minibatches, beta):
         """All gradient steps of one update in one graph call.
 
+        The ratio and the KL term are taken to the proximal policy (the
+        policy when the update starts), and `is_weights` (π_prox / π_behaviour,
+        `ppo_math.proximal_weights`) correct for the behaviour policy.
         `minibatches` [S, M] int32 holds the sample indices of each of the S
         gradient steps (epochs × minibatches, reshuffled every epoch).
         """
@@ -98,58 +115,118 @@ class BatchPPO:
         policy_loss = v_loss = tf.constant(0.0)
         for i in tf.range(tf.shape(minibatches)[0]):
             idx = minibatches[i]
-            o, a = tf.gather(obs, idx), tf.gather(actions, idx)
+            o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
             with tf.GradientTape() as tape:
                 mean, log_std = self.policy(o)
                 log_prob = ppo_math.gaussian_log_prob(mean, log_std, a)
-                kl = ppo_math.gaussian_kl(tf.gather(beh_mean, idx), tf.gather(beh_log_std, idx), mean, log_std)
-                policy_loss, _ = ppo_math.ppo_kl_penalty_loss(
-                    log_prob, tf.gather(beh_log_prob, idx), tf.gather(advantages, idx), kl, beta,
-                    c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef)
-            grads = tape.gradient(policy_loss, self.policy.trainable_variables)
-            self.policy_opt.apply_gradients(zip(grads, self.policy.trainable_variables))
+                if c.policy_objective == "clip":
+                    policy_loss, _ = ppo_math.ppo_clip_loss(log_prob, tf.gather(prox_log_prob, idx),
+                                                            tf.gather(advantages, idx), c.clip_epsilon, w)
+                else:
+                    kl = ppo_math.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
+                    policy_loss, _ = ppo_math.ppo_kl_penalty_loss(
+                        log_prob, tf.gather(prox_log_prob, idx), tf.gather(advantages, idx), kl, beta,
+                        c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w)
+            self._apply(self.policy_opt, tape.gradient(policy_loss, self.policy.trainable_variables),
+                        self.policy.trainable_variables)
             with tf.GradientTape() as tape:
                 v_loss = ppo_math.value_loss(self.value(o), tf.gather(returns, idx))
-            grads = tape.gradient(v_loss, self.value.trainable_variables)
-            self.value_opt.apply_gradients(zip(grads, self.value.trainable_variables))
+            self._apply(self.value_opt, tape.gradient(v_loss, self.value.trainable_variables),
+                        self.value.trainable_variables)
         return policy_loss, v_loss
 
-    def update(self, batch: dict) -> dict:
+    def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
+        """Rewards as the value function and advantages see them, float32, clipped to ±reward_clip.
+
+        `reward_scale` "rms": divided by the running root mean square of the
+        rewards (BatchPPO: scaled, not centred); "return": divided by the
+        running std of the episodes' discounted returns (the actors write them,
+        `replay.server.ppo_signature`; as Stable-Baselines3's VecNormalize and
+        CleanRL scale rewards); "none": unscaled. `reward_norm` holds the
+        statistics of whichever of the two is tracked.
+        """
+        c = self.config
+        if c.reward_scale == "rms":
+            return self.reward_norm.normalize(rewards)
+        if c.reward_scale == "return" and self.reward_norm.count > 0:
+            rewards = rewards / self.reward_norm.std
+        return np.clip(rewards, -c.reward_clip, c.reward_clip).astype(np.float32)
+
+    def advantages(self, batch: dict):
+        """Advantages and value targets of a batch under the current normalizers and value network.
+
+        Rewards are scaled by the reward normalizer; a step whose episode a
+        time limit cut (`truncated`) bootstraps from V(final_observation), a
+        terminal one (`terminated`) from nothing (`ppo_math.next_state_values`,
+        `ppo_math.gae_advantages`).
+
+        Args:
+            batch: replay fields (`replay.server.ppo_signature`), leading shape [T+1, N].
+        Returns:
+            (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
+        """
+        c = self.config
+        obs = batch["observation"]
+        t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
+        obs_n = self.obs_norm.normalize(obs)
+        rewards = self.scale_rewards(batch["reward"][:-1])
+        values = self.value(obs_n.reshape(-1, obs_dim)).numpy().reshape(t + 1, n)
+        terminated, truncated = batch["terminated"][:-1], batch["truncated"][:-1]
+        truncation_values = np.zeros((t, n), np.float32)
+        if truncated.any():  # V(final observation) where a time limit cut the episode
+            final = self.obs_norm.normalize(batch["final_observation"][:-1][truncated])
+            truncation_values[truncated] = self.value(final).numpy()
+        next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, truncation_values)
+        return ppo_math.gae_advantages(rewards, values[:-1], next_values, terminated,
+                                       terminated | truncated, c.discount, c.gae_lambda)
+
+    def update(self, batch: dict, progress: float = 0.0) -> dict:
         """One BatchPPO update on a batch of trajectories.
 
         Args:
             batch: replay fields (see `replay.server.ppo_signature`) with leading
                 shape [T+1, N]; step T only provides the bootstrap observation.
+            progress: fraction of the run's env-step budget done, in [0, 1]; with
+                `lr_schedule` "linear" the step size is learning_rate × (1 − progress)
+                (annealed to 0 at the budget, as CleanRL's PPO does).
         Returns:
-            metrics: policy_loss, value_loss, kl (mean KL(behaviour‖new) after
-            the update), beta (after adaptation), gradient_steps.
+            metrics: policy_loss, value_loss, kl (mean KL(proximal‖new): from
+            the policy before this update to the one after it), beta (after adaptation), policy_std (mean over action
+            dimensions of the state-independent std), gradient_steps.
         """
         c = self.config
+        lr = c.learning_rate * (1.0 - min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 1.0)
+        for opt in (self.policy_opt, self.value_opt):
+            opt.learning_rate.assign(lr)
         obs = batch["observation"]
         t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
         self.obs_norm.update(obs[:-1].reshape(-1, obs_dim))
-        self.reward_norm.update(batch["reward"][:-1].reshape(-1))
+        if c.reward_scale == "rms":
+            self.reward_norm.update(batch["reward"][:-1].reshape(-1))
+        elif c.reward_scale == "return":
+            self.reward_norm.update(batch["discounted_return"][:-1].reshape(-1))
         obs_n = self.obs_norm.normalize(obs)
-        rewards = self.reward_norm.normalize(batch["reward"][:-1])
-        values = self.value(obs_n.reshape(-1, obs_dim)).numpy().reshape(t + 1, n)
-        adv, returns = ppo_math.gae_advantages(rewards, values[:-1], values[-1],
-                                               batch["done"][:-1].astype(np.float32),
-                                               c.discount, c.gae_lambda)
+        adv, returns = self.advantages(batch)
         adv = ppo_math.normalize_advantages(adv)
         flat = lambda x: np.asarray(x[:t] if x.shape[0] == t + 1 else x).reshape(t * n, *x.shape[2:])
-        data = [flat(obs_n), flat(batch["action"]), flat(batch["behaviour_log_prob"]),
-                flat(batch["behaviour_mean"]), flat(batch["behaviour_log_std"]),
-                flat(adv.numpy()), flat(returns.numpy())]
-        data = [tf.constant(x, tf.float32) for x in data]
+        obs_t, actions = tf.constant(flat(obs_n), tf.float32), tf.constant(flat(batch["action"]), tf.float32)
+        prox_mean, prox_log_std = self.policy(obs_t)
+        prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
+        is_weights = ppo_math.proximal_weights(prox_log_prob, flat(batch["behaviour_log_prob"]),
+                                               c.max_importance_weight)
         size = t * n
         mb = max(1, size // max(1, c.num_minibatches))
         per_epoch = size // mb
         minibatches = np.concatenate([self.rng.permutation(size)[:per_epoch * mb].reshape(per_epoch, mb)
                                       for _ in range(c.epochs)]).astype(np.int32)
-        p_loss, v_loss = self._train(*data, tf.constant(minibatches), tf.constant(self.beta, tf.float32))
+        p_loss, v_loss = self._train(obs_t, actions, prox_log_prob, prox_mean, prox_log_std, is_weights,
+                                     tf.constant(flat(adv.numpy())), tf.constant(flat(returns.numpy())),
+                                     tf.constant(minibatches), tf.constant(self.beta, tf.float32))
         steps = len(minibatches)
-        mean, log_std = self.policy(data[0])
-        kl = float(tf.reduce_mean(ppo_math.gaussian_kl(data[3], data[4], mean, log_std)))
+        mean, log_std = self.policy(obs_t)
+        kl = float(tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)))
         self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
         return {"policy_loss": float(p_loss), "value_loss": float(v_loss), "kl": kl,
-                "beta": self.beta, "gradient_steps": steps}
+                "beta": self.beta, "policy_std": float(np.exp(self.policy.log_std.numpy()).mean()),
+                "mean_importance_weight": float(tf.reduce_mean(is_weights)), "learning_rate": lr,
+                "gradient_steps": steps}

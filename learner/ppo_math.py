@@ -84,55 +84,81 @@ def _backward_scan(fn, elems, initial):
     return tf.scan(fn, elems, initializer=initial, reverse=True)
 
 
-def gae_advantages(rewards, values, bootstrap_value, dones, discount, lambda_):
-    """Generalised advantage estimation with episode resets.
+def next_state_values(values, bootstrap_value, truncated, truncation_values):
+    """V of the state that follows each step, for the TD targets.
 
-    delta_t = r_t + discount * (1 - d_t) * V_{t+1} - V_t   (V_T = bootstrap_value)
-    A_t     = delta_t + discount * lambda_ * (1 - d_t) * A_{t+1}
+    next_t = V(obs_{t+1}) (V(obs_T) = bootstrap_value at the last step),
+    except where the episode was truncated after step t (a time limit): there
+    obs_{t+1} is the next episode's first observation, and the value to
+    bootstrap from is V(final observation of the cut episode).
+
+    Args:
+      values: float32 [T, B], V(obs_t).
+      bootstrap_value: float32 [B], V(obs_T).
+      truncated: bool or float [T, B]; 1 where a time limit ended the episode after step t.
+      truncation_values: float32 [T, B], V(final observation) (read only where truncated).
+    Returns:
+      float32 [T, B].
+    Source: time limits are not terminal states (Pardo et al. 2018, "Time
+    Limits in Reinforcement Learning"; gymnasium's terminated/truncated split).
+    """
+    values, bootstrap_value = _f32(values), _f32(bootstrap_value)
+    following = tf.concat([values[1:], bootstrap_value[None]], axis=0)
+    return tf.where(tf.cast(truncated, tf.bool), _f32(truncation_values), following)
+
+
+def gae_advantages(rewards, values, next_values, terminated, episode_ends, discount, lambda_):
+    """Generalised advantage estimation with terminations and truncations.
+
+    delta_t = r_t + discount * (1 - term_t) * next_t - V_t
+    A_t     = delta_t + discount * lambda_ * (1 - end_t) * A_{t+1}
     computed with a backward ``tf.scan``; returns = A + values.
 
-    With lambda_ = 1 the advantages equal the discounted return (reset at
-    episode ends, bootstrapped with V(obs_T)) minus V, which is the BatchPPO
-    advantage definition (Hafner et al. 2017; GAE is optional there). With
-    lambda_ = 0 they equal the one-step TD error.
+    Only a terminal state stops bootstrapping (term_t); any episode end
+    (termination or truncation, end_t) stops the accumulation across the
+    boundary into the next episode. With lambda_ = 1 the advantages equal the
+    discounted return (reset at episode ends, bootstrapped with V at the
+    last step and at truncations) minus V, which is the BatchPPO advantage
+    definition (Hafner et al. 2017; GAE is optional there). With lambda_ = 0
+    they equal the one-step TD error.
 
     Args:
       rewards: float32 [T, B].
       values: float32 [T, B], V(obs_t).
-      bootstrap_value: float32 [B], V(obs_T).
-      dones: float or bool [T, B]; 1 where the episode ended after step t, so
-        nothing is bootstrapped across it.
+      next_values: float32 [T, B], V of the state after step t (`next_state_values`).
+      terminated: float or bool [T, B]; 1 where a terminal state followed step t.
+      episode_ends: float or bool [T, B]; 1 where the episode ended after step t
+        (terminated or truncated).
       discount, lambda_: python floats or scalar tensors.
     Returns:
       (advantages, returns), both float32 [T, B].
     Raises:
       ValueError / tf.errors.InvalidArgumentError on inconsistent shapes.
     """
-    rewards, values = _f32(rewards), _f32(values)
-    bootstrap_value = _f32(bootstrap_value)
-    not_done = 1.0 - _f32(dones)
+    rewards, values, next_values = _f32(rewards), _f32(values), _f32(next_values)
+    not_terminal = 1.0 - _f32(terminated)
+    not_end = 1.0 - _f32(episode_ends)
     discount, lambda_ = _f32(discount), _f32(lambda_)
-    next_values = tf.concat([values[1:], bootstrap_value[None]], axis=0)
-    deltas = rewards + discount * not_done * next_values - values
+    deltas = rewards + discount * not_terminal * next_values - values
 
     def step(acc, elem):
-        delta, nd = elem
-        return delta + discount * lambda_ * nd * acc
+        delta, ne = elem
+        return delta + discount * lambda_ * ne * acc
 
-    advantages = _backward_scan(
-        step, (deltas, not_done), tf.zeros_like(bootstrap_value))
+    advantages = _backward_scan(step, (deltas, not_end), tf.zeros_like(values[0]))
     return advantages, advantages + values
 
 
-def discounted_returns(rewards, dones, bootstrap_value, discount):
-    """Discounted return, reset at episode ends, bootstrapped at the end.
+def discounted_returns(rewards, next_values, terminated, episode_ends, discount):
+    """Discounted return, reset at episode ends, bootstrapped at the end and at truncations.
 
-    R_t = r_t + discount * (1 - d_t) * R_{t+1},  R_T = bootstrap_value.
+    R_t = r_t + discount * (1 - term_t) * (end_t ? next_t : R_{t+1}),  R_T = next_{T-1}.
 
     Args:
       rewards: float32 [T, B].
-      dones: float or bool [T, B]; 1 where the episode ended after step t.
-      bootstrap_value: float32 [B], V(obs_T) (zeros for no bootstrapping).
+      next_values: float32 [T, B] (`next_state_values`; zeros for no bootstrapping).
+      terminated: float or bool [T, B]; 1 where a terminal state followed step t.
+      episode_ends: float or bool [T, B]; 1 where the episode ended after step t.
       discount: python float or scalar tensor.
     Returns:
       float32 [T, B].
@@ -140,15 +166,15 @@ def discounted_returns(rewards, dones, bootstrap_value, discount):
       ValueError / tf.errors.InvalidArgumentError on inconsistent shapes.
     Source: BatchPPO advantage = this return - V (Hafner et al. 2017).
     """
-    rewards = _f32(rewards)
-    not_done = 1.0 - _f32(dones)
+    rewards, next_values = _f32(rewards), _f32(next_values)
+    not_terminal, end = 1.0 - _f32(terminated), _f32(episode_ends)
     discount = _f32(discount)
 
     def step(acc, elem):
-        r, nd = elem
-        return r + discount * nd * acc
+        r, nv, nt, e = elem
+        return r + discount * nt * (e * nv + (1.0 - e) * acc)
 
-    return _backward_scan(step, (rewards, not_done), _f32(bootstrap_value))
+    return _backward_scan(step, (rewards, next_values, not_terminal, end), next_values[-1])
 
 
 def normalize_advantages(adv, eps=1e-8):
@@ -163,12 +189,13 @@ def normalize_advantages(adv, eps=1e-8):
 
 
 def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
-                        kl_target, cutoff_factor=2.0, cutoff_coef=1000.0):
+                        kl_target, cutoff_factor=2.0, cutoff_coef=1000.0, weights=None):
     """BatchPPO policy objective with adaptive KL penalty and KL cutoff.
 
     ratio     = exp(log_prob - behaviour_log_prob)  (importance ratio to the
-                behaviour policy that collected the data)
-    surrogate = -mean(ratio * advantages)
+                behaviour policy that collected the data, or to the proximal
+                policy of a decoupled objective: see `proximal_weights`)
+    surrogate = -mean(w * ratio * advantages)   (w = 1 unless `weights`)
     penalty   = beta * mean(kl)
     cutoff    = cutoff_coef * max(0, mean(kl) - cutoff_factor * kl_target)^2
     loss      = surrogate + penalty + cutoff
@@ -181,6 +208,7 @@ def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
       kl: float32 [N], KL(old || new) per sample.
       beta, kl_target: scalars.
       cutoff_factor, cutoff_coef: BatchPPO uses 2 and 1000.
+      weights: optional float32 [N] per-sample weights w (constant).
     Returns:
       (loss scalar float32, info dict of float32 scalars 'surrogate',
       'kl_penalty', 'kl_cutoff', 'mean_kl', 'mean_ratio').
@@ -194,8 +222,9 @@ def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
     advantages = tf.stop_gradient(_f32(advantages))
     kl = _f32(kl)
     beta, kl_target = _f32(beta), _f32(kl_target)
+    w = tf.ones_like(advantages) if weights is None else tf.stop_gradient(_f32(weights))
     ratio = tf.exp(log_prob - behaviour_log_prob)
-    surrogate = -tf.reduce_mean(ratio * advantages)
+    surrogate = -tf.reduce_mean(w * ratio * advantages)
     mean_kl = tf.reduce_mean(kl)
     penalty = beta * mean_kl
     excess = tf.maximum(0.0, mean_kl - _f32(cutoff_factor) * kl_target)
@@ -209,6 +238,56 @@ def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
         'mean_ratio': tf.reduce_mean(ratio),
     }
     return loss, info
+
+
+def ppo_clip_loss(log_prob, behaviour_log_prob, advantages, clip_epsilon, weights=None):
+    """Clipped surrogate objective (Schulman et al. 2017, "Proximal Policy Optimization Algorithms", Eq. 7).
+
+    ratio = exp(log_prob - behaviour_log_prob)
+    loss  = -mean(w * min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A))
+
+    Args:
+      log_prob: float32 [N], log pi_new(a|s) (differentiable).
+      behaviour_log_prob: float32 [N], log-prob under the policy the ratio is taken to (the
+        behaviour policy, or the proximal policy of a decoupled objective, see `proximal_weights`).
+      advantages: float32 [N] (constant).
+      clip_epsilon: python float or scalar, > 0.
+      weights: optional float32 [N] per-sample weights w (constant; 1 when None).
+    Returns:
+      (loss scalar float32, info dict with 'clip_fraction' and 'mean_ratio').
+    """
+    log_prob = _f32(log_prob)
+    behaviour_log_prob = tf.stop_gradient(_f32(behaviour_log_prob))
+    advantages = tf.stop_gradient(_f32(advantages))
+    w = tf.ones_like(advantages) if weights is None else tf.stop_gradient(_f32(weights))
+    eps = _f32(clip_epsilon)
+    ratio = tf.exp(log_prob - behaviour_log_prob)
+    clipped = tf.clip_by_value(ratio, 1.0 - eps, 1.0 + eps)
+    loss = -tf.reduce_mean(w * tf.minimum(ratio * advantages, clipped * advantages))
+    info = {'clip_fraction': tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > eps, tf.float32)),
+            'mean_ratio': tf.reduce_mean(ratio)}
+    return loss, info
+
+
+def proximal_weights(proximal_log_prob, behaviour_log_prob, max_weight):
+    """Importance weights pi_prox(a|s) / pi_behaviour(a|s), truncated at `max_weight`.
+
+    A decoupled PPO objective (Hilton, Cobbe & Schulman 2021, "Batch
+    size-invariance for policy optimization", Sec. 3) takes the ratio and
+    the KL term to the *proximal* policy (here the learner's policy when an
+    update starts) and corrects for the behaviour policy that collected the
+    data (an older version, in an asynchronous actor-learner system) with
+    these weights. When the data is on-policy the weights are 1 and the
+    objective is the usual one.
+
+    Args:
+      proximal_log_prob, behaviour_log_prob: float32 [N].
+      max_weight: python float > 0; weights above it are cut to it (bounds the variance).
+    Returns:
+      float32 [N] in [0, max_weight].
+    """
+    w = tf.exp(_f32(proximal_log_prob) - _f32(behaviour_log_prob))
+    return tf.minimum(w, _f32(max_weight))
 
 
 def adapt_kl_beta(beta, kl, kl_target, factor=1.5, low=0.7, high=1.3,

@@ -12,37 +12,46 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from actors.policy import ACTIVATIONS, MEAN_HEADS
+
 
 @dataclasses.dataclass
 class PPOConfig:
-    """All BatchPPO settings of a run.
+    """All BatchPPO settings of a run; every field's comment gives its meaning and unit.
 
-    Units: `batch_env_steps` in env steps (0 = trigger by episodes only);
-    `batch_episodes` in finished episodes (0 = trigger by steps only); an update
-    starts when either trigger is reached. `max_policy_lag` in policy versions.
+    An update starts when either trigger is reached (`batch_env_steps` or
+    `batch_episodes`; 0 turns a trigger off).
     """
-    policy_hidden: tuple = (200, 100)
-    value_hidden: tuple = (200, 100)
-    init_std: float = 0.35
-    mean_init_factor: float = 0.1
-    learning_rate: float = 3e-4
-    epochs: int = 10
-    num_minibatches: int = 32
-    batch_env_steps: int = 4096
-    batch_episodes: int = 0
-    discount: float = 0.99
-    gae_lambda: float = 0.95
-    kl_target: float = 0.01
-    kl_cutoff_factor: float = 2.0
-    kl_cutoff_coef: float = 1000.0
-    init_beta: float = 1.0
-    obs_clip: float = 5.0
-    reward_clip: float = 10.0
-    max_policy_lag: int = 2
-    envs_per_actor: int = 8
-    unroll_length: int = 64
-    eval_episodes: int = 10
-    eval_every_updates: int = 10
+    policy_hidden: tuple = (200, 100)    # policy MLP hidden layer widths (units)
+    value_hidden: tuple = (200, 100)     # value MLP hidden layer widths (units)
+    activation: str = "relu"             # hidden-layer activation of both MLPs: relu (BatchPPO) or tanh
+    mean_head: str = "tanh"              # policy mean = tanh(MLP) (BatchPPO) or the MLP output ("linear")
+    init_std: float = 0.35               # initial std of the Gaussian policy (action units, [-1, 1] scale)
+    mean_init_factor: float = 0.1        # variance-scaling factor of the mean head's initial weights
+    learning_rate: float = 3e-4          # Adam step size, policy and value (per gradient step)
+    lr_schedule: str = "constant"        # constant, or linear: annealed to 0 at the run's --total-steps
+    epochs: int = 10                     # passes over each update batch
+    num_minibatches: int = 32            # gradient steps per epoch (the batch is split into this many)
+    batch_env_steps: int = 4096          # env steps per update (0: trigger by episodes only)
+    batch_episodes: int = 0              # finished episodes per update (0: trigger by env steps only)
+    discount: float = 0.99               # γ per env step
+    gae_lambda: float = 0.95             # GAE λ (1: discounted return − V, the BatchPPO advantage)
+    policy_objective: str = "kl_penalty"  # kl_penalty (BatchPPO: adaptive β, cutoff) or clip (PPO-clip)
+    kl_target: float = 0.01              # KL(π_old‖π_new) per update that β steers toward (nats)
+    kl_cutoff_factor: float = 2.0        # the quadratic cutoff starts at this multiple of kl_target
+    kl_cutoff_coef: float = 1000.0       # weight of the quadratic KL cutoff term
+    init_beta: float = 1.0               # initial KL penalty coefficient β
+    clip_epsilon: float = 0.2            # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
+    max_importance_weight: float = 2.0   # truncation of π_proximal/π_behaviour weights (off-policy data)
+    max_grad_norm: float = 0.0           # clip each gradient to this global norm (0: no clipping)
+    obs_clip: float = 5.0                # normalised observations are clipped to ±obs_clip (std units)
+    reward_scale: str = "rms"            # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
+    reward_clip: float = 10.0            # scaled rewards are clipped to ±reward_clip
+    max_policy_lag: int = 2              # items older than this many policy versions are dropped
+    envs_per_actor: int = 8              # envs each actor steps as one batch
+    unroll_length: int = 64              # batch steps per replay item (T; items hold T + 1)
+    eval_episodes: int = 10              # episodes per evaluation (mean action)
+    eval_every_updates: int = 10         # updates (policy versions) between evaluations
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -63,6 +72,11 @@ ENV_OVERRIDES = {
 }
 
 
+# Settings that take one of a few named values.
+CHOICES = {"policy_objective": ("kl_penalty", "clip"), "activation": ACTIVATIONS, "mean_head": MEAN_HEADS,
+           "reward_scale": ("rms", "return", "none"), "lr_schedule": ("constant", "linear")}
+
+
 def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_id: str, overrides: dict | None):
     """Preset values, then per-env overrides, then `overrides`, checked against `cls`'s fields."""
     if preset not in presets:
@@ -79,6 +93,9 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
         if isinstance(v, list) and isinstance(fields[k].default, tuple):
             values[k] = v = tuple(v)
         _check_type(name, k, v, fields[k].default)
+        if k in CHOICES and v not in CHOICES[k]:
+            raise ValueError(f"{name.upper()} setting {k} = {v!r}: choose one of {list(CHOICES[k])}; "
+                             "fix it in --set or the --config-file.")
     return cls(**values)
 
 

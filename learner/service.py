@@ -116,7 +116,7 @@ class Learner:
         self.teacher_replay = teacher_replay
         check_run_dir(logdir, resume, run)
 
-        self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay)
+        self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
         self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
             "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
             "dropped_env_steps", "updates")}
@@ -583,14 +583,16 @@ def _read_progress(checkpoint: str | None) -> dict:
 
 
 def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,
-               teacher_replay: str | None = None) -> Agent:
+               teacher_replay: str | None = None, total_steps: int = 0) -> Agent:
     """The algorithm object for `algo` ("ppo", "dqn" or "qdagger"; QDagger loads `teacher`).
+
+    `total_steps` is the run's env-step budget (0: none), for schedules that end with the run.
 
     Raises:
         TeacherError: QDagger's `teacher` is not a usable teacher for `spec`.
     """
     if algo == "ppo":
-        return PPOAgent(spec, config, seed)
+        return PPOAgent(spec, config, seed, total_steps)
     if algo == "dqn":
         from learner.dqn import DQNAgent
         return DQNAgent(spec, config, seed)

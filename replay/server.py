@@ -29,8 +29,16 @@ def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: i
     Every field has leading shape [T+1, B] (T = `unroll_length`, B = `num_envs`);
     the last step is only used for its observation (the bootstrap value).
     Step t holds the observation the action was chosen on, the (unclipped)
-    sampled action, the reward and `done` (episode ended after step t) that
-    followed, and the behaviour policy's log-prob, mean, log-std and version.
+    sampled action, the reward that followed, `terminated` (the episode
+    reached a terminal state after step t: nothing is bootstrapped) and
+    `truncated` (it was cut by a time limit after step t: the return is
+    bootstrapped from V(final_observation)), and the behaviour policy's
+    log-prob, mean, log-std and version. `final_observation` holds the
+    episode's last observation where `truncated` (the env reset replaced it
+    in the next step's `observation`) and zeros elsewhere (zeros compress to
+    almost nothing in Reverb's chunks). `discounted_return` is the env's
+    discounted return so far in its episode, G_t = r_t + γ·G_{t−1} (γ the
+    run's discount; what `reward_scale = "return"` scales rewards by).
     """
     lead = [unroll_length + 1, num_envs]
     f32 = tf.float32
@@ -38,7 +46,10 @@ def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: i
         "observation": tf.TensorSpec(lead + [obs_dim], f32),
         "action": tf.TensorSpec(lead + [action_dim], f32),
         "reward": tf.TensorSpec(lead, f32),
-        "done": tf.TensorSpec(lead, tf.bool),
+        "terminated": tf.TensorSpec(lead, tf.bool),
+        "truncated": tf.TensorSpec(lead, tf.bool),
+        "final_observation": tf.TensorSpec(lead + [obs_dim], f32),
+        "discounted_return": tf.TensorSpec(lead, f32),
         "behaviour_log_prob": tf.TensorSpec(lead, f32),
         "behaviour_mean": tf.TensorSpec(lead + [action_dim], f32),
         "behaviour_log_std": tf.TensorSpec(lead + [action_dim], f32),

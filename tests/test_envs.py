@@ -119,3 +119,68 @@ def test_env_envpool_lacks_or_cannot_match():
 def test_unknown_backend():
     with pytest.raises(EnvError, match="'threads'"):
         make_batched_env("HalfCheetah-v5", 2, "threads")
+
+
+def _reference_final_obs(backend, seeds, actions):
+    """The observation each env returns at its time limit, stepped natively with the same seeds and actions:
+    one gymnasium env per seed for the gymnasium backends, envpool's own (next-step autoreset) pool for envpool."""
+    if backend == "envpool":
+        import envpool
+        pool = envpool.make_gymnasium("HalfCheetah-v5", num_envs=len(seeds), batch_size=len(seeds),
+                                      env_seed=list(seeds), max_episode_steps=1000)
+        pool.reset()
+        for a in actions:
+            obs, _, _, truncated, _ = pool.step(np.asarray(a, np.float64))
+        pool.close()
+        assert truncated.all()
+        return obs
+    import gymnasium as gym
+    out = []
+    for i, seed in enumerate(seeds):
+        env = gym.make("HalfCheetah-v5")
+        env.reset(seed=seed)
+        for a in actions:
+            obs, _, _, truncated, _ = env.step(a[i])
+        env.close()
+        assert truncated
+        out.append(obs)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
+    """At a time limit every backend hands the actor the cut episode's true last observation
+    (what PPO bootstraps from), while the returned observation already starts the next episode."""
+    from actors.envs import truncation_observations
+    venv = make_batched_env("HalfCheetah-v5", 2, _backend(backend))
+    try:
+        rng = np.random.default_rng(3)
+        actions = rng.uniform(-1, 1, (1000, 2, 6)).astype(np.float32)
+        obs, _ = venv.reset(seed=[5, 6])
+        for t, a in enumerate(actions):
+            obs, _, terminated, truncated, info = venv.step(a)
+            final = truncation_observations(obs, terminated, truncated, info)
+            if t < 999:
+                assert not truncated.any() and not final.any()
+        assert truncated.all() and not terminated.any()
+        assert all(_cheetah_reset_like(o) for o in obs) and not any(_cheetah_reset_like(f) for f in final)
+        np.testing.assert_allclose(final, _reference_final_obs(backend, [5, 6], actions), rtol=1e-5, atol=1e-5)
+    finally:
+        venv.close()
+
+
+def test_terminated_episodes_give_no_bootstrap_observation():
+    from actors.envs import truncation_observations
+    venv = make_batched_env("Hopper-v5", 4, "sync")
+    try:
+        venv.reset(seed=[0, 1, 2, 3])
+        rng = np.random.default_rng(0)
+        seen = 0
+        for _ in range(300):
+            obs, _, terminated, truncated, info = venv.step(rng.uniform(-1, 1, (4, 3)))
+            final = truncation_observations(obs, terminated, truncated, info)
+            assert not final[terminated].any()  # a terminal state: nothing to bootstrap from
+            seen += int(terminated.sum())
+        assert seen > 0  # random Hopper falls within 300 steps
+    finally:
+        venv.close()

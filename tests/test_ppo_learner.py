@@ -17,7 +17,10 @@ def make_batch(algo, t=16, n=4, seed=0):
     action, log_prob, mean, log_std = sample_actions(algo.export_weights(), obs.reshape(-1, obs.shape[-1]), rng)
     shape = lambda x: x.reshape(t + 1, n, *x.shape[1:])
     return dict(observation=obs, action=shape(action), reward=rng.standard_normal((t + 1, n)).astype(np.float32),
-                done=rng.random((t + 1, n)) < 0.05, behaviour_log_prob=shape(log_prob),
+                terminated=rng.random((t + 1, n)) < 0.03, truncated=rng.random((t + 1, n)) < 0.03,
+                final_observation=rng.standard_normal(obs.shape).astype(np.float32),
+                discounted_return=rng.standard_normal((t + 1, n)).astype(np.float32),
+                behaviour_log_prob=shape(log_prob),
                 behaviour_mean=shape(mean), behaviour_log_std=shape(log_std),
                 policy_version=np.zeros((t + 1, n), np.int64))
 
@@ -29,11 +32,13 @@ def test_paper_preset_holds_the_reference_values():
     assert make_config("paper", "HalfCheetah-v5").discount == 0.99
     with pytest.raises(ValueError, match="unknown PPO setting"):
         make_config("default", "Hopper-v5", {"lr": 1.0})
+    with pytest.raises(ValueError, match=r"policy_objective = 'clipped': choose one of \['kl_penalty', 'clip'\]"):
+        make_config("default", "Hopper-v5", {"policy_objective": "clipped"})
 
 
-@pytest.mark.parametrize("preset", ["default", "paper"])
-def test_update_moves_policy_and_adapts_beta(preset):
-    cfg = make_config(preset, SPEC.env_id, {"epochs": 3})
+@pytest.mark.parametrize("preset,objective", [("default", "kl_penalty"), ("default", "clip"), ("paper", "kl_penalty")])
+def test_update_moves_policy_and_adapts_beta(preset, objective):
+    cfg = make_config(preset, SPEC.env_id, {"epochs": 3, "policy_objective": objective})
     algo = BatchPPO(SPEC, cfg, seed=0)
     before = algo.export_weights()
     batch = make_batch(algo)
@@ -79,3 +84,30 @@ def test_numpy_actor_policy_matches_tensorflow_policy():
     obs = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
     tf_mean, _ = algo.policy(algo.obs_norm.normalize(obs))
     np.testing.assert_allclose(policy_mean(algo.export_weights(), obs), tf_mean.numpy(), atol=1e-5)
+
+
+def test_value_targets_bootstrap_at_truncation_not_at_termination():
+    """One-step targets (λ = 0): r + γ·V(final observation) after a time limit, r after a terminal state."""
+    cfg = make_config("default", SPEC.env_id, {"gae_lambda": 0.0})
+    algo = BatchPPO(SPEC, cfg, seed=0)
+    batch = make_batch(algo, t=8, n=3, seed=4)
+    batch["terminated"][:] = False
+    batch["truncated"][:] = False
+    batch["truncated"][3, 0] = True   # env 0: time limit after step 3
+    batch["terminated"][3, 1] = True  # env 1: terminal state after step 3
+    algo.obs_norm.update(batch["observation"].reshape(-1, 4))
+    algo.reward_norm.update(batch["reward"].reshape(-1))
+    _, returns = algo.advantages(batch)
+    r = algo.reward_norm.normalize(batch["reward"][3, :2])
+    v = lambda o: float(algo.value(algo.obs_norm.normalize(o[None]))[0])
+    gamma = cfg.discount
+    assert returns[3, 0].numpy() == pytest.approx(r[0] + gamma * v(batch["final_observation"][3, 0]), rel=1e-5)
+    assert returns[3, 1].numpy() == pytest.approx(r[1], rel=1e-5)
+    # env 2 continues: bootstraps from the next observation
+    r2 = algo.reward_norm.normalize(batch["reward"][3, 2:3])[0]
+    assert returns[3, 2].numpy() == pytest.approx(r2 + gamma * v(batch["observation"][4, 2]), rel=1e-5)
+    # the final observation matters only where truncated
+    other = dict(batch, final_observation=batch["final_observation"] + 3.0)
+    _, returns2 = algo.advantages(other)
+    assert returns2[3, 0].numpy() != pytest.approx(returns[3, 0].numpy())
+    np.testing.assert_allclose(np.delete(returns2.numpy().ravel(), 3 * 3), np.delete(returns.numpy().ravel(), 3 * 3))

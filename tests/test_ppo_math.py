@@ -207,19 +207,26 @@ def test_value_loss():
 # ---------------------------------------------------------------- returns / GAE
 
 REWARDS = np.array([[1, 1], [2, 1], [3, 1], [4, 1]], np.float32)
-DONES = np.array([[0, 0], [1, 0], [0, 0], [0, 1]], np.float32)
+DONES = np.array([[0, 0], [1, 0], [0, 0], [0, 1]], np.float32)  # all terminations here
 BOOT = np.array([10.0, 5.0], np.float32)
 GAMMA = 0.9
+NO_TRUNC = np.zeros((4, 2), bool)
 # column 0: done after t=1, bootstrap 10 -> R3=13, R2=14.7, R1=2, R0=2.8
 # column 1: done after t=3 (bootstrap ignored) -> 1, 1.9, 2.71, 3.439
 EXPECTED_RETURNS = np.array([[2.8, 3.439], [2.0, 2.71], [14.7, 1.9],
                              [13.0, 1.0]], np.float32)
 
 
+def _next(values, truncated=NO_TRUNC, truncation_values=None):
+    tv = np.zeros_like(values) if truncation_values is None else truncation_values
+    return ppo_math.next_state_values(values, BOOT, truncated, tv)
+
+
 def test_discounted_returns_hand_computed():
-    got = ppo_math.discounted_returns(REWARDS, DONES, BOOT, GAMMA).numpy()
+    nv = _next(np.zeros((4, 2), np.float32))
+    got = ppo_math.discounted_returns(REWARDS, nv, DONES, DONES, GAMMA).numpy()
     np.testing.assert_allclose(got, EXPECTED_RETURNS, rtol=1e-6)
-    got_bool = ppo_math.discounted_returns(REWARDS, DONES.astype(bool), BOOT,
+    got_bool = ppo_math.discounted_returns(REWARDS, nv, DONES.astype(bool), DONES.astype(bool),
                                            GAMMA).numpy()
     np.testing.assert_allclose(got_bool, EXPECTED_RETURNS, rtol=1e-6)
 
@@ -227,7 +234,7 @@ def test_discounted_returns_hand_computed():
 def test_gae_lambda_one_is_return_minus_value():
     values = np.array([[0.5, -1.0], [2.0, 0.3], [1.0, 0.7], [3.0, 0.2]],
                       np.float32)
-    adv, ret = ppo_math.gae_advantages(REWARDS, values, BOOT, DONES, GAMMA, 1.0)
+    adv, ret = ppo_math.gae_advantages(REWARDS, values, _next(values), DONES, DONES, GAMMA, 1.0)
     np.testing.assert_allclose(adv.numpy(), EXPECTED_RETURNS - values,
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret.numpy(), EXPECTED_RETURNS, rtol=1e-5)
@@ -236,8 +243,8 @@ def test_gae_lambda_one_is_return_minus_value():
 def test_gae_lambda_zero_is_td_error():
     rng = np.random.default_rng(6)
     values = rng.normal(size=(4, 2)).astype(np.float32)
-    adv, ret = ppo_math.gae_advantages(REWARDS, values, BOOT, DONES.astype(bool),
-                                       GAMMA, 0.0)
+    adv, ret = ppo_math.gae_advantages(REWARDS, values, _next(values), DONES.astype(bool),
+                                       DONES.astype(bool), GAMMA, 0.0)
     next_v = np.concatenate([values[1:], BOOT[None]], axis=0)
     td = REWARDS + GAMMA * (1 - DONES) * next_v - values
     np.testing.assert_allclose(adv.numpy(), td, rtol=1e-5, atol=1e-6)
@@ -246,10 +253,41 @@ def test_gae_lambda_zero_is_td_error():
 
 def test_gae_in_tf_function():
     values = np.zeros((4, 2), np.float32)
-    f = tf.function(lambda r, v, b, d: ppo_math.gae_advantages(r, v, b, d,
-                                                               GAMMA, 1.0))
-    adv, _ = f(REWARDS, values, BOOT, DONES)
+    f = tf.function(lambda r, v, nv, d: ppo_math.gae_advantages(r, v, nv, d, d, GAMMA, 1.0))
+    adv, _ = f(REWARDS, values, _next(values), DONES)
     np.testing.assert_allclose(adv.numpy(), EXPECTED_RETURNS, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lambda_", [0.0, 0.95, 1.0])
+def test_truncation_bootstraps_from_the_final_observation_termination_does_not(lambda_):
+    """A rollout that ends by a time limit vs the same rollout ending in a terminal state.
+
+    Column 0 is truncated after t=1 with V(final observation) = 7, column 1
+    is terminated after t=1; both start a new episode at t=2 (values there
+    must not leak back across the boundary).
+    """
+    rewards = np.array([[1, 1], [1, 1], [5, 5], [5, 5]], np.float32)
+    values = np.array([[2.0, 2.0], [3.0, 3.0], [-40.0, -40.0], [-50.0, -50.0]], np.float32)
+    truncated = np.array([[0, 0], [1, 0], [0, 0], [0, 0]], bool)
+    terminated = np.array([[0, 0], [0, 1], [0, 0], [0, 0]], bool)
+    ends = truncated | terminated
+    trunc_v = np.zeros((4, 2), np.float32)
+    trunc_v[1, 0] = 7.0
+    nv = ppo_math.next_state_values(values, BOOT, truncated, trunc_v).numpy()
+    assert nv[1, 0] == 7.0 and nv[1, 1] == -40.0  # column 1's next value is ignored (terminal)
+    adv, ret = ppo_math.gae_advantages(rewards, values, nv, terminated, ends, GAMMA, lambda_)
+    adv, ret = adv.numpy(), ret.numpy()
+    # one-step TD errors at the episode's last step
+    np.testing.assert_allclose(adv[1], [1 + GAMMA * 7.0 - 3.0, 1 - 3.0], rtol=1e-6)
+    # the first step of the episode: A_0 = δ_0 + γλ A_1, never reaching into the next episode
+    for col in range(2):
+        d0 = 1 + GAMMA * 3.0 - 2.0
+        np.testing.assert_allclose(adv[0, col], d0 + GAMMA * lambda_ * adv[1, col], rtol=1e-5, atol=1e-6)
+    if lambda_ == 1.0:  # returns = discounted returns bootstrapped at the truncation only
+        want = ppo_math.discounted_returns(rewards, nv, terminated, ends, GAMMA).numpy()
+        np.testing.assert_allclose(ret, want, rtol=1e-5)
+        np.testing.assert_allclose(want[:2, 0], [1 + GAMMA * (1 + GAMMA * 7.0), 1 + GAMMA * 7.0], rtol=1e-6)
+        np.testing.assert_allclose(want[:2, 1], [1 + GAMMA, 1.0], rtol=1e-6)
 
 
 def test_normalize_advantages():
@@ -344,3 +382,34 @@ def test_state_dict_round_trip():
     np.testing.assert_allclose(other.mean, rms.mean)
     with pytest.raises(ValueError, match='mean'):
         RunningMeanStd((3,)).load_state_dict(sd)
+
+
+# ---------------------------------------------------------------- clip objective / decoupled proximal policy
+
+def test_ppo_clip_loss_hand_computed_and_weighted():
+    log_prob = np.log(np.array([1.5, 0.5, 1.1, 0.7], np.float32))  # ratios to the proximal policy
+    adv = np.array([1.0, 1.0, -2.0, -1.0], np.float32)
+    # min(r A, clip(r, 0.8, 1.2) A): 1.2, 0.5, -2.2, -0.8
+    loss, info = ppo_math.ppo_clip_loss(log_prob, np.zeros(4, np.float32), adv, 0.2)
+    np.testing.assert_allclose(float(loss), -np.mean([1.2, 0.5, -2.2, -0.8]), rtol=1e-5)
+    assert float(info["clip_fraction"]) == pytest.approx(0.75)  # 1.5, 0.5 and 0.7 are outside [0.8, 1.2]
+    w = np.array([2.0, 0.0, 1.0, 1.0], np.float32)
+    weighted, _ = ppo_math.ppo_clip_loss(log_prob, np.zeros(4, np.float32), adv, 0.2, w)
+    np.testing.assert_allclose(float(weighted), -np.mean([2.4, 0.0, -2.2, -0.8]), rtol=1e-5)
+
+
+def test_proximal_weights_are_truncated_ratios_and_one_on_policy():
+    prox = np.log(np.array([0.2, 0.5, 3.0], np.float32))
+    beh = np.log(np.array([0.4, 0.5, 0.5], np.float32))
+    np.testing.assert_allclose(ppo_math.proximal_weights(prox, beh, 2.0).numpy(), [0.5, 1.0, 2.0], rtol=1e-5)
+    np.testing.assert_allclose(ppo_math.proximal_weights(beh, beh, 2.0).numpy(), 1.0)
+
+
+def test_kl_penalty_loss_with_unit_weights_is_unweighted():
+    mu_beh, ls_beh, mu_new, ls_new, acts, adv = _policy_setup(seed=11)
+    logp = ppo_math.gaussian_log_prob(mu_new, ls_new, acts)
+    logp_beh = ppo_math.gaussian_log_prob(mu_beh, ls_beh, acts)
+    kl = ppo_math.gaussian_kl(mu_beh, ls_beh, mu_new, ls_new)
+    a, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, 1.0, 0.01)
+    b, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, 1.0, 0.01, weights=tf.ones_like(logp))
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6)

@@ -1,0 +1,103 @@
+"""The peer: Stable-Baselines3 PPO with its defaults, on the same env, seed and env-step budget.
+
+Writes a run directory shaped like rlfleet's (summary.json, metrics.jsonl) so that
+`benchmarks/suite.py` reads both the same way. Needs the optional `bench` extra
+(`pip install -e ".[bench]"`: stable-baselines3 and the CPU build of torch 2.13.0).
+
+Protocol: `PPO("MlpPolicy", env, seed=seed)` with SB3's defaults (n_steps 2048, batch 64,
+10 epochs, lr 3e-4, clip 0.2, GAE 0.95, γ 0.99, no observation or reward normalization);
+an evaluation of `--eval-episodes` deterministic (mean-action) episodes every
+`--eval-every` env steps and at the end. `wall_seconds` counts training only: the time
+spent in evaluations is measured apart (`eval_seconds`), so the peer's wall-clock is
+never inflated by our measuring.
+
+Usage:
+    python benchmarks/sb3_peer.py --env Hopper-v5 --seed 0 --total-steps 300000 --logdir runs/sb3-hopper-s0
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
+    """Undiscounted returns of `episodes` deterministic episodes (env seeds seed, seed+1, ...)."""
+    import gymnasium as gym
+    env = gym.make(env_id)
+    returns = []
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=seed + i)
+            total, done = 0.0, False
+            while not done:
+                action, _ = model.predict(obs, deterministic=True)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return returns
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", required=True, help="gymnasium id, e.g. Hopper-v5")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--total-steps", type=int, required=True, help="env steps")
+    p.add_argument("--logdir", required=True)
+    p.add_argument("--eval-every", type=int, default=50_000, help="env steps between evaluations")
+    p.add_argument("--eval-episodes", type=int, default=10)
+    args = p.parse_args()
+
+    try:
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.callbacks import BaseCallback
+    except ImportError:
+        raise SystemExit("the SB3 peer needs the bench extra: pip install -e \".[bench]\"") from None
+    import gymnasium as gym
+    import numpy as np
+
+    from actors.envs import quiet_settotalmass_warning
+    quiet_settotalmass_warning()
+
+    os.makedirs(args.logdir, exist_ok=True)
+    metrics = open(os.path.join(args.logdir, "metrics.jsonl"), "w")
+    clock = dict(eval=0.0, start=time.time())
+
+    class Evaluations(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.next_eval = args.eval_every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += args.eval_every
+                t0 = time.time()
+                returns = evaluate(self.model, args.env, args.eval_episodes, 10_000 + args.seed)
+                clock["eval"] += time.time() - t0
+                metrics.write(json.dumps(dict(env_steps=self.num_timesteps, eval_return_mean=float(np.mean(returns)),
+                                              wall_seconds=time.time() - clock["start"] - clock["eval"])) + "\n")
+                metrics.flush()
+            return True
+
+    model = PPO("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0)
+    model.learn(total_timesteps=args.total_steps, callback=Evaluations())
+    train_seconds = time.time() - clock["start"] - clock["eval"]
+    returns = evaluate(model, args.env, args.eval_episodes, 10_000 + args.seed)
+    metrics.write(json.dumps(dict(env_steps=model.num_timesteps, eval_return_mean=float(np.mean(returns)),
+                                  wall_seconds=train_seconds)) + "\n")
+    metrics.close()
+    summary = dict(algo="sb3-ppo", env_id=args.env, seed=args.seed, completed=True, env_steps=int(model.num_timesteps),
+                   wall_seconds=train_seconds, eval_seconds=clock["eval"],
+                   final_eval_return_mean=float(np.mean(returns)), final_eval_episodes=len(returns),
+                   final_eval_returns=returns, config="stable-baselines3 PPO defaults (MlpPolicy)")
+    with open(os.path.join(args.logdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps({k: v for k, v in summary.items() if k != "final_eval_returns"}))
+
+
+if __name__ == "__main__":
+    main()
