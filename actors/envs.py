@@ -206,8 +206,18 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
             f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions.")
 
 
+def _is_classic_control(env_id: str) -> bool:
+    """True for gymnasium's classic-control envs (CartPole, Acrobot, MountainCar, Pendulum, ...)."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.classic_control")
+
+
 def resolve_backend(env_id: str, backend: str) -> str:
-    """Turns "auto" into "ale" (Atari), "envpool" (installed, knows `env_id`, Box actions) or "async".
+    """Turns "auto" into "ale" (Atari), "sync" (gymnasium's classic-control envs, whose steps are
+    far cheaper than a process round trip), "envpool" (installed, knows `env_id`, Box actions) or "async".
 
     Raises:
         EnvError: an Atari id with a backend other than "ale", or a non-Atari id with "ale".
@@ -220,6 +230,8 @@ def resolve_backend(env_id: str, backend: str) -> str:
         return backend
     if is_atari(env_id):
         return "ale"
+    if _is_classic_control(env_id):
+        return "sync"  # a step costs microseconds: a process round trip per step would cost far more
     try:
         import envpool
     except ImportError:

@@ -146,8 +146,8 @@ def _logdir(logdir: str | None, resume: str | None) -> str:
 @click.option("--env-backend", default="auto", show_default=True,
               type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
               help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
-                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, envpool for "
-                   "Box-action envs it has, else async.")
+                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
+                   "gymnasium's classic-control envs, envpool for Box-action envs it has, else async.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from the latest checkpoint of this run directory.")
 @click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")

@@ -82,8 +82,8 @@ class DQNAgent(Agent):
     """
     algo, table = "dqn", DQN_TABLE
 
-    def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0):
-        self.spec, self.config = spec, config
+    def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0, total_steps: int = 0):
+        self.spec, self.config, self.total_steps = spec, config, total_steps
         self.unroll_length = config.n_step  # the actor makes an item of n+1 steps every step
         self.q = make_q_network(spec, config, seed, "q")
         self.target_q = make_q_network(spec, config, seed, "target_q")
@@ -125,7 +125,8 @@ class DQNAgent(Agent):
         if c.reward_clip:
             rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
         q_all = self.q(obs)
-        bootstrap = tf.reduce_max(self.target_q(bootstrap_obs), axis=-1)
+        bootstrap = dqn_math.bootstrap_value(self.target_q(bootstrap_obs),
+                                             self.q(bootstrap_obs) if c.double_q else None)
         targets, _ = dqn_math.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap,
                                              c.discount)
         q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
@@ -146,6 +147,9 @@ class DQNAgent(Agent):
 
     def consume(self, batch, version: int, env_steps: int) -> StepResult:
         c = self.config
+        if c.lr_schedule == "linear" and self.total_steps:
+            progress = min(1.0, env_steps / self.total_steps)
+            self.optimizer.learning_rate.assign(c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * progress))
         loss, mean_q = self._train_step(batch)
         steps = int(self.learner_steps.assign_add(1).numpy())
         if steps % c.target_update_period == 0:

@@ -68,6 +68,26 @@ def n_step_targets(rewards, dones, bootstrap_q, discount):
     return partial + bootstrap_discount * bootstrap_q, bootstrap_discount
 
 
+def bootstrap_value(q_target_next, q_online_next=None):
+    """The value of the bootstrap state s_{t+n}: float32 [N].
+
+    DQN: max_a Q_target(s, a). Double DQN (van Hasselt, Guez & Silver 2016,
+    "Deep Reinforcement Learning with Double Q-learning", Eq. 4), when
+    `q_online_next` is given: Q_target(s, argmax_a Q_online(s, a)); the online
+    network picks the action and the target network scores it, which removes
+    most of max's overestimation.
+
+    Args:
+      q_target_next: float32 [N, A], target-network Q-values at s_{t+n}.
+      q_online_next: optional float32 [N, A], online-network Q-values at s_{t+n}.
+    """
+    q_target_next = _f32(q_target_next)
+    if q_online_next is None:
+        return tf.reduce_max(q_target_next, axis=-1)
+    best = tf.argmax(_f32(q_online_next), axis=-1, output_type=tf.int32)
+    return tf.gather(q_target_next, best, batch_dims=1)
+
+
 def huber_td_loss(q_selected, targets, delta=1.0):
     """Mean Huber loss between Q(s, a) and TD targets.
 

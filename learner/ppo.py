@@ -136,7 +136,7 @@ class BatchPPO:
         return policy_loss, v_loss
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
-        """Rewards as the value function and advantages see them, float32, clipped to ±reward_clip.
+        """Rewards as the value function and advantages see them, float32 (scaled ones clipped to ±reward_clip).
 
         `reward_scale` "rms": divided by the running root mean square of the
         rewards (BatchPPO: scaled, not centred); "return": divided by the
@@ -148,7 +148,9 @@ class BatchPPO:
         c = self.config
         if c.reward_scale == "rms":
             return self.reward_norm.normalize(rewards)
-        if c.reward_scale == "return" and self.reward_norm.count > 0:
+        if c.reward_scale == "none":
+            return np.asarray(rewards, np.float32)
+        if self.reward_norm.count > 0:
             rewards = rewards / self.reward_norm.std
         return np.clip(rewards, -c.reward_clip, c.reward_clip).astype(np.float32)
 
@@ -200,7 +202,8 @@ class BatchPPO:
             opt.learning_rate.assign(lr)
         obs = batch["observation"]
         t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
-        self.obs_norm.update(obs[:-1].reshape(-1, obs_dim))
+        if c.obs_normalization:
+            self.obs_norm.update(obs[:-1].reshape(-1, obs_dim))
         if c.reward_scale == "rms":
             self.reward_norm.update(batch["reward"][:-1].reshape(-1))
         elif c.reward_scale == "return":

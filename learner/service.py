@@ -595,7 +595,7 @@ def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,
         return PPOAgent(spec, config, seed, total_steps)
     if algo == "dqn":
         from learner.dqn import DQNAgent
-        return DQNAgent(spec, config, seed)
+        return DQNAgent(spec, config, seed, total_steps)
     from learner.qdagger import QDaggerAgent
     from learner.teacher import load_teacher
     return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)

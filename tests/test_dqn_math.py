@@ -237,3 +237,11 @@ def test_linear_epsilon():
     assert f(5, 1.0, 0.1, 0) == pytest.approx(0.1)
     with pytest.raises(ValueError):
         f(0, 1.0, 0.1, -1)
+
+
+def test_bootstrap_value_dqn_and_double_dqn():
+    q_target = np.array([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]], np.float32)
+    q_online = np.array([[9.0, 0.0, 0.0], [0.0, 4.0, 1.0]], np.float32)
+    np.testing.assert_allclose(dqn_math.bootstrap_value(q_target).numpy(), [5.0, 3.0])
+    # double DQN: the online network's argmax (0, 1) scored by the target network
+    np.testing.assert_allclose(dqn_math.bootstrap_value(q_target, q_online).numpy(), [1.0, -1.0])

@@ -184,3 +184,32 @@ def test_terminated_episodes_give_no_bootstrap_observation():
         assert seen > 0  # random Hopper falls within 300 steps
     finally:
         venv.close()
+
+
+def test_auto_backend_choice():
+    from actors.envs import resolve_backend
+    assert resolve_backend("CartPole-v1", "auto") == "sync"  # microsecond steps: no process per env
+    assert resolve_backend("MountainCar-v0", "auto") == "sync"
+    assert resolve_backend("ALE/Pong-v5", "auto") == "ale"
+    assert resolve_backend("HalfCheetah-v5", "auto") == ("envpool" if HAVE_ENVPOOL else "async")
+    assert resolve_backend("CartPole-v1", "async") == "async"
+
+
+def test_no_settotalmass_warning_from_any_halfcheetah_start():
+    """MuJoCo 4 warns that gymnasium's HalfCheetah XML uses the deprecated `settotalmass` at every model load;
+    the actors' backends and the evaluator start HalfCheetah without printing it, and other MuJoCo warnings
+    still reach stderr."""
+    import subprocess
+    import sys
+    code = ("from actors.envs import make_batched_env, make_env\n"
+            "import mujoco\n"
+            "if __name__ == '__main__':\n"
+            "    for backend in ('async', 'sync'):\n"
+            "        v = make_batched_env('HalfCheetah-v5', 2, backend); v.reset(seed=0); v.close()\n"
+            "    make_env('HalfCheetah-v5').close()\n"
+            "    mujoco.get_mju_user_warning()('a different MuJoCo warning')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "settotalmass" not in out.stdout + out.stderr
+    assert "a different MuJoCo warning" in out.stderr

@@ -98,16 +98,35 @@ def test_value_targets_bootstrap_at_truncation_not_at_termination():
     algo.obs_norm.update(batch["observation"].reshape(-1, 4))
     algo.reward_norm.update(batch["reward"].reshape(-1))
     _, returns = algo.advantages(batch)
-    r = algo.reward_norm.normalize(batch["reward"][3, :2])
+    r = algo.scale_rewards(batch["reward"][3, :2])
     v = lambda o: float(algo.value(algo.obs_norm.normalize(o[None]))[0])
     gamma = cfg.discount
     assert returns[3, 0].numpy() == pytest.approx(r[0] + gamma * v(batch["final_observation"][3, 0]), rel=1e-5)
     assert returns[3, 1].numpy() == pytest.approx(r[1], rel=1e-5)
     # env 2 continues: bootstraps from the next observation
-    r2 = algo.reward_norm.normalize(batch["reward"][3, 2:3])[0]
+    r2 = algo.scale_rewards(batch["reward"][3, 2:3])[0]
     assert returns[3, 2].numpy() == pytest.approx(r2 + gamma * v(batch["observation"][4, 2]), rel=1e-5)
     # the final observation matters only where truncated
     other = dict(batch, final_observation=batch["final_observation"] + 3.0)
     _, returns2 = algo.advantages(other)
     assert returns2[3, 0].numpy() != pytest.approx(returns[3, 0].numpy())
     np.testing.assert_allclose(np.delete(returns2.numpy().ravel(), 3 * 3), np.delete(returns.numpy().ravel(), 3 * 3))
+
+
+@pytest.mark.parametrize("mode", ["rms", "return", "none"])
+def test_reward_scale_modes(mode):
+    """rms: ÷ RMS of the rewards (BatchPPO); return: ÷ std of the actors' discounted returns; none: raw."""
+    cfg = make_config("default", SPEC.env_id, {"reward_scale": mode, "reward_clip": 3.0})
+    algo = BatchPPO(SPEC, cfg, seed=0)
+    batch = make_batch(algo, t=8, n=3, seed=5)
+    batch["reward"] = batch["reward"] * 4.0
+    batch["discounted_return"] = batch["discounted_return"] * 10.0 + 7.0
+    algo.update(batch)
+    r = batch["reward"][:-1]
+    got = algo.scale_rewards(r)
+    if mode == "none":
+        np.testing.assert_allclose(got, r)
+    else:
+        tracked = (r if mode == "rms" else batch["discounted_return"][:-1]).reshape(-1)
+        divisor = np.sqrt(np.mean(tracked ** 2) + 1e-8) if mode == "rms" else np.sqrt(np.var(tracked) + 1e-8)
+        np.testing.assert_allclose(got, np.clip(r / divisor, -3.0, 3.0), rtol=1e-4, atol=1e-6)

@@ -44,7 +44,11 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
     assert summary["algo"] == "dqn" and summary["env_steps"] >= 30000
-    assert summary["final_eval_return_mean"] >= 150, summary  # random policy: ~22
+    # Near-solved (500 is the maximum; a random policy scores ~22): the CartPole preset's last network, not
+    # only its best evaluation on the way, must be good.
+    rows = _rows(cartpole_teacher)
+    assert max(r["eval_return_mean"] or 0 for r in rows) >= 475, rows
+    assert summary["final_eval_return_mean"] >= 450, summary
     [table] = summary["replay"]
     # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
     spi = summary["config"]["samples_per_insert"]
