@@ -105,7 +105,7 @@ def report(runs: list[dict]) -> dict:
     groups = collections.defaultdict(list)
     for r in runs:
         s = r["summary"]
-        budget = int(round(s["env_steps"], -4 if s["env_steps"] < 1_000_000 else -5))
+        budget = int(float(f"{s['env_steps']:.1g}"))  # the budget asked for (runs overshoot by < one unroll)
         groups[(s["algo"], s["env_id"], budget)].append(r)
     out = {}
     for (algo, env, budget), rs in sorted(groups.items()):

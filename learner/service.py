@@ -253,7 +253,11 @@ class Learner:
     def status_dict(self) -> dict:
         """The fields of the `Status` message (proto/rlfleet.proto), as plain Python values."""
         with self.lock:
-            env_steps = self._env_steps_locked()
+            # The training thread adds to the counters without this lock: read them once, so that the
+            # reported env steps are never below the consumed + dropped ones shown beside them.
+            consumed = int(self.counters["consumed_env_steps"].numpy())
+            dropped = int(self.counters["dropped_env_steps"].numpy())
+            env_steps = max(self._env_steps_locked(), consumed + dropped)
             now = time.time()
             actors = [dict(actor_id=i, host=a["host"], address=a["address"], num_envs=a["num_envs"],
                            policy_version=a["policy_version"], env_steps=a["env_steps"],
@@ -268,9 +272,7 @@ class Learner:
                 eval_return_mean=self.eval_return_mean, uptime_seconds=now - self.start_time,
                 actors=actors, distillation_coefficient=0.0, kl_beta=0.0,
                 teacher_eval_return_mean=math.nan, random_eval_return_mean=math.nan,
-                dropped_env_steps=int(self.counters["dropped_env_steps"].numpy()),
-                consumed_env_steps=int(self.counters["consumed_env_steps"].numpy()),
-                **self.rates)
+                dropped_env_steps=dropped, consumed_env_steps=consumed, **self.rates)
             extras = self.agent.status_extras()
             if self.phase not in ("training", "waiting_for_actors"):
                 extras.pop("phase", None)  # evaluating / stopping / done describe the run's end

@@ -88,6 +88,9 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     assert _inserts(get_status(address, 5, secure)) == 0
 
     actor = procs.start("actor", "actor", "--learner", address, *client, "--token", "s3cret")
-    st = wait_for(lambda: (s := get_status(address, 5, secure)) and s["actors"] and s["learner_steps"] > 0 and s,
-                  180, "the TLS actor to join and learning to start", [learner, actor])
-    assert st["actors"][0]["policy_version"] >= 0
+    # (The actor reports its policy version in heartbeats, once a second: in-process CartPole envs fill the
+    # 300-item warm-up before the first one, so learning can start before status shows the version.)
+    st = wait_for(lambda: (s := get_status(address, 5, secure)) and s["actors"] and s["learner_steps"] > 0
+                  and s["actors"][0]["policy_version"] >= 0 and s,
+                  180, "the TLS actor to join with weights and learning to start", [learner, actor])
+    assert st["actors"][0]["host"]

@@ -67,7 +67,8 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     # Malformed trajectories are rejected at insert with an error naming the problem.
     client = reverb.Client(f"127.0.0.1:{replay_port}")
     good = dict(observation=np.zeros((2, 4), np.float32), action=np.zeros((2, 1), np.float32),
-                reward=np.zeros(2, np.float32), done=np.zeros(2, bool),
+                reward=np.zeros(2, np.float32), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool),
+                final_observation=np.zeros((2, 4), np.float32), discounted_return=np.zeros(2, np.float32),
                 behaviour_log_prob=np.zeros(2, np.float32), behaviour_mean=np.zeros((2, 1), np.float32),
                 behaviour_log_std=np.zeros((2, 1), np.float32), policy_version=np.zeros(2, np.int64))
     bad_shape = dict(good, observation=np.zeros((2, 5), np.float32))
