@@ -23,23 +23,10 @@ import time
 
 
 def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
-    """Undiscounted returns of `episodes` deterministic episodes (env seeds seed, seed+1, ...)."""
-    import gymnasium as gym
-    env = gym.make(env_id)
-    returns = []
-    try:
-        for i in range(episodes):
-            obs, _ = env.reset(seed=seed + i)
-            total, done = 0.0, False
-            while not done:
-                action, _ = model.predict(obs, deterministic=True)
-                obs, reward, terminated, truncated, _ = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
-    finally:
-        env.close()
-    return returns
+    """Undiscounted returns of `episodes` deterministic (mean-action) episodes, env seeds seed, seed+1, ...,
+    run by the same episode loop as rlfleet's evaluation."""
+    from learner.evaluation import run_episodes
+    return run_episodes(env_id, episodes, seed, lambda o: model.predict(o[0], deterministic=True)[0])
 
 
 def main() -> None:

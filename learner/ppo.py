@@ -45,7 +45,9 @@ class BatchPPO:
         self.value_opt = tf.keras.optimizers.Adam(config.learning_rate)
         self.policy_opt.build(self.policy.trainable_variables)
         self.value_opt.build(self.value.trainable_variables)
-        self.obs_norm = RunningMeanStd(obs_dim, clip=config.obs_clip, center=True)
+        # Without normalization the raw observations are not clipped either (they are not in std units).
+        self.obs_norm = RunningMeanStd(obs_dim, clip=config.obs_clip if config.obs_normalization else None,
+                                       center=True)
         self.reward_norm = RunningMeanStd((), clip=config.reward_clip, center=False)
         self.beta = float(config.init_beta)
         self.rng = np.random.default_rng(seed)
@@ -90,7 +92,7 @@ class BatchPPO:
         out = self.policy.export()
         out[OBS_MEAN] = self.obs_norm.mean.astype(np.float32)
         out[OBS_STD] = self.obs_norm.std.astype(np.float32)
-        out[OBS_CLIP] = np.float32(self.obs_norm.clip)
+        out[OBS_CLIP] = np.float32(np.inf if self.obs_norm.clip is None else self.obs_norm.clip)
         return out
 
     def _apply(self, optimizer, grads, variables) -> None:

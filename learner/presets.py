@@ -60,7 +60,7 @@ class PPOConfig:
     clip_epsilon: float = 0.2            # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
     max_importance_weight: float = 2.0   # truncation of π_proximal/π_behaviour weights (off-policy data)
     max_grad_norm: float = 0.5           # clip each gradient to this global norm (0: no clipping)
-    obs_normalization: bool = True       # observations − running mean, ÷ running std (False: raw, still clipped)
+    obs_normalization: bool = True       # observations − running mean, ÷ running std (False: raw, unclipped)
     obs_clip: float = 5.0                # normalised observations are clipped to ±obs_clip (std units)
     reward_scale: str = "none"           # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
     reward_clip: float = 10.0            # scaled rewards (rms, return) are clipped to ±reward_clip
@@ -77,7 +77,7 @@ class PPOConfig:
 # The BatchPPO reference configuration (Hafner et al. 2017, reference configs), every value spelled out.
 _BATCHPPO = dict(policy_hidden=(200, 100), value_hidden=(200, 100), activation="relu", mean_head="tanh",
                  init_std=0.35, mean_init_factor=0.1, policy_objective="kl_penalty", max_grad_norm=0.0,
-                 reward_scale="rms", learning_rate=1e-4, epochs=25, num_minibatches=1, batch_env_steps=0,
+                 reward_scale="rms", max_policy_lag=2, learning_rate=1e-4, epochs=25, num_minibatches=1, batch_env_steps=0,
                  batch_episodes=30, gae_lambda=1.0, discount=0.995, envs_per_actor=30, unroll_length=100)
 
 PRESETS = {
@@ -100,6 +100,15 @@ CHOICES = {"policy_objective": ("kl_penalty", "clip"), "activation": ACTIVATIONS
            "reward_scale": ("rms", "return", "none"), "lr_schedule": ("constant", "linear")}
 
 
+# Numeric settings with a valid range: (test, what the message asks for).
+RANGES = {"learning_rate": (lambda v: v > 0, "> 0"), "clip_epsilon": (lambda v: v > 0, "> 0"),
+          "max_importance_weight": (lambda v: v > 0, "> 0"), "obs_clip": (lambda v: v > 0, "> 0"),
+          "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+          "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]")}
+# Settings an algorithm inherits but does not use: giving one is an error, not a silent no-op.
+IGNORED = {"qdagger": {"lr_schedule", "lr_final_fraction"}}
+
+
 def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_id: str, overrides: dict | None):
     """Preset values, then per-env overrides, then `overrides`, checked against `cls`'s fields."""
     if preset not in presets:
@@ -119,6 +128,13 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
         if k in CHOICES and v not in CHOICES[k]:
             raise ValueError(f"{name.upper()} setting {k} = {v!r}: choose one of {list(CHOICES[k])}; "
                              "fix it in --set or the --config-file.")
+        if k in RANGES and not RANGES[k][0](v):
+            raise ValueError(f"{name.upper()} setting {k} = {v!r}: must be {RANGES[k][1]}; "
+                             "fix it in --set or the --config-file.")
+    ignored = sorted(set(overrides or {}) & IGNORED.get(name, set()))
+    if ignored:
+        raise ValueError(f"{name.upper()} does not use {ignored} (its learning rate follows the distillation "
+                         "coefficient: learning_rate → learning_rate_final); remove them.")
     return cls(**values)
 
 

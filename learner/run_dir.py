@@ -9,6 +9,17 @@ import json
 import os
 
 
+# What a setting that a run.json does not record meant when that run started: the behaviour before the
+# setting existed (issue 9 added them). A resumed run must keep it, or its checkpoint would be restored
+# into another network or trained by another rule.
+LEGACY_SETTINGS = {
+    "ppo": dict(activation="relu", mean_head="tanh", policy_objective="kl_penalty", reward_scale="rms",
+                max_grad_norm=0.0, obs_normalization=True, lr_schedule="constant"),
+    "dqn": dict(double_q=False, lr_schedule="constant", lr_final_fraction=0.0),
+    "qdagger": dict(double_q=False),
+}
+
+
 class RunDirError(ValueError):
     """--logdir / --resume do not fit the run; the message names the conflict and the fix."""
 
@@ -37,8 +48,13 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         with open(os.path.join(resume, "run.json")) as f:
             before = json.load(f)
         diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
-        diffs += [f"{k}: {v!r} -> {run['config'].get(k)!r}" for k, v in before.get("config", {}).items()
-                  if run["config"].get(k) != v]
+        if not diffs and before.get("algo") == "ppo" and "max_importance_weight" not in before.get("config", {}):
+            raise RunDirError(f"--resume {resume}: this PPO run was started by an rlfleet before issue 9 "
+                              "(time limits treated as terminal, no decoupled proximal objective); its "
+                              "checkpoint cannot be continued by this version. Start a new run.")
+        recorded = {**LEGACY_SETTINGS.get(before.get("algo"), {}), **before.get("config", {})}
+        diffs += [f"{k}: {v!r} -> {run['config'].get(k)!r}" for k, v in recorded.items()
+                  if k in run["config"] and run["config"].get(k) != v]
         if diffs:
             raise RunDirError(f"--resume {resume}: this run was started with other settings "
                               f"({'; '.join(diffs)}); resume it with the same --algo, --env, --config and --set "

@@ -19,6 +19,7 @@ import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from concurrent import futures
@@ -117,6 +118,10 @@ class Learner:
         check_run_dir(logdir, resume, run)
 
         self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
+        if getattr(self.config, "lr_schedule", "constant") == "linear" and not total_steps:
+            print("rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
+                  "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
+                  file=sys.stderr, flush=True)
         self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
             "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
             "dropped_env_steps", "updates")}
@@ -253,8 +258,8 @@ class Learner:
     def status_dict(self) -> dict:
         """The fields of the `Status` message (proto/rlfleet.proto), as plain Python values."""
         with self.lock:
-            # The training thread adds to the counters without this lock: read them once, so that the
-            # reported env steps are never below the consumed + dropped ones shown beside them.
+            # The training thread adds to the counters without this lock: the env steps shown are at least
+            # the consumed + dropped values shown beside them, read here before it.
             consumed = int(self.counters["consumed_env_steps"].numpy())
             dropped = int(self.counters["dropped_env_steps"].numpy())
             env_steps = max(self._env_steps_locked(), consumed + dropped)

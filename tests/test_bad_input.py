@@ -1,6 +1,8 @@
 """Bad input fails fast with a message that names the problem."""
 import time
 
+import pytest
+
 from conftest import rlfleet
 
 
@@ -152,3 +154,31 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
     assert reverb.Client(f"127.0.0.1:{replay.port}").server_info()["dqn_replay"].current_size == 0
     assert not any(heartbeats)  # no env step was reported either
     replay.stop()
+
+
+def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_path):
+    """A run.json without a setting added later recorded the behaviour from before it existed: resuming
+    under today's different default is refused (its checkpoint holds another network or rule), and a PPO
+    run from before the truncation fix is refused outright."""
+    import json
+
+    from learner.presets import make_algo_config
+    from learner.run_dir import RunDirError, check_run_dir, run_identity
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    today = run_identity("dqn", "CartPole-v1", "default", make_algo_config("dqn", "default", "CartPole-v1").to_json())
+    old = json.loads(json.dumps(today))
+    for key in ("double_q", "lr_schedule", "lr_final_fraction"):
+        del old["config"][key]
+    (run / "run.json").write_text(json.dumps(old))
+    with pytest.raises(RunDirError, match="double_q: False -> True"):
+        check_run_dir(str(run), str(run), today)
+    (run / "run.json").write_text(json.dumps(today))
+    check_run_dir(str(run), str(run), today)  # the same settings resume
+    ppo = run_identity("ppo", "Hopper-v5", "default", make_algo_config("ppo", "default", "Hopper-v5").to_json())
+    old_ppo = json.loads(json.dumps(ppo))
+    del old_ppo["config"]["max_importance_weight"]
+    (run / "run.json").write_text(json.dumps(old_ppo))
+    with pytest.raises(RunDirError, match="before issue 9"):
+        check_run_dir(str(run), str(run), ppo)

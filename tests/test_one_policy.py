@@ -40,12 +40,14 @@ def test_ppo_actor_evaluator_and_learner_policies_agree(case):
         obs_clip=float(rng.choice([0.5, 1.0, 3.0, 5.0, 10.0, 50.0])),
         policy_hidden=tuple(int(h) for h in rng.integers(4, 64, rng.integers(1, 4))),
         init_std=float(rng.uniform(0.05, 2.0)), mean_init_factor=float(rng.uniform(0.01, 2.0)),
-        activation=str(rng.choice(["relu", "tanh"])), mean_head=str(rng.choice(["tanh", "linear"])))
+        activation=str(rng.choice(["relu", "tanh"])), mean_head=str(rng.choice(["tanh", "linear"])),
+        obs_normalization=bool(rng.random() < 0.75))
     algo = BatchPPO(spec, make_algo_config("ppo", rng.choice(["default", "paper"]), spec.env_id, settings),
                     seed=case)
     _perturb(algo.policy.trainable_variables, rng, 0.3)
-    algo.obs_norm.update(rng.normal(rng.uniform(-5, 5, obs_dim), rng.uniform(0.01, 10, obs_dim),
-                                    (int(rng.integers(2, 500)), obs_dim)))
+    if settings["obs_normalization"]:  # as the learner does: statistics only when normalizing
+        algo.obs_norm.update(rng.normal(rng.uniform(-5, 5, obs_dim), rng.uniform(0.01, 10, obs_dim),
+                                        (int(rng.integers(2, 500)), obs_dim)))
     raw = rng.normal(0, 1, (64, obs_dim)) * rng.choice([0.1, 1.0, 100.0], (64, obs_dim)) + algo.obs_norm.mean
 
     weights = _through_the_wire(algo.export_weights())

@@ -34,6 +34,13 @@ def test_paper_preset_holds_the_reference_values():
         make_config("default", "Hopper-v5", {"lr": 1.0})
     with pytest.raises(ValueError, match=r"policy_objective = 'clipped': choose one of \['kl_penalty', 'clip'\]"):
         make_config("default", "Hopper-v5", {"policy_objective": "clipped"})
+    with pytest.raises(ValueError, match=r"max_importance_weight = 0.0: must be > 0"):
+        make_config("default", "Hopper-v5", {"max_importance_weight": 0.0})
+    from learner.presets import make_algo_config
+    with pytest.raises(ValueError, match=r"QDAGGER does not use \['lr_schedule'\]"):
+        make_algo_config("qdagger", "default", "CartPole-v1", {"lr_schedule": "linear"})
+    with pytest.raises(ValueError, match=r"lr_final_fraction = 2.0: must be in \[0, 1\]"):
+        make_algo_config("dqn", "default", "CartPole-v1", {"lr_final_fraction": 2.0})
 
 
 @pytest.mark.parametrize("preset,objective", [("default", "kl_penalty"), ("default", "clip"), ("paper", "kl_penalty")])
