@@ -7,7 +7,10 @@ observations returned through shared memory) implements exactly that.
 The "envpool" backend steps the batch in C++ threads instead (also outside
 the interpreter, and 2x faster than either gymnasium backend on HalfCheetah
 here), wrapped to the same gymnasium interface; "auto" picks it when envpool is
-installed and knows the env, else "async".
+installed and knows the env (Box actions), "sync" (in-process) for gymnasium's
+classic-control envs, else "async". Every backend resets a finished episode in
+the same step and hands its last observation over in the step's info
+(`truncation_observations`).
 
 Atari ids (`ALE/Game-v5`) always use ale-py's C++ `AtariVectorEnv` (backend
 "ale") with the preprocessing of the Reincarnating RL / Dopamine setup: sticky

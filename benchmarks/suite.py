@@ -60,8 +60,8 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
         subprocess.CalledProcessError: the run failed (its output says why).
     """
     summary = os.path.join(logdir, "summary.json")
-    if os.path.exists(summary) and json.load(open(summary)).get("completed", True) \
-            and json.load(open(summary))["env_steps"] >= total_steps:
+    done = json.loads(open(summary).read()) if os.path.exists(summary) else None
+    if done and done.get("completed", True) and done["env_steps"] >= total_steps:
         print(f"# {logdir}: finished earlier, kept", flush=True)
         return
     if algo == "sb3-ppo":
@@ -94,8 +94,9 @@ def interval_estimates(returns: list[float], reps: int = 2000) -> dict:
     """Median and IQM of one env's per-seed returns with stratified-bootstrap 95% CIs (rliable)."""
     from rliable import library, metrics
     scores = {"x": np.asarray(returns, np.float64)[:, None]}
+    # Median over seeds (rliable's aggregate_median is the median over tasks of the per-task mean).
     point, ci = library.get_interval_estimates(
-        scores, lambda s: np.array([metrics.aggregate_median(s), metrics.aggregate_iqm(s)]), reps=reps)
+        scores, lambda s: np.array([np.median(s[:, 0]), metrics.aggregate_iqm(s)]), reps=reps)
     return dict(median=float(point["x"][0]), median_ci95=[float(ci["x"][0][0]), float(ci["x"][1][0])],
                 iqm=float(point["x"][1]), iqm_ci95=[float(ci["x"][0][1]), float(ci["x"][1][1])])
 

@@ -1,13 +1,15 @@
-"""BatchPPO update on batches read from replay (no server code here).
+"""PPO update on batches read from replay (no server code here).
 
-Hafner et al. 2017 (BatchPPO): separate policy and value networks, observations
-normalised by streaming mean/std and clipped to ±5, rewards scaled by their
-streaming root mean square (the std for zero-mean rewards; not centred,
-see `RunningMeanStd.scale`) and clipped to ±10, normalised advantages, a
-KL-penalty objective with adaptive β and a quadratic cutoff, several epochs per
-batch. Data produced by an older behaviour policy is corrected by the
-importance ratio π_new(a|s) / π_behaviour(a|s); the penalty is
-KL(behaviour ‖ new).
+The update rule of BatchPPO (Hafner et al. 2017) and, by settings, of the
+clipped PPO objective (Schulman et al. 2017): separate policy and value
+networks, observations normalised by streaming mean/std and clipped to
+±obs_clip, rewards scaled as `reward_scale` says (BatchPPO: by their streaming
+RMS, clipped to ±10), normalised advantages, several epochs of minibatches per
+batch. A time limit is not a terminal state: a truncated step bootstraps from
+V(final observation). Data from older behaviour policies (actors run up to
+`max_policy_lag` versions behind) is handled with a decoupled objective
+(Hilton et al. 2021): the ratio and the KL term are taken to the policy at
+the start of the update, and each sample is weighted by π_that/π_behaviour.
 """
 from __future__ import annotations
 
@@ -196,7 +198,9 @@ class BatchPPO:
         Returns:
             metrics: policy_loss, value_loss, kl (mean KL(proximal‖new): from
             the policy before this update to the one after it), beta (after adaptation), policy_std (mean over action
-            dimensions of the state-independent std), gradient_steps.
+            dimensions of the state-independent std), mean_importance_weight
+            (π_proximal/π_behaviour, truncated), learning_rate (this update's),
+            gradient_steps.
         """
         c = self.config
         lr = c.learning_rate * (1.0 - min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 1.0)

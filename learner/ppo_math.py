@@ -1,4 +1,4 @@
-"""Pure TensorFlow 2 math for the BatchPPO learner.
+"""Pure TensorFlow 2 math for the PPO learner.
 
 All functions work on float32 tensors, eagerly and inside ``tf.function``.
 Algorithm details follow the BatchPPO paper ("TensorFlow Agents: Efficient
@@ -6,7 +6,10 @@ Batched Reinforcement Learning in TensorFlow", Hafner, Davidson & Vanhoucke,
 2017) and its reference configs: diagonal Gaussian policy, advantage =
 discounted return - V (GAE optional), policy loss
 -E[ratio * A] + beta * KL(old || new) + 1000 * max(0, KL - 2 * kl_target)^2,
-beta adapted by x1.5 / /1.5 around [0.7, 1.3] * kl_target.
+beta adapted by x1.5 / /1.5 around [0.7, 1.3] * kl_target; and the clipped
+objective of PPO (Schulman et al. 2017), the decoupled proximal-policy
+weights of Hilton et al. 2021, and time limits that bootstrap instead of
+terminating (Pardo et al. 2018).
 """
 
 import math
