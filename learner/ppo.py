@@ -158,7 +158,7 @@ class BatchPPO:
             rewards = rewards / self.reward_norm.std
         return np.clip(rewards, -c.reward_clip, c.reward_clip).astype(np.float32)
 
-    def advantages(self, batch: dict):
+    def advantages(self, batch: dict, obs_n: np.ndarray | None = None):
         """Advantages and value targets of a batch under the current normalizers and value network.
 
         Rewards are scaled by the reward normalizer; a step whose episode a
@@ -168,13 +168,14 @@ class BatchPPO:
 
         Args:
             batch: replay fields (`replay.server.ppo_signature`), leading shape [T+1, N].
+            obs_n: the batch's observations already normalised (float32 [T+1, N, obs_dim]), if the caller has them.
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
         """
         c = self.config
         obs = batch["observation"]
         t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
-        obs_n = self.obs_norm.normalize(obs)
+        obs_n = self.obs_norm.normalize(obs) if obs_n is None else obs_n
         rewards = self.scale_rewards(batch["reward"][:-1])
         values = self.value(obs_n.reshape(-1, obs_dim)).numpy().reshape(t + 1, n)
         terminated, truncated = batch["terminated"][:-1], batch["truncated"][:-1]
@@ -215,7 +216,7 @@ class BatchPPO:
         elif c.reward_scale == "return":
             self.reward_norm.update(batch["discounted_return"][:-1].reshape(-1))
         obs_n = self.obs_norm.normalize(obs)
-        adv, returns = self.advantages(batch)
+        adv, returns = self.advantages(batch, obs_n)
         adv = ppo_math.normalize_advantages(adv)
         flat = lambda x: np.asarray(x[:t] if x.shape[0] == t + 1 else x).reshape(t * n, *x.shape[2:])
         obs_t, actions = tf.constant(flat(obs_n), tf.float32), tf.constant(flat(batch["action"]), tf.float32)
