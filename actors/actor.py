@@ -262,12 +262,12 @@ class Actor:
         obs, _ = venv.reset(seed=[seed + i for i in range(cfg.num_envs)])
         return np.random.default_rng(seed), obs
 
-    def _check_finite(self, obs: np.ndarray, reward: np.ndarray) -> None:
-        """Raises ActorError when the env returned a NaN/inf observation or reward, before it is written:
-        replay and the learner only ever see finite data (what was collected before stays)."""
+    def _check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:
+        """Raises ActorError when the env returned a NaN/inf observation or reward (None: not checked), before
+        it is written: replay and the learner only ever see finite data (what was collected before stays)."""
         bad_obs = ~np.isfinite(obs).reshape(len(obs), -1).all(axis=1) if obs.dtype.kind == "f" \
             else np.zeros(len(obs), bool)
-        bad = bad_obs | ~np.isfinite(reward)
+        bad = bad_obs if reward is None else bad_obs | ~np.isfinite(reward)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "observation" if bad_obs[i] else f"reward ({reward[i]})"
@@ -312,7 +312,7 @@ class Actor:
                     to_env_action(action, self.low, self.high))
                 final_obs = truncation_observations(next_obs, terminated, truncated, info)
                 self._check_finite(next_obs, reward)
-                self._check_finite(final_obs, reward)
+                self._check_finite(final_obs)  # the true last observations at truncations
                 done = np.logical_or(terminated, truncated)
                 discounted_return = discount * discounted_return + reward
                 writer.append(dict(

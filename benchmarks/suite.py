@@ -106,7 +106,7 @@ def report(runs: list[dict]) -> dict:
     groups = collections.defaultdict(list)
     for r in runs:
         s = r["summary"]
-        budget = int(float(f"{s['env_steps']:.1g}"))  # the budget asked for (runs overshoot by < one unroll)
+        budget = int(float(f"{s['env_steps']:.2g}"))  # the budget asked for (runs overshoot it by < 2%)
         groups[(s["algo"], s["env_id"], budget)].append(r)
     out = {}
     for (algo, env, budget), rs in sorted(groups.items()):

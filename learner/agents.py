@@ -161,4 +161,5 @@ class PPOAgent(Agent):
                         self.spec.action_low, self.spec.action_high)
 
     def status_extras(self) -> dict:
-        return {"kl_beta": self.ppo.beta}
+        # β is a KL-penalty setting: under the clip objective status reports 0 (see the proto field).
+        return {"kl_beta": self.ppo.beta if self.ppo.config.policy_objective == "kl_penalty" else 0.0}

@@ -198,7 +198,8 @@ class BatchPPO:
                 (annealed to 0 at the budget, as CleanRL's PPO does).
         Returns:
             metrics: policy_loss, value_loss, kl (mean KL(proximal‖new): from
-            the policy before this update to the one after it), beta (after adaptation), policy_std (mean over action
+            the policy before this update to the one after it), beta (the KL penalty's, after adaptation; init_beta
+            unchanged under the clip objective), policy_std (mean over action
             dimensions of the state-independent std), mean_importance_weight
             (π_proximal/π_behaviour, truncated), learning_rate (this update's),
             gradient_steps.
@@ -235,7 +236,8 @@ class BatchPPO:
         steps = len(minibatches)
         mean, log_std = self.policy(obs_t)
         kl = float(tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)))
-        self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
+        if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
+            self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
         return {"policy_loss": float(p_loss), "value_loss": float(v_loss), "kl": kl,
                 "beta": self.beta, "policy_std": float(np.exp(self.policy.log_std.numpy()).mean()),
                 "mean_importance_weight": float(tf.reduce_mean(is_weights)), "learning_rate": lr,
