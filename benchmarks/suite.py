@@ -34,6 +34,8 @@ import time
 
 import numpy as np
 
+from report import load_runs  # benchmarks/report.py (this script's folder is on sys.path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Published final returns to meet or beat: (return, budget in env steps, source).
@@ -78,16 +80,9 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
 
 def load(dirs: list[str]) -> list[dict]:
     """Every finished run under `dirs` (a directory holding summary.json, or a folder of them)."""
-    runs = []
-    for d in dirs:
-        for s in sorted(glob.glob(os.path.join(d, "summary.json")) + glob.glob(os.path.join(d, "*", "summary.json"))):
-            summary = json.load(open(s))
-            if not summary.get("completed", True):
-                continue
-            rows_path = os.path.join(os.path.dirname(s), "metrics.jsonl")
-            rows = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
-            runs.append(dict(dir=os.path.dirname(s), summary=summary, rows=rows))
-    return runs
+    found = sorted(os.path.dirname(s) for d in dirs
+                   for s in glob.glob(os.path.join(d, "summary.json")) + glob.glob(os.path.join(d, "*", "summary.json")))
+    return [r for r in load_runs(found) if r["summary"].get("completed", True)]
 
 
 def interval_estimates(returns: list[float], reps: int = 2000) -> dict:
