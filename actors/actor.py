@@ -8,6 +8,7 @@ into Reverb with one `TrajectoryWriter` appending [B, ...] arrays (one append
 per batch step, ~1 µs per env step, against ~40 µs with one writer per env).
 Every `unroll_length` steps it creates an item of the last T+1 steps.
 """
+
 from __future__ import annotations
 
 import collections
@@ -21,18 +22,23 @@ import grpc
 import numpy as np
 import reverb
 
-from actors.envs import make_batched_env, resolve_backend, truncation_observations
-from actors.policy import epsilon_greedy, sample_actions, to_env_action
-from proto import arrays as proto_arrays
-from proto import rlfleet_pb2, rlfleet_pb2_grpc
-from proto.security import ClientSecurity, channel
+from rlfleet.actors.envs import make_batched_env, resolve_backend, truncation_observations
+from rlfleet.actors.policy import epsilon_greedy, sample_actions, to_env_action
+from rlfleet.proto import arrays as proto_arrays
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+from rlfleet.proto.security import ClientSecurity, channel
 
 log = logging.getLogger("rlfleet.actor")
 
 HEARTBEAT_S = 1.0
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-             grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+)
 
 
 class ActorError(RuntimeError):
@@ -58,8 +64,9 @@ class _WeightsSubscriber(threading.Thread):
         while not self.stop.is_set():
             try:
                 min_version = self.latest[0] + 1 if self.latest else 0
-                for msg in self.stub.StreamWeights(rlfleet_pb2.StreamWeightsRequest(
-                        actor_id=self.actor_id, min_version=min_version)):
+                for msg in self.stub.StreamWeights(
+                    rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_version=min_version)
+                ):
                     self.latest = proto_arrays.from_proto(msg)
                     self.ready.set()
                     backoff = 0.5
@@ -85,7 +92,7 @@ class Actor:
             (an actor on another machine may reach Reverb under another name).
         backend: override the env backend ("async" or "sync").
         connect_timeout_s: how long to wait for the learner before failing.
-        security: TLS and token for the learner connection (`proto.security.ClientSecurity`).
+        security: TLS and token for the learner connection (`rlfleet.proto.security.ClientSecurity`).
     Raises:
         ActorError: learner unreachable, or registration refused (wrong token, other envs per actor).
         SecurityError: unreadable TLS files.
@@ -96,28 +103,41 @@ class Actor:
     (episodes in progress are dropped, never reported as complete).
     """
 
-    def __init__(self, learner_address: str, num_envs: int = 0, replay_address: str | None = None,
-                 backend: str | None = None, connect_timeout_s: float = 30.0,
-                 security: ClientSecurity | None = None):
+    def __init__(
+        self,
+        learner_address: str,
+        num_envs: int = 0,
+        replay_address: str | None = None,
+        backend: str | None = None,
+        connect_timeout_s: float = 30.0,
+        security: ClientSecurity | None = None,
+    ):
         self.channel = channel(learner_address, security)
         self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
         self.host = socket.gethostname()
         try:
-            resp = self.stub.RegisterActor(rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
-                                           wait_for_ready=True, timeout=connect_timeout_s)
+            resp = self.stub.RegisterActor(
+                rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
+                wait_for_ready=True,
+                timeout=connect_timeout_s,
+            )
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ActorError(f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
-                                 "check the address (rlfleet up prints it) and that the learner runs. If it serves "
-                                 "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
-                                 "(the learner's log names the handshake error); if it serves plaintext, pass no "
-                                 "TLS options.") from None
+                raise ActorError(
+                    f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
+                    "check the address (rlfleet up prints it) and that the learner runs. If it serves "
+                    "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
+                    "(the learner's log names the handshake error); if it serves plaintext, pass no "
+                    "TLS options."
+                ) from None
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
             if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ActorError(f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
-                                 "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
-                                 "certificates).") from None
+                raise ActorError(
+                    f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
+                    "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
+                    "certificates)."
+                ) from None
             raise ActorError(f"learner refused registration: {e.details()}") from None
         self.actor_id, self.config = resp.actor_id, resp.config
         self.replay_address = replay_address or self.config.replay_address
@@ -134,7 +154,7 @@ class Actor:
         self.pending_returns: list[float] = []
         self.pending_lengths: list[int] = []
         self.lock = threading.Lock()
-        self.replay_epoch = 0      # +1 each time the replay server comes back after being unreachable
+        self.replay_epoch = 0  # +1 each time the replay server comes back after being unreachable
         self._restarts = 0
         self.learner_address = learner_address
         self._heartbeats_failed = 0  # in a row
@@ -153,8 +173,11 @@ class Actor:
                     self.replay_epoch += 1
             except OSError:
                 if not down:
-                    print(f"rlfleet actor {self.actor_id}: replay server {self.replay_address} unreachable; "
-                          "waiting for it", flush=True)
+                    print(
+                        f"rlfleet actor {self.actor_id}: replay server {self.replay_address} unreachable; "
+                        "waiting for it",
+                        flush=True,
+                    )
                 down = True
 
     def _heartbeat_loop(self):
@@ -166,13 +189,24 @@ class Actor:
             returns, lengths = self.pending_returns, self.pending_lengths
             self.pending_returns, self.pending_lengths = [], []
         try:
-            resp = self.stub.Heartbeat(rlfleet_pb2.HeartbeatRequest(
-                actor_id=self.actor_id, env_steps=self.env_steps, policy_version=self.policy_version,
-                episode_returns=returns, episode_lengths=lengths, num_envs=self.config.num_envs,
-                host=self.host), timeout=5)
+            resp = self.stub.Heartbeat(
+                rlfleet_pb2.HeartbeatRequest(
+                    actor_id=self.actor_id,
+                    env_steps=self.env_steps,
+                    policy_version=self.policy_version,
+                    episode_returns=returns,
+                    episode_lengths=lengths,
+                    num_envs=self.config.num_envs,
+                    host=self.host,
+                ),
+                timeout=5,
+            )
             if self._heartbeats_failed:
-                print(f"rlfleet actor {self.actor_id}: learner {self.learner_address} is back after "
-                      f"{self._heartbeats_failed} failed heartbeats; rejoined", flush=True)
+                print(
+                    f"rlfleet actor {self.actor_id}: learner {self.learner_address} is back after "
+                    f"{self._heartbeats_failed} failed heartbeats; rejoined",
+                    flush=True,
+                )
                 self._heartbeats_failed = 0
             if resp.stop:
                 self.stop.set()
@@ -217,8 +251,11 @@ class Actor:
                     raise ActorError(weights.error)
                 if self.stop.is_set():
                     return 0
-            print(f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
-                  f"-> {self.replay_address}", flush=True)
+            print(
+                f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
+                f"-> {self.replay_address}",
+                flush=True,
+            )
             collect = self._collect_dqn if cfg.algo in ("dqn", "qdagger") else self._collect
             while not self.stop.is_set():
                 try:
@@ -226,8 +263,11 @@ class Actor:
                     break
                 except _ReplayLost:
                     self._restarts += 1
-                    print(f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
-                          "writers, envs reset (the episodes in progress are dropped)", flush=True)
+                    print(
+                        f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
+                        "writers, envs reset (the episodes in progress are dropped)",
+                        flush=True,
+                    )
             if weights.error:
                 raise ActorError(weights.error)
         finally:
@@ -249,9 +289,11 @@ class Actor:
             here["action_dim"], there["action_dim"] = int(np.prod(space.shape or (0,))), int(net["action_dim"])
         diff = [f"{k} {here[k]} here, {there[k]} at the learner" for k in here if here[k] != there[k]]
         if diff:
-            raise ActorError(f"env {cfg.env_id} on this machine does not match the learner's: {'; '.join(diff)}. "
-                             "Install the same gymnasium/mujoco/ale-py versions as the learner machine; "
-                             "nothing was written to replay.")
+            raise ActorError(
+                f"env {cfg.env_id} on this machine does not match the learner's: {'; '.join(diff)}. "
+                "Install the same gymnasium/mujoco/ale-py versions as the learner machine; "
+                "nothing was written to replay."
+            )
 
     def _start(self, venv):
         """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""
@@ -265,15 +307,18 @@ class Actor:
     def _check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:
         """Raises ActorError when the env returned a NaN/inf observation or reward (None: not checked), before
         it is written: replay and the learner only ever see finite data (what was collected before stays)."""
-        bad_obs = ~np.isfinite(obs).reshape(len(obs), -1).all(axis=1) if obs.dtype.kind == "f" \
-            else np.zeros(len(obs), bool)
+        bad_obs = (
+            ~np.isfinite(obs).reshape(len(obs), -1).all(axis=1) if obs.dtype.kind == "f" else np.zeros(len(obs), bool)
+        )
         bad = bad_obs if reward is None else bad_obs | ~np.isfinite(reward)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "observation" if bad_obs[i] else f"reward ({reward[i]})"
-            raise ActorError(f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what} "
-                             f"after {self.env_steps} env steps; the actor stopped without writing it. Fix the "
-                             "env (or its wrappers); the replay and the learner keep everything collected so far.")
+            raise ActorError(
+                f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what} "
+                f"after {self.env_steps} env steps; the actor stopped without writing it. Fix the "
+                "env (or its wrappers); the replay and the learner keep everything collected so far."
+            )
 
     def _count_steps(self, reward, done) -> None:
         """Counts one batch step; queues the returns of finished episodes for the next heartbeat."""
@@ -293,7 +338,7 @@ class Actor:
         Terminations and truncations are written apart: at a time limit the
         step also carries the episode's true last observation
         (`final_observation`), which the learner bootstraps from
-        (`replay.server.ppo_signature`).
+        (`rlfleet.replay.server.ppo_signature`).
         """
         cfg = self.config
         t, b = cfg.unroll_length, cfg.num_envs
@@ -308,23 +353,30 @@ class Actor:
                 version, arrays = weights.latest
                 self.policy_version = version
                 action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
-                next_obs, reward, terminated, truncated, info = venv.step(
-                    to_env_action(action, self.low, self.high))
+                next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, self.low, self.high))
                 final_obs = truncation_observations(next_obs, terminated, truncated, info)
                 self._check_finite(next_obs, reward)
                 self._check_finite(final_obs)  # the true last observations at truncations
                 done = np.logical_or(terminated, truncated)
                 discounted_return = discount * discounted_return + reward
-                writer.append(dict(
-                    observation=np.asarray(obs, np.float32), action=action,
-                    reward=np.asarray(reward, np.float32), terminated=np.asarray(terminated, bool),
-                    truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
-                    final_observation=final_obs, discounted_return=discounted_return.astype(np.float32),
-                    behaviour_log_prob=log_prob, behaviour_mean=mean, behaviour_log_std=log_std,
-                    policy_version=np.full(b, version, np.int64)))
+                writer.append(
+                    dict(
+                        observation=np.asarray(obs, np.float32),
+                        action=action,
+                        reward=np.asarray(reward, np.float32),
+                        terminated=np.asarray(terminated, bool),
+                        truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+                        final_observation=final_obs,
+                        discounted_return=discounted_return.astype(np.float32),
+                        behaviour_log_prob=log_prob,
+                        behaviour_mean=mean,
+                        behaviour_log_std=log_std,
+                        policy_version=np.full(b, version, np.int64),
+                    )
+                )
                 appended += 1
                 if appended > t and (appended - 1) % t == 0:
-                    writer.create_item(cfg.table, 1.0, {k: col[-(t + 1):] for k, col in writer.history.items()})
+                    writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
                     if not self._wait_written(writer, epoch):
                         break
                 obs = next_obs
@@ -339,7 +391,7 @@ class Actor:
         Each step stores only the newest frame of its observation (S =
         frame_stack frames per observation: 4 for Atari, 1 for vectors); an
         item references the n + S frames its first and bootstrap observations
-        need (`replay.server.dqn_signature`). At each episode start the S − 1
+        need (`rlfleet.replay.server.dqn_signature`). At each episode start the S − 1
         older frames of the first stack are written as padding steps, on which
         no item starts. An episode cut by a time limit (truncated, not
         terminated) gives no items to its last n steps: their n-step targets
@@ -362,14 +414,28 @@ class Actor:
             writers[i].append(step)
             real[i].append(is_real)
             if len(real[i]) == n + stack and real[i][-(n + 1)]:
-                writers[i].create_item(cfg.table, 1.0, {
-                    k: col[-(n + stack):] if k == "observation" else col[-(n + 1):]
-                    for k, col in writers[i].history.items()})
+                writers[i].create_item(
+                    cfg.table,
+                    1.0,
+                    {
+                        k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :]
+                        for k, col in writers[i].history.items()
+                    },
+                )
 
         def pad(i: int, first_obs: np.ndarray) -> None:
             for k in range(stack - 1):
-                append(i, dict(observation=first_obs[k], action=zero_action, reward=zero_reward,
-                               done=False, policy_version=np.int64(-1)), False)
+                append(
+                    i,
+                    dict(
+                        observation=first_obs[k],
+                        action=zero_action,
+                        reward=zero_reward,
+                        done=False,
+                        policy_version=np.int64(-1),
+                    ),
+                    False,
+                )
 
         for i in range(b):
             pad(i, obs[i])
@@ -383,8 +449,17 @@ class Actor:
                 done = np.logical_or(terminated, truncated)
                 frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
                 for i in range(b):
-                    append(i, dict(observation=frames[i], action=action[i], reward=np.float32(reward[i]),
-                                   done=done[i], policy_version=np.int64(version)), True)
+                    append(
+                        i,
+                        dict(
+                            observation=frames[i],
+                            action=action[i],
+                            reward=np.float32(reward[i]),
+                            done=done[i],
+                            policy_version=np.int64(version),
+                        ),
+                        True,
+                    )
                     if truncated[i] and not terminated[i]:
                         # A time limit is not a terminal state, but the observation to bootstrap from is
                         # gone (the env reset): the last n steps, whose n-step windows reach it, get no item.

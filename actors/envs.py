@@ -19,6 +19,7 @@ grayscale, a stack of the last 4 frames, no noop or fire resets, episodes cut at
 108k frames. Rewards come back unclipped (episode returns stay the game
 score); the learner clips them for its TD targets.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +34,20 @@ BACKENDS = ("async", "sync", "envpool", "ale")
 DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
 
 # Atari preprocessing (Dopamine / reincarnating_rl Atari settings).
-ATARI = dict(repeat_action_probability=0.25, frameskip=4, maxpool=True, img_height=84, img_width=84,
-             grayscale=True, stack_num=4, noop_max=0, use_fire_reset=False, episodic_life=False,
-             reward_clipping=False, max_num_frames_per_episode=108_000)
+ATARI = dict(
+    repeat_action_probability=0.25,
+    frameskip=4,
+    maxpool=True,
+    img_height=84,
+    img_width=84,
+    grayscale=True,
+    stack_num=4,
+    noop_max=0,
+    use_fire_reset=False,
+    episodic_life=False,
+    reward_clipping=False,
+    max_num_frames_per_episode=108_000,
+)
 
 
 class EnvError(ValueError):
@@ -58,6 +70,7 @@ class EnvSpec:
         obs_dtype: numpy dtype name of observations as stored in replay
             ("float32" for vectors, "uint8" for Atari frames).
     """
+
     env_id: str
     obs_shape: tuple
     action_kind: str
@@ -90,18 +103,27 @@ def atari_game(env_id: str) -> str:
         raise EnvError(f"unsupported Atari id {env_id!r}; use the form ALE/<Game>-v5, e.g. ALE/Pong-v5.")
     game = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
     import ale_py.roms
+
     if game not in ale_py.roms.get_all_rom_ids():
-        raise EnvError(f"unknown Atari game in {env_id!r}: ale-py has no ROM {game!r}; "
-                       "see ale_py.roms.get_all_rom_ids() for the games it ships.")
+        raise EnvError(
+            f"unknown Atari game in {env_id!r}: ale-py has no ROM {game!r}; "
+            "see ale_py.roms.get_all_rom_ids() for the games it ships."
+        )
     return game
 
 
 def _atari_spec(env_id: str) -> EnvSpec:
     venv = make_atari_env(env_id, 1)
     try:
-        return EnvSpec(env_id, tuple(venv.single_observation_space.shape), "discrete",
-                       int(venv.single_action_space.n), max_episode_steps=ATARI["max_num_frames_per_episode"] // 4,
-                       frame_stack=ATARI["stack_num"], obs_dtype="uint8")
+        return EnvSpec(
+            env_id,
+            tuple(venv.single_observation_space.shape),
+            "discrete",
+            int(venv.single_action_space.n),
+            max_episode_steps=ATARI["max_num_frames_per_episode"] // 4,
+            frame_stack=ATARI["stack_num"],
+            obs_dtype="uint8",
+        )
     finally:
         venv.close()
 
@@ -115,8 +137,13 @@ def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0) -> gym.vect
     Raises:
         EnvError: see `atari_game`.
     """
-    return _AtariVectorEnv(atari_game(env_id), num_envs, num_threads=num_threads,
-                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **ATARI)
+    return _AtariVectorEnv(
+        atari_game(env_id),
+        num_envs,
+        num_threads=num_threads,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        **ATARI,
+    )
 
 
 class _AtariVectorEnv(AtariVectorEnv):
@@ -140,6 +167,7 @@ def quiet_settotalmass_warning() -> None:
     MuJoCo warning still reaches stderr. Safe to call more than once.
     """
     import sys
+
     try:
         import mujoco
     except ImportError:
@@ -164,7 +192,8 @@ def make_env(env_id: str) -> gym.Env:
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         raise EnvError(
             f"unknown or unavailable environment id {env_id!r}: {str(e).rstrip('.')}. "
-            "Use a gymnasium id such as HalfCheetah-v5 or InvertedPendulum-v5.") from e
+            "Use a gymnasium id such as HalfCheetah-v5 or InvertedPendulum-v5."
+        ) from e
 
 
 def env_spec(env_id: str) -> EnvSpec:
@@ -180,17 +209,29 @@ def env_spec(env_id: str) -> EnvSpec:
     try:
         obs, act = env.observation_space, env.action_space
         if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
-            raise EnvError(f"{env_id}: observation space {obs} is not a flat Box; "
-                           "rlfleet's MLP policies need vector observations.")
+            raise EnvError(
+                f"{env_id}: observation space {obs} is not a flat Box; rlfleet's MLP policies need vector observations."
+            )
         if isinstance(act, gym.spaces.Box):
             if len(act.shape) != 1 or not np.all(np.isfinite(act.low)) or not np.all(np.isfinite(act.high)):
                 raise EnvError(f"{env_id}: action space {act} must be a bounded 1-D Box.")
-            return EnvSpec(env_id, tuple(obs.shape), "continuous", int(act.shape[0]),
-                           tuple(float(x) for x in act.low), tuple(float(x) for x in act.high),
-                           env.spec.max_episode_steps if env.spec else None)
+            return EnvSpec(
+                env_id,
+                tuple(obs.shape),
+                "continuous",
+                int(act.shape[0]),
+                tuple(float(x) for x in act.low),
+                tuple(float(x) for x in act.high),
+                env.spec.max_episode_steps if env.spec else None,
+            )
         if isinstance(act, gym.spaces.Discrete):
-            return EnvSpec(env_id, tuple(obs.shape), "discrete", int(act.n),
-                           max_episode_steps=env.spec.max_episode_steps if env.spec else None)
+            return EnvSpec(
+                env_id,
+                tuple(obs.shape),
+                "discrete",
+                int(act.n),
+                max_episode_steps=env.spec.max_episode_steps if env.spec else None,
+            )
         raise EnvError(f"{env_id}: unsupported action space {act}.")
     finally:
         env.close()
@@ -202,11 +243,13 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
         raise EnvError(
             f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but "
             f"--algo {algo} (BatchPPO) needs continuous Box actions. Use a MuJoCo env such "
-            "as HalfCheetah-v5, or --algo dqn for discrete actions.")
+            "as HalfCheetah-v5, or --algo dqn for discrete actions."
+        )
     if algo in ("dqn", "qdagger") and spec.action_kind != "discrete":
         raise EnvError(
             f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but "
-            f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions.")
+            f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions."
+        )
 
 
 def _is_classic_control(env_id: str) -> bool:
@@ -226,9 +269,11 @@ def resolve_backend(env_id: str, backend: str) -> str:
         EnvError: an Atari id with a backend other than "ale", or a non-Atari id with "ale".
     """
     if is_atari(env_id) != (backend == "ale") and backend != "auto":
-        raise EnvError(f"env backend {backend!r} does not fit {env_id}: Atari ids (ALE/...) step on the "
-                       "'ale' backend (ale-py's AtariVectorEnv) and other envs on async/sync/envpool; "
-                       "leave --env-backend at auto.")
+        raise EnvError(
+            f"env backend {backend!r} does not fit {env_id}: Atari ids (ALE/...) step on the "
+            "'ale' backend (ale-py's AtariVectorEnv) and other envs on async/sync/envpool; "
+            "leave --env-backend at auto."
+        )
     if backend != "auto":
         return backend
     if is_atari(env_id):
@@ -277,8 +322,7 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
     return venv
 
 
-def truncation_observations(obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                            info: dict) -> np.ndarray:
+def truncation_observations(obs: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
     """The observations a time limit cut off, for bootstrapping: float32 [B, *obs_shape].
 
     With SAME_STEP autoreset (every backend here) the observation a batched
@@ -302,8 +346,10 @@ def truncation_observations(obs: np.ndarray, terminated: np.ndarray, truncated: 
         return out
     final, has = info.get("final_obs"), info.get("_final_obs")
     if final is None or has is None or not np.all(np.asarray(has)[cut]):
-        raise EnvError("the batched env truncated an episode but returned no info['final_obs'] for it; "
-                       "rlfleet needs SAME_STEP autoreset with final observations (make_batched_env).")
+        raise EnvError(
+            "the batched env truncated an episode but returned no info['final_obs'] for it; "
+            "rlfleet needs SAME_STEP autoreset with final observations (make_batched_env)."
+        )
     for i in cut:
         out[i] = np.asarray(final[i], np.float32)
     return out
@@ -336,8 +382,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         try:
             import envpool
         except ImportError as e:
-            raise EnvError("env backend 'envpool' needs envpool: pip install envpool==1.2.5 "
-                           "(or use --env-backend async).") from e
+            raise EnvError(
+                "env backend 'envpool' needs envpool: pip install envpool==1.2.5 (or use --env-backend async)."
+            ) from e
         ref = make_env(env_id)
         try:
             obs_space, act_space = ref.observation_space, ref.action_space
@@ -348,16 +395,24 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         if env_id not in envpool.list_all_envs():
             raise EnvError(f"envpool has no environment {env_id!r}; {hint}.")
         if not (isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)):
-            raise EnvError(f"the envpool backend handles Box observation/action envs only, not "
-                           f"{env_id} ({obs_space}, {act_space}); {hint}.")
+            raise EnvError(
+                f"the envpool backend handles Box observation/action envs only, not "
+                f"{env_id} ({obs_space}, {act_space}); {hint}."
+            )
         pool_spec = envpool.make_spec(env_id)
         p_obs, p_act = pool_spec.observation_space, pool_spec.action_space
-        same = (isinstance(p_act, gym.spaces.Box)
-                and p_obs.shape == obs_space.shape and p_act.shape == act_space.shape
-                and np.allclose(p_act.low, act_space.low) and np.allclose(p_act.high, act_space.high))
+        same = (
+            isinstance(p_act, gym.spaces.Box)
+            and p_obs.shape == obs_space.shape
+            and p_act.shape == act_space.shape
+            and np.allclose(p_act.low, act_space.low)
+            and np.allclose(p_act.high, act_space.high)
+        )
         if not same:
-            raise EnvError(f"envpool's {env_id} differs from gymnasium's (observations {p_obs} vs "
-                           f"{obs_space}, actions {p_act} vs {act_space}); {hint}.")
+            raise EnvError(
+                f"envpool's {env_id} differs from gymnasium's (observations {p_obs} vs "
+                f"{obs_space}, actions {p_act} vs {act_space}); {hint}."
+            )
         self._envpool, self._env_id = envpool, env_id
         self._limit = int(limit) if limit is not None else int(np.iinfo(np.int32).max)
         self._ids = np.arange(num_envs, dtype=np.int32)
@@ -372,8 +427,12 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         if self._pool is not None:
             self._pool.close()
         self._pool = self._envpool.make_gymnasium(
-            self._env_id, num_envs=self.num_envs, batch_size=self.num_envs,
-            env_seed=[int(x) for x in seeds], max_episode_steps=self._limit)
+            self._env_id,
+            num_envs=self.num_envs,
+            batch_size=self.num_envs,
+            env_seed=[int(x) for x in seeds],
+            max_episode_steps=self._limit,
+        )
 
     def _obs(self, obs: np.ndarray, info: dict, ids: np.ndarray) -> np.ndarray:
         if not np.array_equal(info["env_id"], ids):  # sync mode answers in request order

@@ -4,10 +4,11 @@ MLPs run as plain numpy: a 200-100 MLP on a batch of 16 costs ~20 µs as
 numpy matrix products against ~0.4 ms per `tf.function` call (measured on the
 2-core development machine). The Nature CNN Q-network for Atari is one
 `tf.function` call (convolutions in numpy would cost far more). The learner's
-networks (`learner.networks`) export their variables under the names used here,
+networks (`rlfleet.learner.networks`) export their variables under the names used here,
 together with the observation normalizer; `nature_cnn_q` is the one definition
 of the CNN that both the learner and the actors run.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,7 @@ OBS_MEAN, OBS_STD = "obs_norm/mean", "obs_norm/std"
 OBS_CLIP = "obs_norm/clip"  # the learner's `obs_clip` setting, pushed with the weights
 LOG_STD = "policy/log_std"
 ACTIVATION, ACTIVATIONS = "policy/activation", ("relu", "tanh")  # hidden-layer activation: index into ACTIVATIONS
-MEAN_HEAD, MEAN_HEADS = "policy/mean_head", ("tanh", "linear")   # mean = tanh(MLP) or MLP: index into MEAN_HEADS
+MEAN_HEAD, MEAN_HEADS = "policy/mean_head", ("tanh", "linear")  # mean = tanh(MLP) or MLP: index into MEAN_HEADS
 
 
 def layer_names(i: int) -> tuple[str, str]:
@@ -76,7 +77,7 @@ def sample_actions(arrays: dict, obs: np.ndarray, rng: np.random.Generator):
     log_std = np.broadcast_to(arrays[LOG_STD], mean.shape).astype(np.float32)
     noise = rng.standard_normal(mean.shape).astype(np.float32)
     action = mean + np.exp(log_std) * noise
-    log_prob = (-0.5 * noise ** 2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+    log_prob = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
     return action, log_prob.astype(np.float32), mean, log_std
 
 
@@ -140,8 +141,11 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
     if _cnn_weights[0] is not arrays:
         n_conv = len(CONV_STRIDES)
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
-        _cnn_weights[:] = arrays, [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + \
-            [[tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")]
+        _cnn_weights[:] = (
+            arrays,
+            [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)]
+            + [[tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")],
+        )
     return _nature_cnn_q(tf.constant(obs), *_cnn_weights[1]).numpy()
 
 

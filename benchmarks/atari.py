@@ -17,22 +17,19 @@
 Usage:
     python benchmarks/atari.py --env ALE/Pong-v5 --num-envs 8 --seconds 30
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from actors.envs import env_spec, make_atari_env  # noqa: E402
-from learner.presets import make_algo_config  # noqa: E402
+from rlfleet.actors.envs import env_spec, make_atari_env  # noqa: E402
+from rlfleet.learner.presets import make_algo_config  # noqa: E402
 
 STACKED_BYTES = 4 * 84 * 84
 
@@ -60,11 +57,12 @@ def _dir_bytes(path: str) -> int:
 def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dict:
     """Agent steps/s written to Reverb by one real actor process, and replay bytes per transition."""
     import psutil
+
     from benchmarks.local_cluster import LocalCluster
-    from deploy.status import get_status
-    from replay.checkpoints import checkpoint_replay
-    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "min_replay_size=900000",
-            "--set", "replay_size=1000000"]
+    from rlfleet.deploy.status import get_status
+    from rlfleet.replay.checkpoints import checkpoint_replay
+
+    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "min_replay_size=900000", "--set", "replay_size=1000000"]
     checkpoints = tempfile.mkdtemp(prefix="rlfleet-atari-replay-")
     with LocalCluster(["--algo", "dqn", "--env", env_id, *sets], ["--checkpoint-dir", checkpoints]) as cluster:
         address = cluster.learner_address
@@ -78,28 +76,35 @@ def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dic
         rss1 = replay_proc.memory_info().rss
         path = checkpoint_replay(cluster.replay_address)
         inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
-        return dict(written_agent_steps_per_second=inserts / dt,
-                    items=items, memory_bytes_per_transition=(rss1 - rss0) / items,
-                    checkpoint_bytes_per_transition=_dir_bytes(path) / items)
+        return dict(
+            written_agent_steps_per_second=inserts / dt,
+            items=items,
+            memory_bytes_per_transition=(rss1 - rss0) / items,
+            checkpoint_bytes_per_transition=_dir_bytes(path) / items,
+        )
 
 
 def learner_rates(env_id: str, seconds: float) -> dict:
     """Gradient steps/s of DQN and QDagger (batch 32, Nature CNN) on replay-shaped random batches."""
     import tensorflow as tf
-    from learner.dqn import DQNAgent, make_q_network
-    from learner.qdagger import QDaggerAgent
-    from learner.teacher import Teacher
+
+    from rlfleet.learner.dqn import DQNAgent, make_q_network
+    from rlfleet.learner.qdagger import QDaggerAgent
+    from rlfleet.learner.teacher import Teacher
+
     spec = env_spec(env_id)
     rng = np.random.default_rng(0)
     out = {}
     for algo in ("dqn", "qdagger"):
         cfg = make_algo_config(algo, "default", env_id)
         n, b = cfg.n_step, cfg.batch_size
-        batch = {"observation": tf.constant(rng.integers(0, 255, (b, n + 4, 84, 84), dtype=np.uint8)),
-                 "action": tf.constant(rng.integers(0, spec.action_dim, (b, n + 1), dtype=np.int32)),
-                 "reward": tf.constant(rng.choice([-1.0, 0.0, 1.0], (b, n + 1)).astype(np.float32)),
-                 "done": tf.constant(np.zeros((b, n + 1), bool)),
-                 "policy_version": tf.constant(np.zeros((b, n + 1), np.int64))}
+        batch = {
+            "observation": tf.constant(rng.integers(0, 255, (b, n + 4, 84, 84), dtype=np.uint8)),
+            "action": tf.constant(rng.integers(0, spec.action_dim, (b, n + 1), dtype=np.int32)),
+            "reward": tf.constant(rng.choice([-1.0, 0.0, 1.0], (b, n + 1)).astype(np.float32)),
+            "done": tf.constant(np.zeros((b, n + 1), bool)),
+            "policy_version": tf.constant(np.zeros((b, n + 1), np.int64)),
+        }
         if algo == "dqn":
             agent = DQNAgent(spec, cfg)
             step = agent._train_step
@@ -125,21 +130,39 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     raw = raw_rate(args.env, args.num_envs, args.seconds / 2)
-    print(f"raw AtariVectorEnv x{args.num_envs}, random actions: {raw:,.0f} agent steps/s "
-          f"({4 * raw:,.0f} frames/s)", flush=True)
+    print(
+        f"raw AtariVectorEnv x{args.num_envs}, random actions: {raw:,.0f} agent steps/s ({4 * raw:,.0f} frames/s)",
+        flush=True,
+    )
     grads = learner_rates(args.env, args.seconds / 2)
-    print(f"learner, batch 32, Nature CNN: DQN {grads['dqn']:.1f} gradient steps/s, "
-          f"QDagger {grads['qdagger']:.1f} gradient steps/s (at 1 step per 4 agent steps: "
-          f"{4 * grads['dqn']:.0f} agent steps/s)", flush=True)
+    print(
+        f"learner, batch 32, Nature CNN: DQN {grads['dqn']:.1f} gradient steps/s, "
+        f"QDagger {grads['qdagger']:.1f} gradient steps/s (at 1 step per 4 agent steps: "
+        f"{4 * grads['dqn']:.0f} agent steps/s)",
+        flush=True,
+    )
     col = collection(args.env, args.num_envs, args.seconds, warmup=10)
-    print(f"collection, 1 actor x {args.num_envs} envs: {col['written_agent_steps_per_second']:,.0f} agent steps/s "
-          f"written to Reverb ({100 * col['written_agent_steps_per_second'] / raw:.0f}% of the raw rate)")
-    print(f"replay: {col['items']:,} transitions; {col['memory_bytes_per_transition']:,.0f} bytes each in server "
-          f"memory, {col['checkpoint_bytes_per_transition']:,.0f} on disk (four stacked frames: {STACKED_BYTES:,})")
+    print(
+        f"collection, 1 actor x {args.num_envs} envs: {col['written_agent_steps_per_second']:,.0f} agent steps/s "
+        f"written to Reverb ({100 * col['written_agent_steps_per_second'] / raw:.0f}% of the raw rate)"
+    )
+    print(
+        f"replay: {col['items']:,} transitions; {col['memory_bytes_per_transition']:,.0f} bytes each in server "
+        f"memory, {col['checkpoint_bytes_per_transition']:,.0f} on disk (four stacked frames: {STACKED_BYTES:,})"
+    )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(env=args.env, num_envs=args.num_envs, raw_agent_steps_per_second=raw,
-                           learner_gradient_steps_per_second=grads, collection=col), f, indent=2)
+            json.dump(
+                dict(
+                    env=args.env,
+                    num_envs=args.num_envs,
+                    raw_agent_steps_per_second=raw,
+                    learner_gradient_steps_per_second=grads,
+                    collection=col,
+                ),
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Real `rlfleet replay` / `learner` / `actor` processes on loopback ports, for benchmarks."""
+
 from __future__ import annotations
 
 import os
@@ -6,8 +7,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LocalCluster:
@@ -25,7 +24,8 @@ class LocalCluster:
 
     def __init__(self, common: list[str], replay_args: list[str] = ()):
         import portpicker
-        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+
+        self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
         self.replay_address, self.learner_address = f"127.0.0.1:{rport}", f"127.0.0.1:{lport}"
         self.logdir = tempfile.mkdtemp(prefix="rlfleet-bench-")
@@ -33,16 +33,31 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
 
     def _start(self, args: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], env=self.env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.cli", *args],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.procs.append(p)
         return p
 
     def __enter__(self) -> "LocalCluster":
-        from deploy.status import get_status
+        from rlfleet.deploy.status import get_status
+
         self._start(["replay", *self.common, "--port", str(self.rport), *self.replay_args])
-        self._start(["learner", *self.common, "--replay", self.replay_address, "--logdir", self.logdir,
-                     "--port", str(self.lport)])
+        self._start(
+            [
+                "learner",
+                *self.common,
+                "--replay",
+                self.replay_address,
+                "--logdir",
+                self.logdir,
+                "--port",
+                str(self.lport),
+            ]
+        )
         deadline = time.time() + 120
         while True:
             try:
@@ -61,7 +76,8 @@ class LocalCluster:
     def window(self, seconds: float, warmup: float) -> tuple[dict, dict, float]:
         """Waits for the first replay insert and `warmup` s, then returns (status before, status after, seconds)
         around a `seconds` window."""
-        from deploy.status import get_status
+        from rlfleet.deploy.status import get_status
+
         while get_status(self.learner_address, 2)["replay"][0]["inserts"] == 0:
             time.sleep(0.5)
         time.sleep(warmup)

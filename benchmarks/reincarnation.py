@@ -16,6 +16,7 @@ Usage:
     python benchmarks/reincarnation.py --env CartPole-v1 --seeds 3 --teacher-steps 30000 \
         --student-steps 15000 --workdir runs/reincarnation-cartpole
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from benchmarks import report as report_lib  # noqa: E402
 
@@ -36,9 +36,9 @@ def _up(args: list[str], logdir: str) -> None:
     if os.path.exists(os.path.join(logdir, "summary.json")):
         print(f"reusing {logdir}", flush=True)
         return
-    cmd = [sys.executable, "-m", "deploy.cli", "up", *args, "--logdir", logdir, "--report-interval", "2"]
+    cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args, "--logdir", logdir, "--report-interval", "2"]
     print("$ rlfleet up " + " ".join(args + ["--logdir", logdir]), flush=True)
-    out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({logdir}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     print(out.stdout.strip().splitlines()[-1], flush=True)
@@ -46,13 +46,17 @@ def _up(args: list[str], logdir: str) -> None:
 
 def steps_to_reach(rows: list[dict], target: float) -> int | None:
     """Env steps of the first metrics row whose latest evaluation return is >= target (None: never)."""
-    return next((r["env_steps"] for r in rows if r.get("eval_return_mean") is not None
-                 and r["eval_return_mean"] >= target), None)
+    return next(
+        (r["env_steps"] for r in rows if r.get("eval_return_mean") is not None and r["eval_return_mean"] >= target),
+        None,
+    )
 
 
 def return_at(rows: list[dict], env_steps: int) -> float | None:
     """Latest evaluation return recorded at or before `env_steps`."""
-    values = [r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None]
+    values = [
+        r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None
+    ]
     return values[-1] if values else None
 
 
@@ -64,11 +68,17 @@ def main() -> None:
     p.add_argument("--student-steps", type=int, default=15000)
     p.add_argument("--offline-steps", type=int, default=None)
     p.add_argument("--fraction", type=float, default=1.0, help="target = fraction x teacher return")
-    p.add_argument("--scratch-seeds", type=int, default=None,
-                   help="DQN-from-scratch runs, the teacher included (default: --seeds)")
+    p.add_argument(
+        "--scratch-seeds", type=int, default=None, help="DQN-from-scratch runs, the teacher included (default: --seeds)"
+    )
     p.add_argument("--set", dest="sets", action="append", default=[], help="KEY=VALUE for every run")
-    p.add_argument("--student-set", dest="student_sets", action="append", default=[],
-                   help="KEY=VALUE for the QDagger students only (after --set)")
+    p.add_argument(
+        "--student-set",
+        dest="student_sets",
+        action="append",
+        default=[],
+        help="KEY=VALUE for the QDagger students only (after --set)",
+    )
     p.add_argument("--workdir", default="runs/reincarnation")
     args = p.parse_args()
     sets = [a for kv in args.sets for a in ("--set", kv)]
@@ -82,8 +92,24 @@ def main() -> None:
     offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
     for s, d in enumerate(students):
         student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
-        _up(["--algo", "qdagger", "--env", args.env, "--teacher", teacher, "--total-steps", str(args.student_steps),
-             "--seed", str(s), *offline, *sets, *student_sets], d)
+        _up(
+            [
+                "--algo",
+                "qdagger",
+                "--env",
+                args.env,
+                "--teacher",
+                teacher,
+                "--total-steps",
+                str(args.student_steps),
+                "--seed",
+                str(s),
+                *offline,
+                *sets,
+                *student_sets,
+            ],
+            d,
+        )
 
     runs = report_lib.load_runs(scratch + students)
     by_dir = {r["dir"]: r for r in runs}
@@ -92,11 +118,16 @@ def main() -> None:
     table = []
     for d in scratch + students:
         r = by_dir[d]
-        table.append(dict(run=os.path.basename(d), algo=r["summary"]["algo"],
-                          env_steps_to_target=steps_to_reach(r["rows"], target),
-                          return_at_student_budget=return_at(r["rows"], args.student_steps),
-                          final_eval_return=r["summary"]["final_eval_return_mean"],
-                          env_steps=r["summary"]["env_steps"]))
+        table.append(
+            dict(
+                run=os.path.basename(d),
+                algo=r["summary"]["algo"],
+                env_steps_to_target=steps_to_reach(r["rows"], target),
+                return_at_student_budget=return_at(r["rows"], args.student_steps),
+                final_eval_return=r["summary"]["final_eval_return_mean"],
+                env_steps=r["summary"]["env_steps"],
+            )
+        )
     print(f"\nteacher {teacher}: evaluation return {teacher_return:.1f}; target {target:.1f}")
     print(f"{'run':<28} {'env steps to target':>20} {'return @ ' + str(args.student_steps):>16} {'final':>8}")
     for t in table:
@@ -106,15 +137,33 @@ def main() -> None:
 
     def median_steps(algo: str, budget: int) -> float:
         # A run that never reached the target counts as its whole budget (a lower bound).
-        return float(np.median([t["env_steps_to_target"] if t["env_steps_to_target"] is not None else budget
-                                for t in table if t["algo"] == algo]))
+        return float(
+            np.median(
+                [
+                    t["env_steps_to_target"] if t["env_steps_to_target"] is not None else budget
+                    for t in table
+                    if t["algo"] == algo
+                ]
+            )
+        )
+
     student_med = median_steps("qdagger", args.student_steps)
     scratch_med = median_steps("dqn", args.teacher_steps)
     ratio = student_med / scratch_med if scratch_med else float("nan")
-    print(f"median env steps to target: QDagger {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} "
-          f"-> ratio {ratio:.3f} (target <= 0.10)")
-    result = dict(env=args.env, teacher=teacher, teacher_return=teacher_return, target=target, runs=table,
-                  median_steps_qdagger=student_med, median_steps_dqn=scratch_med, ratio=ratio)
+    print(
+        f"median env steps to target: QDagger {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} "
+        f"-> ratio {ratio:.3f} (target <= 0.10)"
+    )
+    result = dict(
+        env=args.env,
+        teacher=teacher,
+        teacher_return=teacher_return,
+        target=target,
+        runs=table,
+        median_steps_qdagger=student_med,
+        median_steps_dqn=scratch_med,
+        ratio=ratio,
+    )
     try:
         result["report"] = report_lib.report(runs)
         for algo, a in result["report"]["iqm"].items():

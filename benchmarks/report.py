@@ -11,6 +11,7 @@ without references are reported on raw returns.
 Usage (needs `pip install -e ".[report]"`):
     python benchmarks/report.py runs/pong-dqn-s0 runs/pong-dqn-s1 runs/pong-qdagger-s0 --plot curves.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,17 @@ import numpy as np
 
 # env id -> (random policy score, human score).
 REFERENCE_SCORES = {
-    "ALE/Alien-v5": (227.8, 7127.7), "ALE/Asterix-v5": (210.0, 8503.3), "ALE/BeamRider-v5": (363.9, 16926.5),
-    "ALE/Boxing-v5": (0.1, 12.1), "ALE/Breakout-v5": (1.7, 30.5), "ALE/Enduro-v5": (0.0, 860.5),
-    "ALE/Freeway-v5": (0.0, 29.6), "ALE/MsPacman-v5": (307.3, 6951.6), "ALE/Pong-v5": (-20.7, 14.6),
-    "ALE/Qbert-v5": (163.9, 13455.0), "ALE/Seaquest-v5": (68.4, 42054.7),
+    "ALE/Alien-v5": (227.8, 7127.7),
+    "ALE/Asterix-v5": (210.0, 8503.3),
+    "ALE/BeamRider-v5": (363.9, 16926.5),
+    "ALE/Boxing-v5": (0.1, 12.1),
+    "ALE/Breakout-v5": (1.7, 30.5),
+    "ALE/Enduro-v5": (0.0, 860.5),
+    "ALE/Freeway-v5": (0.0, 29.6),
+    "ALE/MsPacman-v5": (307.3, 6951.6),
+    "ALE/Pong-v5": (-20.7, 14.6),
+    "ALE/Qbert-v5": (163.9, 13455.0),
+    "ALE/Seaquest-v5": (68.4, 42054.7),
     "ALE/SpaceInvaders-v5": (148.0, 1668.7),
 }
 
@@ -59,8 +67,10 @@ def load_runs(dirs: list[str]) -> list[dict]:
 def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:
     """IQM of a [num_runs, num_games] score matrix and its stratified-bootstrap 95% CI (rliable)."""
     from rliable import library, metrics
+
     point, interval = library.get_interval_estimates(
-        {"x": scores}, lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps)
+        {"x": scores}, lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps
+    )
     return float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])
 
 
@@ -70,9 +80,12 @@ def report(runs: list[dict]) -> dict:
     for r in runs:
         s = r["summary"]
         groups[(s["algo"], s["env_id"])].append(s["final_eval_return_mean"])
-    per_game = {f"{algo} {env}": dict(returns=v, mean=float(np.mean(v)), runs=len(v),
-                                      human_normalized=[human_normalized(env, x) for x in v])
-                for (algo, env), v in sorted(groups.items())}
+    per_game = {
+        f"{algo} {env}": dict(
+            returns=v, mean=float(np.mean(v)), runs=len(v), human_normalized=[human_normalized(env, x) for x in v]
+        )
+        for (algo, env), v in sorted(groups.items())
+    }
     aggregates = {}
     for algo in sorted({a for a, _ in groups}):
         envs = sorted(e for a, e in groups if a == algo)
@@ -80,23 +93,30 @@ def report(runs: list[dict]) -> dict:
         if len(counts) != 1:
             continue  # IQM over a run x game matrix needs the same number of runs per game
         normalized = all(e in REFERENCE_SCORES for e in envs)
-        matrix = np.array([[human_normalized(e, x) if normalized else x for x in groups[(algo, e)]]
-                           for e in envs]).T
+        matrix = np.array([[human_normalized(e, x) if normalized else x for x in groups[(algo, e)]] for e in envs]).T
         point, low, high = iqm_with_ci(matrix)
-        aggregates[algo] = dict(iqm=point, ci95=[low, high], runs=matrix.shape[0], games=envs,
-                                scale="human_normalized" if normalized else "return")
+        aggregates[algo] = dict(
+            iqm=point,
+            ci95=[low, high],
+            runs=matrix.shape[0],
+            games=envs,
+            scale="human_normalized" if normalized else "return",
+        )
     return dict(per_game=per_game, iqm=aggregates)
 
 
 def plot(runs: list[dict], path: str) -> None:
     """Evaluation return against env steps, one line per run (matplotlib, PNG)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
-        pts = [(row["env_steps"], row["eval_return_mean"]) for row in r["rows"]
-               if row.get("eval_return_mean") is not None]
+        pts = [
+            (row["env_steps"], row["eval_return_mean"]) for row in r["rows"] if row.get("eval_return_mean") is not None
+        ]
         if pts:
             s = r["summary"]
             ax.plot(*zip(*pts), label=f"{s['algo']} {s['env_id']} ({os.path.basename(r['dir'].rstrip('/'))})")
@@ -117,11 +137,15 @@ def main() -> None:
     result = report(runs)
     for name, g in result["per_game"].items():
         norm = [x for x in g["human_normalized"] if x is not None]
-        print(f"{name}: mean return {g['mean']:.1f} over {g['runs']} run(s)"
-              + (f", human-normalized {np.mean(norm):.3f}" if norm else ""))
+        print(
+            f"{name}: mean return {g['mean']:.1f} over {g['runs']} run(s)"
+            + (f", human-normalized {np.mean(norm):.3f}" if norm else "")
+        )
     for algo, a in result["iqm"].items():
-        print(f"{algo}: IQM ({a['scale']}) {a['iqm']:.3f}, 95% CI [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}] "
-              f"over {a['runs']} run(s) x {len(a['games'])} game(s)")
+        print(
+            f"{algo}: IQM ({a['scale']}) {a['iqm']:.3f}, 95% CI [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}] "
+            f"over {a['runs']} run(s) x {len(a['games'])} game(s)"
+        )
     if args.plot:
         plot(runs, args.plot)
         print(f"plot: {args.plot}")

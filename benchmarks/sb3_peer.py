@@ -14,6 +14,7 @@ never inflated by our measuring.
 Usage:
     python benchmarks/sb3_peer.py --env Hopper-v5 --seed 0 --total-steps 300000 --logdir runs/sb3-hopper-s0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,8 @@ import time
 def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     """Undiscounted returns of `episodes` deterministic (mean-action) episodes, env seeds seed, seed+1, ...,
     run by the same episode loop as rlfleet's evaluation."""
-    from learner.evaluation import run_episodes
+    from rlfleet.learner.evaluation import run_episodes
+
     return run_episodes(env_id, episodes, seed, lambda o: model.predict(o[0], deterministic=True)[0])
 
 
@@ -43,11 +45,12 @@ def main() -> None:
         from stable_baselines3 import PPO
         from stable_baselines3.common.callbacks import BaseCallback
     except ImportError:
-        raise SystemExit("the SB3 peer needs the bench extra: pip install -e \".[bench]\"") from None
+        raise SystemExit('the SB3 peer needs the bench extra: pip install -e ".[bench]"') from None
     import gymnasium as gym
     import numpy as np
 
-    from actors.envs import quiet_settotalmass_warning
+    from rlfleet.actors.envs import quiet_settotalmass_warning
+
     quiet_settotalmass_warning()
 
     os.makedirs(args.logdir, exist_ok=True)
@@ -65,8 +68,16 @@ def main() -> None:
                 t0 = time.time()
                 returns = evaluate(self.model, args.env, args.eval_episodes, 10_000 + args.seed)
                 clock["eval"] += time.time() - t0
-                metrics.write(json.dumps(dict(env_steps=self.num_timesteps, eval_return_mean=float(np.mean(returns)),
-                                              wall_seconds=time.time() - clock["start"] - clock["eval"])) + "\n")
+                metrics.write(
+                    json.dumps(
+                        dict(
+                            env_steps=self.num_timesteps,
+                            eval_return_mean=float(np.mean(returns)),
+                            wall_seconds=time.time() - clock["start"] - clock["eval"],
+                        )
+                    )
+                    + "\n"
+                )
                 metrics.flush()
             return True
 
@@ -74,13 +85,26 @@ def main() -> None:
     model.learn(total_timesteps=args.total_steps, callback=Evaluations())
     train_seconds = time.time() - clock["start"] - clock["eval"]
     returns = evaluate(model, args.env, args.eval_episodes, 10_000 + args.seed)
-    metrics.write(json.dumps(dict(env_steps=model.num_timesteps, eval_return_mean=float(np.mean(returns)),
-                                  wall_seconds=train_seconds)) + "\n")
+    metrics.write(
+        json.dumps(
+            dict(env_steps=model.num_timesteps, eval_return_mean=float(np.mean(returns)), wall_seconds=train_seconds)
+        )
+        + "\n"
+    )
     metrics.close()
-    summary = dict(algo="sb3-ppo", env_id=args.env, seed=args.seed, completed=True, env_steps=int(model.num_timesteps),
-                   wall_seconds=train_seconds, eval_seconds=clock["eval"],
-                   final_eval_return_mean=float(np.mean(returns)), final_eval_episodes=len(returns),
-                   final_eval_returns=returns, config="stable-baselines3 PPO defaults (MlpPolicy)")
+    summary = dict(
+        algo="sb3-ppo",
+        env_id=args.env,
+        seed=args.seed,
+        completed=True,
+        env_steps=int(model.num_timesteps),
+        wall_seconds=train_seconds,
+        eval_seconds=clock["eval"],
+        final_eval_return_mean=float(np.mean(returns)),
+        final_eval_episodes=len(returns),
+        final_eval_returns=returns,
+        config="stable-baselines3 PPO defaults (MlpPolicy)",
+    )
     with open(os.path.join(args.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps({k: v for k, v in summary.items() if k != "final_eval_returns"}))

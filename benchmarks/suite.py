@@ -20,6 +20,7 @@ Usage (from the repository root, with `pip install -e ".[report]"`, and ".[bench
     python benchmarks/suite.py report runs/suite-ppo-1m runs/suite-sb3-300k --json benchmarks/results/suite.json \
         --plots benchmarks/results
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,6 @@ import sys
 import time
 
 import numpy as np
-
 from report import load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,33 +67,67 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
         print(f"# {logdir}: finished earlier, kept", flush=True)
         return
     if algo == "sb3-ppo":
-        cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "sb3_peer.py"), "--env", env, "--seed", str(seed),
-               "--total-steps", str(total_steps), "--logdir", logdir, *extra]
+        cmd = [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "sb3_peer.py"),
+            "--env",
+            env,
+            "--seed",
+            str(seed),
+            "--total-steps",
+            str(total_steps),
+            "--logdir",
+            logdir,
+            *extra,
+        ]
     else:
-        cmd = [sys.executable, "-m", "deploy.cli", "up", "--algo", algo, "--env", env, "--total-steps",
-               str(total_steps), "--seed", str(seed), "--report-interval", "5", *extra]  # a metrics row (curve point) per 5 s
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            algo,
+            "--env",
+            env,
+            "--total-steps",
+            str(total_steps),
+            "--seed",
+            str(seed),
+            "--report-interval",
+            "5",
+            *extra,
+        ]  # a metrics row (curve point) per 5 s
         cmd += ["--resume", logdir] if os.path.exists(os.path.join(logdir, "run.json")) else ["--logdir", logdir]
     print("$", " ".join(cmd), flush=True)
-    env_vars = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env_vars)
+    subprocess.run(cmd, check=True, cwd=ROOT)
 
 
 def load(dirs: list[str]) -> list[dict]:
     """Every finished run under `dirs` (a directory holding summary.json, or a folder of them)."""
-    found = sorted(os.path.dirname(s) for d in dirs
-                   for s in glob.glob(os.path.join(d, "summary.json")) + glob.glob(os.path.join(d, "*", "summary.json")))
+    found = sorted(
+        os.path.dirname(s)
+        for d in dirs
+        for s in glob.glob(os.path.join(d, "summary.json")) + glob.glob(os.path.join(d, "*", "summary.json"))
+    )
     return [r for r in load_runs(found) if r["summary"].get("completed", True)]
 
 
 def interval_estimates(returns: list[float], reps: int = 2000) -> dict:
     """Median and IQM of one env's per-seed returns with stratified-bootstrap 95% CIs (rliable)."""
     from rliable import library, metrics
+
     scores = {"x": np.asarray(returns, np.float64)[:, None]}
     # Median over seeds (rliable's aggregate_median is the median over tasks of the per-task mean).
     point, ci = library.get_interval_estimates(
-        scores, lambda s: np.array([np.median(s[:, 0]), metrics.aggregate_iqm(s)]), reps=reps)
-    return dict(median=float(point["x"][0]), median_ci95=[float(ci["x"][0][0]), float(ci["x"][1][0])],
-                iqm=float(point["x"][1]), iqm_ci95=[float(ci["x"][0][1]), float(ci["x"][1][1])])
+        scores, lambda s: np.array([np.median(s[:, 0]), metrics.aggregate_iqm(s)]), reps=reps
+    )
+    return dict(
+        median=float(point["x"][0]),
+        median_ci95=[float(ci["x"][0][0]), float(ci["x"][1][0])],
+        iqm=float(point["x"][1]),
+        iqm_ci95=[float(ci["x"][0][1]), float(ci["x"][1][1])],
+    )
 
 
 def _budget(env_steps: int) -> int:
@@ -114,29 +148,42 @@ def report(runs: list[dict]) -> dict:
     for (algo, env, budget), rs in sorted(groups.items()):
         returns = [r["summary"]["final_eval_return_mean"] for r in rs]
         walls = [r["summary"]["wall_seconds"] for r in rs]
-        row = dict(algo=algo, env=env, env_steps=budget, seeds=[r["summary"].get("seed") for r in rs],
-                   returns=returns, wall_seconds=walls, median_wall_seconds=statistics.median(walls),
-                   **interval_estimates(returns))
+        row = dict(
+            algo=algo,
+            env=env,
+            env_steps=budget,
+            seeds=[r["summary"].get("seed") for r in rs],
+            returns=returns,
+            wall_seconds=walls,
+            median_wall_seconds=statistics.median(walls),
+            **interval_estimates(returns),
+        )
         target = TARGETS.get((algo, env))
         if target and abs(target[1] - budget) <= 0.05 * target[1]:
             row["target"], row["target_source"] = target[0], target[2]
-            row["meets_target"] = (min(returns) if algo == "dqn" and env == "CartPole-v1" else row["median"]) \
-                >= target[0]
+            row["meets_target"] = (min(returns) if algo == "dqn" and env == "CartPole-v1" else row["median"]) >= target[
+                0
+            ]
         out[f"{algo} {env} {budget}"] = row
-    for key, row in out.items():  # rlfleet vs the peer at the same budget
+    for row in out.values():  # rlfleet vs the peer at the same budget
         peer = out.get(f"sb3-ppo {row['env']} {row['env_steps']}")
         if row["algo"] == "ppo" and peer:
-            row["peer"] = dict(median=peer["median"], median_wall_seconds=peer["median_wall_seconds"],
-                               return_at_least_peer=row["median"] >= peer["median"],
-                               wall_fraction=row["median_wall_seconds"] / peer["median_wall_seconds"])
+            row["peer"] = dict(
+                median=peer["median"],
+                median_wall_seconds=peer["median_wall_seconds"],
+                return_at_least_peer=row["median"] >= peer["median"],
+                wall_fraction=row["median_wall_seconds"] / peer["median_wall_seconds"],
+            )
     return out
 
 
 def plot(runs: list[dict], folder: str) -> list[str]:
     """One PNG per env: evaluation return against env steps for every run (matplotlib)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     colors = {"ppo": "tab:blue", "sb3-ppo": "tab:orange", "dqn": "tab:green"}
     paths = []
     for env in sorted({r["summary"]["env_id"] for r in runs}):
@@ -145,12 +192,16 @@ def plot(runs: list[dict], folder: str) -> list[str]:
             s = r["summary"]
             if s["env_id"] != env:
                 continue
-            pts = [(row["env_steps"], row["eval_return_mean"]) for row in r["rows"]
-                   if row.get("eval_return_mean") is not None]
+            pts = [
+                (row["env_steps"], row["eval_return_mean"])
+                for row in r["rows"]
+                if row.get("eval_return_mean") is not None
+            ]
             pts.append((s["env_steps"], s["final_eval_return_mean"]))
             label = "rlfleet " + s["algo"] if s["algo"] != "sb3-ppo" else "SB3 PPO"
-            ax.plot(*zip(*sorted(pts)), color=colors.get(s["algo"], "k"), alpha=0.8,
-                    label=f"{label} seed {s.get('seed')}")
+            ax.plot(
+                *zip(*sorted(pts)), color=colors.get(s["algo"], "k"), alpha=0.8, label=f"{label} seed {s.get('seed')}"
+            )
         ax.set_title(env)
         ax.set_xlabel("env steps")
         ax.set_ylabel("evaluation return")
@@ -164,22 +215,28 @@ def plot(runs: list[dict], folder: str) -> list[str]:
 
 
 def print_report(result: dict) -> None:
-    print(f"\n{'algo':8} {'env':26} {'steps':>9} {'per-seed final return':>30} {'median [95% CI]':>28} "
-          f"{'IQM':>8} {'wall s':>7}  target")
+    print(
+        f"\n{'algo':8} {'env':26} {'steps':>9} {'per-seed final return':>30} {'median [95% CI]':>28} "
+        f"{'IQM':>8} {'wall s':>7}  target"
+    )
     for row in result.values():
         seeds = " ".join(f"{x:.0f}" for x in row["returns"])
         ci = f"{row['median']:.1f} [{row['median_ci95'][0]:.0f}, {row['median_ci95'][1]:.0f}]"
         target = ""
         if "target" in row:
             target = f">= {row['target']:g} ({row['target_source']}): {'PASS' if row['meets_target'] else 'FAIL'}"
-        print(f"{row['algo']:8} {row['env']:26} {row['env_steps']:>9,} {seeds:>30} {ci:>28} {row['iqm']:>8.1f} "
-              f"{row['median_wall_seconds']:>7.0f}  {target}")
+        print(
+            f"{row['algo']:8} {row['env']:26} {row['env_steps']:>9,} {seeds:>30} {ci:>28} {row['iqm']:>8.1f} "
+            f"{row['median_wall_seconds']:>7.0f}  {target}"
+        )
         if "peer" in row:
             p = row["peer"]
-            print(f"{'':8} {'vs SB3 PPO':26} {'':>9} {'':>30} {p['median']:>28.1f} {'':>8} "
-                  f"{p['median_wall_seconds']:>7.0f}  return >= peer: {'PASS' if p['return_at_least_peer'] else 'FAIL'}"
-                  f"; wall {p['wall_fraction']:.2f} of the peer's (target <= 0.33): "
-                  f"{'PASS' if p['wall_fraction'] <= 1 / 3 else 'FAIL'}")
+            print(
+                f"{'':8} {'vs SB3 PPO':26} {'':>9} {'':>30} {p['median']:>28.1f} {'':>8} "
+                f"{p['median_wall_seconds']:>7.0f}  return >= peer: {'PASS' if p['return_at_least_peer'] else 'FAIL'}"
+                f"; wall {p['wall_fraction']:.2f} of the peer's (target <= 0.33): "
+                f"{'PASS' if p['wall_fraction'] <= 1 / 3 else 'FAIL'}"
+            )
 
 
 def main() -> None:
@@ -204,8 +261,14 @@ def main() -> None:
         for env in args.envs:
             for seed in args.seeds:
                 start = time.time()
-                run_one(args.algo, env, seed, args.total_steps, os.path.join(args.out, f"{env.replace('/', '-')}-s{seed}"),
-                        args.extra)
+                run_one(
+                    args.algo,
+                    env,
+                    seed,
+                    args.total_steps,
+                    os.path.join(args.out, f"{env.replace('/', '-')}-s{seed}"),
+                    args.extra,
+                )
                 print(f"# {env} seed {seed}: {time.time() - start:.0f} s", flush=True)
     runs = load(dirs)
     result = report(runs)

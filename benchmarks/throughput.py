@@ -16,23 +16,19 @@ raw stepping ceiling of the same env measured in the same run.
 Usage:
     python benchmarks/throughput.py --env HalfCheetah-v5 --num-envs 8 --seconds 30
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
-from actors.policy import sample_actions, to_env_action  # noqa: E402
-from learner.ppo import BatchPPO  # noqa: E402
-from learner.presets import make_config  # noqa: E402
+from rlfleet.actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
+from rlfleet.actors.policy import sample_actions, to_env_action  # noqa: E402
+from rlfleet.learner.ppo import BatchPPO  # noqa: E402
+from rlfleet.learner.presets import make_config  # noqa: E402
 
 
 def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
@@ -56,6 +52,7 @@ def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
 
 def single_env_rate(env_id: str, seconds: float) -> float:
     import gymnasium as gym
+
     env = gym.make(env_id)
     env.reset(seed=0)
     steps, start = 0, time.perf_counter()
@@ -71,7 +68,9 @@ def single_env_rate(env_id: str, seconds: float) -> float:
 def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
     """Microseconds per batch step for the policy call and the Reverb writes."""
     import reverb
-    from replay.server import ppo_tables
+
+    from rlfleet.replay.server import ppo_tables
+
     spec = env_spec(env_id)
     cfg = make_config("default", env_id)
     arrays = BatchPPO(spec, cfg).export_weights()
@@ -85,19 +84,27 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
         to_env_action(action, low, high)
     policy_us = (time.perf_counter() - start) / n * 1e6
 
-    server = reverb.Server(ppo_tables(spec.obs_shape[0], spec.action_dim, num_envs, unroll, 10 ** 6))
+    server = reverb.Server(ppo_tables(spec.obs_shape[0], spec.action_dim, num_envs, unroll, 10**6))
     client = reverb.Client(f"localhost:{server.port}")
-    step = dict(observation=obs.astype(np.float32), action=action, reward=np.zeros(num_envs, np.float32),
-                terminated=np.zeros(num_envs, bool), truncated=np.zeros(num_envs, bool),
-                final_observation=np.zeros_like(obs, np.float32), discounted_return=np.zeros(num_envs, np.float32),
-                behaviour_log_prob=log_prob, behaviour_mean=mean,
-                behaviour_log_std=log_std, policy_version=np.zeros(num_envs, np.int64))
+    step = dict(
+        observation=obs.astype(np.float32),
+        action=action,
+        reward=np.zeros(num_envs, np.float32),
+        terminated=np.zeros(num_envs, bool),
+        truncated=np.zeros(num_envs, bool),
+        final_observation=np.zeros_like(obs, np.float32),
+        discounted_return=np.zeros(num_envs, np.float32),
+        behaviour_log_prob=log_prob,
+        behaviour_mean=mean,
+        behaviour_log_std=log_std,
+        policy_version=np.zeros(num_envs, np.int64),
+    )
     with client.trajectory_writer(num_keep_alive_refs=unroll + 1) as writer:
         start = time.perf_counter()
         for i in range(1, n + 1):
             writer.append(step)
             if i > unroll and (i - 1) % unroll == 0:
-                writer.create_item("ppo_trajectories", 1.0, {k: c[-(unroll + 1):] for k, c in writer.history.items()})
+                writer.create_item("ppo_trajectories", 1.0, {k: c[-(unroll + 1) :] for k, c in writer.history.items()})
         writer.flush()
         writer_us = (time.perf_counter() - start) / n * 1e6
     server.stop()
@@ -107,6 +114,7 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
 def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
     """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
     from benchmarks.local_cluster import LocalCluster
+
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "max_policy_lag=-1"]
     with LocalCluster(["--env", env_id, *sets]) as cluster:
         for _ in range(num_actors):
@@ -115,8 +123,10 @@ def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, s
         per_item = cfg.unroll_length * num_envs
         s0, s1, dt = cluster.window(seconds, warmup)
         inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
-        return dict(written_env_steps_per_second=inserts * per_item / dt,
-                    stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / dt)
+        return dict(
+            written_env_steps_per_second=inserts * per_item / dt,
+            stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / dt,
+        )
 
 
 def main() -> None:
@@ -144,9 +154,11 @@ def main() -> None:
     print(f"  ceiling: {ceiling_name} {ceiling:,.0f}")
 
     costs = per_step_costs(args.env, args.num_envs, cfg.unroll_length)
-    print(f"per batch step of {args.num_envs} envs: policy call {costs['policy_call_us']:.0f} us, "
-          f"Reverb append {costs['reverb_write_us']:.0f} us, raw env step (fastest backend) "
-          f"{args.num_envs / ceiling * 1e6:.0f} us")
+    print(
+        f"per batch step of {args.num_envs} envs: policy call {costs['policy_call_us']:.0f} us, "
+        f"Reverb append {costs['reverb_write_us']:.0f} us, raw env step (fastest backend) "
+        f"{args.num_envs / ceiling * 1e6:.0f} us"
+    )
 
     results = []
     for backend in args.backends:
@@ -156,16 +168,33 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - report and continue with the next setting
                 print(f"collection with {backend} x{k} actors failed: {e}")
                 continue
-            r.update(backend=backend, actors=k, num_envs=args.num_envs,
-                     fraction_of_ceiling=r["written_env_steps_per_second"] / ceiling)
+            r.update(
+                backend=backend,
+                actors=k,
+                num_envs=args.num_envs,
+                fraction_of_ceiling=r["written_env_steps_per_second"] / ceiling,
+            )
             results.append(r)
-            print(f"collection {backend:<8} {k} actor(s) x {args.num_envs} envs: "
-                  f"{r['written_env_steps_per_second']:>8,.0f} env steps/s written to Reverb "
-                  f"({100 * r['fraction_of_ceiling']:.0f}% of ceiling; target >= 50%)", flush=True)
+            print(
+                f"collection {backend:<8} {k} actor(s) x {args.num_envs} envs: "
+                f"{r['written_env_steps_per_second']:>8,.0f} env steps/s written to Reverb "
+                f"({100 * r['fraction_of_ceiling']:.0f}% of ceiling; target >= 50%)",
+                flush=True,
+            )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(env=args.env, raw=raw, ceiling=ceiling, ceiling_name=ceiling_name,
-                           per_step_costs=costs, collection=results), f, indent=2)
+            json.dump(
+                dict(
+                    env=args.env,
+                    raw=raw,
+                    ceiling=ceiling,
+                    ceiling_name=ceiling_name,
+                    per_step_costs=costs,
+                    collection=results,
+                ),
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `replay-checkpoint`."""
+
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -8,8 +10,7 @@ import sys
 
 import click
 
-from learner.presets import ALGOS
-
+from rlfleet.learner.presets import ALGOS
 
 
 def _fail(message: str) -> None:
@@ -26,16 +27,21 @@ def _load_config_file(path: str | None) -> dict:
     if not path:
         return {}
     import tomllib
+
     try:
         with open(path, "rb") as f:
             values = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
-        _fail(f"--config-file {path}: not valid TOML ({e}); write one `key = value` per line, "
-              "e.g. learning_rate = 1e-4 or hidden = [64, 64].")
+        _fail(
+            f"--config-file {path}: not valid TOML ({e}); write one `key = value` per line, "
+            "e.g. learning_rate = 1e-4 or hidden = [64, 64]."
+        )
     nested = sorted(k for k, v in values.items() if isinstance(v, dict))
     if nested:
-        _fail(f"--config-file {path}: sections or tables {nested} are not settings; put every setting at the top "
-              "level as `key = value`.")
+        _fail(
+            f"--config-file {path}: sections or tables {nested} are not settings; put every setting at the top "
+            "level as `key = value`."
+        )
     return values
 
 
@@ -60,8 +66,10 @@ def _check_algo(algo: str) -> None:
 def _check_teacher_args(algo: str, teacher: str | None, offline_steps: int | None, overrides: dict) -> None:
     """--teacher belongs to (and is required by) qdagger; --offline-steps becomes the offline_steps setting."""
     if algo == "qdagger" and not teacher:
-        _fail("--algo qdagger needs --teacher DIR: the run directory of a finished `rlfleet up --algo dqn` run "
-              "on the same env.")
+        _fail(
+            "--algo qdagger needs --teacher DIR: the run directory of a finished `rlfleet up --algo dqn` run "
+            "on the same env."
+        )
     if algo != "qdagger" and (teacher or offline_steps is not None):
         _fail("--teacher and --offline-steps are QDagger settings; use them with --algo qdagger.")
     if offline_steps is not None:
@@ -77,18 +85,37 @@ def main():
 
 
 _common = [
-    click.option("--algo", default="ppo", show_default=True,
-                 help="Algorithm: ppo (BatchPPO, continuous actions), dqn (discrete actions; also trains "
-                      "teachers) or qdagger (a DQN student reincarnated from --teacher)."),
-    click.option("--env", "env_id", required=True,
-                 help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5."),
-    click.option("--config", "preset", default="default", show_default=True,
-                 help="Hyperparameter preset: default or paper (BatchPPO reference values)."),
-    click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                 help="Override one preset value (repeatable), e.g. --set learning_rate=1e-4."),
-    click.option("--config-file", type=click.Path(exists=True, dir_okay=False), default=None,
-                 help="TOML file of preset overrides, one `key = value` per line (e.g. learning_rate = 1e-4); "
-                      "--set values win over it."),
+    click.option(
+        "--algo",
+        default="ppo",
+        show_default=True,
+        help="Algorithm: ppo (BatchPPO, continuous actions), dqn (discrete actions; also trains "
+        "teachers) or qdagger (a DQN student reincarnated from --teacher).",
+    ),
+    click.option(
+        "--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5."
+    ),
+    click.option(
+        "--config",
+        "preset",
+        default="default",
+        show_default=True,
+        help="Hyperparameter preset: default or paper (BatchPPO reference values).",
+    ),
+    click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override one preset value (repeatable), e.g. --set learning_rate=1e-4.",
+    ),
+    click.option(
+        "--config-file",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="TOML file of preset overrides, one `key = value` per line (e.g. learning_rate = 1e-4); "
+        "--set values win over it.",
+    ),
 ]
 
 
@@ -100,10 +127,18 @@ def common(f):
 
 _TOKEN_HELP = "Shared cluster token sent with every learner call (default: $RLFLEET_TOKEN; empty: none)."
 _client_security = [
-    click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
-                 help="PEM of the CA that signed the learner's certificate; turns TLS on."),
-    click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
-                 help="PEM of this client's certificate (a learner started with --tls-client-ca asks for it)."),
+    click.option(
+        "--tls-ca",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="PEM of the CA that signed the learner's certificate; turns TLS on.",
+    ),
+    click.option(
+        "--tls-cert",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="PEM of this client's certificate (a learner started with --tls-client-ca asks for it).",
+    ),
     click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM of --tls-cert's private key."),
     click.option("--token", default=None, help=_TOKEN_HELP),
 ]
@@ -115,9 +150,11 @@ def client_security(f):
 
     @functools.wraps(f)
     def wrapper(*args, tls_ca, tls_cert, tls_key, token, **kwargs):
-        from proto.security import ClientSecurity, token_from_env
+        from rlfleet.proto.security import ClientSecurity, token_from_env
+
         security = ClientSecurity(tls_ca, tls_cert, tls_key, token_from_env(token))
         return f(*args, security=security, **kwargs)
+
     for opt in reversed(_client_security):
         wrapper = opt(wrapper)
     return wrapper
@@ -130,49 +167,134 @@ def _logdir(logdir: str | None, resume: str | None) -> str:
     return logdir if logdir is not None else resume
 
 
+def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
+    """Prints every setting of the run's resolved config: name, value, description (with its unit)."""
+    from rlfleet.learner.presets import describe, make_algo_config
+
+    try:
+        cfg = make_algo_config(algo, preset, env_id, overrides)
+    except ValueError as e:
+        _fail(str(e))
+    base = dataclasses.asdict(make_algo_config(algo, preset, env_id))
+    click.echo(f"# {algo} on {env_id}, preset {preset!r}, with per-env overrides; * = set by --config-file/--set")
+    docs = describe(type(cfg))
+    values = dataclasses.asdict(cfg)
+    width = max(len(k) for k in values)
+    for key, value in values.items():
+        mark = "*" if value != base[key] else " "
+        click.echo(f"{key:<{width}} {mark} {json.dumps(value):<14} # {docs[key]}")
+
+
 @main.command()
 @common
-@click.option("--total-steps", type=int, required=True,
-              help="Env steps to train for (agent steps: 4 frames each on Atari).")
-@click.option("--logdir", default=None, type=click.Path(file_okay=False),
-              help="Run directory (required, except with --resume: then that directory).")
+@click.option(
+    "--total-steps", type=int, default=None, help="Env steps to train for (agent steps: 4 frames each on Atari)."
+)
+@click.option(
+    "--logdir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Run directory (required, except with --resume: then that directory).",
+)
 @click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
-@click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address the learner listens on; loopback keeps the cluster on this machine. A private address "
-                   "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.")
-@click.option("--env-backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
-              help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
-                   "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
-                   "gymnasium's classic-control envs, envpool for Box-action envs it has, else async.")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Continue from the latest checkpoint of this run directory.")
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the learner listens on; loopback keeps the cluster on this machine. A private address "
+    "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.",
+)
+@click.option(
+    "--env-backend",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
+    help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
+    "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
+    "gymnasium's classic-control envs, envpool for Box-action envs it has, else async.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Continue from the latest checkpoint of this run directory.",
+)
 @click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
-@click.option("--teacher", type=click.Path(file_okay=False), default=None,
-              help="qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
-@click.option("--offline-steps", type=int, default=None,
-              help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
-def up(algo, env_id, preset, overrides, config_file, total_steps, logdir, num_actors, envs_per_actor, seed,
-       learner_port, bind, env_backend, resume, report_interval, teacher, offline_steps):
+@click.option(
+    "--teacher",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).",
+)
+@click.option(
+    "--offline-steps",
+    type=int,
+    default=None,
+    help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
+)
+@click.option(
+    "--show-config",
+    is_flag=True,
+    help="Print the resolved settings (preset, per-env overrides, --config-file, --set) with their "
+    "descriptions and units, and exit without starting anything.",
+)
+def up(
+    algo,
+    env_id,
+    preset,
+    overrides,
+    config_file,
+    total_steps,
+    logdir,
+    num_actors,
+    envs_per_actor,
+    seed,
+    learner_port,
+    bind,
+    env_backend,
+    resume,
+    report_interval,
+    teacher,
+    offline_steps,
+    show_config,
+):
     """Run replay, learner and actors as local processes until --total-steps env steps."""
     _quiet_tf()
     _check_algo(algo)
-    from deploy.launcher import LaunchError, launch
     overrides = _parse_overrides(overrides, config_file)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
+    if show_config:
+        _show_config(algo, preset, env_id, overrides)
+        return
+    if total_steps is None:
+        _fail("Missing option '--total-steps' (env steps to train for).")
+    from rlfleet.deploy.launcher import LaunchError, launch
+
     _check_teacher_args(algo, teacher, offline_steps, overrides)
     logdir = _logdir(logdir, resume)
     if total_steps <= 0 or num_actors <= 0:
         _fail("--total-steps and --actors must be positive.")
     try:
-        code = launch(algo=algo, env_id=env_id, preset=preset, overrides=overrides, total_steps=total_steps,
-                      logdir=logdir, num_actors=num_actors, seed=seed, learner_port=learner_port,
-                      env_backend=env_backend, resume=resume, report_interval=report_interval, teacher=teacher,
-                      bind=bind)
+        code = launch(
+            algo=algo,
+            env_id=env_id,
+            preset=preset,
+            overrides=overrides,
+            total_steps=total_steps,
+            logdir=logdir,
+            num_actors=num_actors,
+            seed=seed,
+            learner_port=learner_port,
+            env_backend=env_backend,
+            resume=resume,
+            report_interval=report_interval,
+            teacher=teacher,
+            bind=bind,
+        )
     except LaunchError as e:
         _fail(str(e))
     sys.exit(code)
@@ -181,25 +303,44 @@ def up(algo, env_id, preset, overrides, config_file, total_steps, logdir, num_ac
 @main.command("replay")
 @common
 @click.option("--port", type=int, required=True, help="Port to serve Reverb on.")
-@click.option("--queue-items", type=int, default=None,
-              help="Queue capacity in items (default: one update batch): how far actors may run ahead.")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
-              help="dqn/qdagger: Reverb checkpoints go here (RUN_DIR/replay makes the run a teacher); the "
-                   "tables start from the latest one, and a new one is written on stop (unless the tables are "
-                   "unchanged since the latest one, which stop then names).")
-@click.option("--teacher", type=click.Path(file_okay=False), default=None,
-              help="Serve this DQN run directory's replay read-only for a QDagger student (needs "
-                   "--checkpoint-dir for the copy).")
-@click.option("--checkpoint-interval", default=600.0, show_default=True, type=float,
-              help="dqn/qdagger with --checkpoint-dir: seconds between Reverb checkpoints (0: only on stop), so "
-                   "that a replay server that crashes restarts with at most this much replay lost.")
-def replay_cmd(algo, env_id, preset, overrides, config_file, port, queue_items, checkpoint_dir, teacher, checkpoint_interval):
+@click.option(
+    "--queue-items",
+    type=int,
+    default=None,
+    help="Queue capacity in items (default: one update batch): how far actors may run ahead.",
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="dqn/qdagger: Reverb checkpoints go here (RUN_DIR/replay makes the run a teacher); the "
+    "tables start from the latest one, and a new one is written on stop (unless the tables are "
+    "unchanged since the latest one, which stop then names).",
+)
+@click.option(
+    "--teacher",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Serve this DQN run directory's replay read-only for a QDagger student (needs --checkpoint-dir for the copy).",
+)
+@click.option(
+    "--checkpoint-interval",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="dqn/qdagger with --checkpoint-dir: seconds between Reverb checkpoints (0: only on stop), so "
+    "that a replay server that crashes restarts with at most this much replay lost.",
+)
+def replay_cmd(
+    algo, env_id, preset, overrides, config_file, port, queue_items, checkpoint_dir, teacher, checkpoint_interval
+):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     _check_algo(algo)
-    from actors.envs import EnvError, env_spec, require_action_kind
-    from learner.presets import make_algo_config
-    from replay.server import serve, tables_for
+    from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.replay.server import serve, tables_for
+
     try:
         spec = env_spec(env_id)
         require_action_kind(spec, algo)
@@ -208,11 +349,14 @@ def replay_cmd(algo, env_id, preset, overrides, config_file, port, queue_items, 
         if algo == "ppo" and teacher:
             _fail("--teacher is for qdagger replay; PPO's queue is on-policy.")
         if algo == "ppo" and checkpoint_dir:
-            click.echo("rlfleet replay: PPO's queue is on-policy and is not checkpointed; --checkpoint-dir "
-                       "is ignored.", err=True)
+            click.echo(
+                "rlfleet replay: PPO's queue is on-policy and is not checkpointed; --checkpoint-dir is ignored.",
+                err=True,
+            )
             checkpoint_dir = None
-        serve(tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher,
-              checkpoint_interval_s=checkpoint_interval)
+        serve(
+            tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher, checkpoint_interval_s=checkpoint_interval
+        )
     except (EnvError, ValueError) as e:
         _fail(str(e))
 
@@ -222,7 +366,8 @@ def replay_cmd(algo, env_id, preset, overrides, config_file, port, queue_items, 
 def replay_checkpoint_cmd(replay_address):
     """Have a running replay server write a Reverb checkpoint now; prints its directory."""
     _quiet_tf()
-    from replay.checkpoints import ReplayCheckpointError, checkpoint_replay
+    from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
+
     try:
         click.echo(checkpoint_replay(replay_address))
     except ReplayCheckpointError as e:
@@ -233,46 +378,126 @@ def replay_checkpoint_cmd(replay_address):
 @common
 @click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
 @click.option("--replay-for-actors", default=None, help="Replay address as actors dial it (default: --replay).")
-@click.option("--logdir", default=None, type=click.Path(file_okay=False),
-              help="Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
-                   "--resume: then that directory).")
+@click.option(
+    "--logdir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
+    "--resume: then that directory).",
+)
 @click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
 @click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Network initialisation and actor env seeds.")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Continue from the latest checkpoint of this run directory (same --algo/--env/--config/--set "
-                   "and --config-file as its first start).")
-@click.option("--env-backend", default="auto", show_default=True,
-              type=click.Choice(["auto", "async", "sync", "envpool", "ale"]), help="Env backend actors use (see `up`).")
-@click.option("--report-interval", default=5.0, show_default=True, type=float,
-              help="Seconds between metrics rows (metrics.jsonl, TensorBoard).")
-@click.option("--checkpoint-interval", default=120.0, show_default=True, type=float,
-              help="Seconds between learner checkpoints (a restarted learner continues from the latest).")
-@click.option("--linger", default=5.0, show_default=True, type=float,
-              help="Seconds to keep serving after the run ends, so actors see the stop.")
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Continue from the latest checkpoint of this run directory (same --algo/--env/--config/--set "
+    "and --config-file as its first start).",
+)
+@click.option(
+    "--env-backend",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
+    help="Env backend actors use (see `up`).",
+)
+@click.option(
+    "--report-interval",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="Seconds between metrics rows (metrics.jsonl, TensorBoard).",
+)
+@click.option(
+    "--checkpoint-interval",
+    default=120.0,
+    show_default=True,
+    type=float,
+    help="Seconds between learner checkpoints (a restarted learner continues from the latest).",
+)
+@click.option(
+    "--linger",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="Seconds to keep serving after the run ends, so actors see the stop.",
+)
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
-@click.option("--teacher", type=click.Path(file_okay=False), default=None,
-              help="qdagger: the teacher's run directory (a finished dqn run on the same env).")
+@click.option(
+    "--teacher",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="qdagger: the teacher's run directory (a finished dqn run on the same env).",
+)
 @click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
-@click.option("--offline-steps", type=int, default=None,
-              help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).")
-@click.option("--auto-resume", is_flag=True,
-              help="Resume from --logdir when it holds a checkpoint, else start a new run (for restarts by a "
-                   "supervisor such as docker-compose).")
-@click.option("--actor-timeout", default=30.0, show_default=True, type=float,
-              help="Seconds without a heartbeat after which an actor leaves the status list.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
-              help="PEM certificate chain of this learner; with --tls-key turns TLS on.")
+@click.option(
+    "--offline-steps",
+    type=int,
+    default=None,
+    help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
+)
+@click.option(
+    "--auto-resume",
+    is_flag=True,
+    help="Resume from --logdir when it holds a checkpoint, else start a new run (for restarts by a "
+    "supervisor such as docker-compose).",
+)
+@click.option(
+    "--actor-timeout",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds without a heartbeat after which an actor leaves the status list.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PEM certificate chain of this learner; with --tls-key turns TLS on.",
+)
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert.")
-@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
-              help="Require client certificates signed by this CA (PEM): mutual TLS.")
-@click.option("--token", default=None, help="Shared cluster token every actor and status call must send "
-                                            "(default: $RLFLEET_TOKEN; empty: none).")
-def learner_cmd(algo, env_id, preset, overrides, config_file, replay_address, replay_for_actors, logdir, total_steps,
-                port, bind, seed, resume, env_backend, report_interval, checkpoint_interval, linger, port_file,
-                teacher, teacher_replay, offline_steps, auto_resume, actor_timeout, tls_cert, tls_key,
-                tls_client_ca, token):
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Require client certificates signed by this CA (PEM): mutual TLS.",
+)
+@click.option(
+    "--token",
+    default=None,
+    help="Shared cluster token every actor and status call must send (default: $RLFLEET_TOKEN; empty: none).",
+)
+def learner_cmd(
+    algo,
+    env_id,
+    preset,
+    overrides,
+    config_file,
+    replay_address,
+    replay_for_actors,
+    logdir,
+    total_steps,
+    port,
+    bind,
+    seed,
+    resume,
+    env_backend,
+    report_interval,
+    checkpoint_interval,
+    linger,
+    port_file,
+    teacher,
+    teacher_replay,
+    offline_steps,
+    auto_resume,
+    actor_timeout,
+    tls_cert,
+    tls_key,
+    tls_client_ca,
+    token,
+):
     """Run the learner service (BatchPPO, DQN or QDagger) against a running replay server."""
     _quiet_tf()
     _check_algo(algo)
@@ -285,17 +510,34 @@ def learner_cmd(algo, env_id, preset, overrides, config_file, replay_address, re
     logdir = _logdir(logdir, resume)
     if auto_resume and resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
         resume = logdir
-    from actors.envs import EnvError
-    from learner.service import Learner, LearnerError
-    from proto.security import token_from_env
+    from rlfleet.actors.envs import EnvError
+    from rlfleet.learner.service import Learner, LearnerError
+    from rlfleet.proto.security import token_from_env
+
     try:
-        learner = Learner(algo, env_id, replay_address, logdir, total_steps=total_steps, port=port, bind=bind,
-                          preset=preset, overrides=overrides, seed=seed, resume=resume,
-                          report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval,
-                          replay_host_for_actors=replay_for_actors, env_backend=env_backend, linger_s=linger,
-                          teacher=teacher, teacher_replay=teacher_replay, actor_timeout_s=actor_timeout,
-                          tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
-                          token=token_from_env(token))
+        learner = Learner(
+            algo,
+            env_id,
+            replay_address,
+            logdir,
+            total_steps=total_steps,
+            port=port,
+            bind=bind,
+            preset=preset,
+            overrides=overrides,
+            seed=seed,
+            resume=resume,
+            report_interval_s=report_interval,
+            checkpoint_interval_s=checkpoint_interval,
+            replay_host_for_actors=replay_for_actors,
+            env_backend=env_backend,
+            linger_s=linger,
+            teacher=teacher,
+            teacher_replay=teacher_replay,
+            actor_timeout_s=actor_timeout,
+            tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+            token=token_from_env(token),
+        )
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
@@ -308,15 +550,20 @@ def learner_cmd(algo, env_id, preset, overrides, config_file, replay_address, re
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--replay", "replay_address", default=None, help="Override the replay address the learner announces.")
 @click.option("--num-envs", type=int, default=0, help="Must match the run's envs per actor (default: take it).")
-@click.option("--env-backend", default=None, type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
-              help="Override the run's env backend.")
+@click.option(
+    "--env-backend",
+    default=None,
+    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
+    help="Override the run's env backend.",
+)
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
 @client_security
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout, security):
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()
-    from actors.actor import Actor, ActorError
-    from proto.security import SecurityError
+    from rlfleet.actors.actor import Actor, ActorError
+    from rlfleet.proto.security import SecurityError
+
     try:
         Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout, security).run()
     except (ActorError, SecurityError) as e:
@@ -330,8 +577,9 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
 @client_security
 def status_cmd(learner_address, as_json, timeout, security):
     """Query the learner's status RPC."""
-    from deploy.status import StatusError, format_status, get_status, to_json_ready
-    from proto.security import SecurityError
+    from rlfleet.deploy.status import StatusError, format_status, get_status, to_json_ready
+    from rlfleet.proto.security import SecurityError
+
     try:
         st = get_status(learner_address, timeout, security)
     except (StatusError, SecurityError) as e:
@@ -348,7 +596,8 @@ def health_cmd(learner_address, replay_address, timeout, security):
     """Exit 0 when the service answers (container health checks); exit 1 with the reason otherwise."""
     if bool(learner_address) == bool(replay_address):
         _fail("pass exactly one of --learner HOST:PORT or --replay HOST:PORT.")
-    from deploy.status import check_health
+    from rlfleet.deploy.status import check_health
+
     ok, message = check_health(learner_address, replay_address, timeout, security)
     click.echo(message, err=not ok)
     sys.exit(0 if ok else 1)

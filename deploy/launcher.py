@@ -6,6 +6,7 @@ until the learner reaches the env-step budget and finishes its final
 evaluation, then stops everything. A child that dies makes `up` fail with that
 child's log; Ctrl-C stops the actors, lets the learner checkpoint, stops replay.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ import time
 
 import portpicker
 
-from actors.envs import EnvError, env_spec, require_action_kind
-from deploy.status import StatusError, check_health, get_status
-from proto.security import ClientSecurity, token_from_env
-from learner.presets import make_algo_config
-from learner.run_dir import check_run_dir, run_identity
-from learner.teacher import check_teacher_dir
-from replay.checkpoints import REPLAY_SUBDIR
+from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.deploy.status import StatusError, check_health, get_status
+from rlfleet.learner.presets import make_algo_config
+from rlfleet.learner.run_dir import check_run_dir, run_identity
+from rlfleet.learner.teacher import check_teacher_dir
+from rlfleet.proto.security import ClientSecurity, token_from_env
+from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
 LOOPBACK = "127.0.0.1"
 
@@ -38,10 +39,14 @@ class _Child:
     def __init__(self, name: str, args: list[str], logdir: str):
         self.name = name
         self.log_path = os.path.join(logdir, "logs", f"{name}.log")
-        self.log = open(self.log_path, "ab")   # a resumed run appends to the same log
+        self.log = open(self.log_path, "ab")  # a resumed run appends to the same log
         self.log_start = self.log.tell()
-        self.proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.cli", *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def tail(self, n: int = 25) -> str:
         """The last `n` lines this process wrote (not those of an earlier start of the run)."""
@@ -61,8 +66,10 @@ class _Child:
 
 
 def _fail_child(child: _Child) -> LaunchError:
-    return LaunchError(f"the {child.name} process exited with code {child.proc.returncode}; "
-                       f"last lines of {child.log_path}:\n{child.tail()}")
+    return LaunchError(
+        f"the {child.name} process exited with code {child.proc.returncode}; "
+        f"last lines of {child.log_path}:\n{child.tail()}"
+    )
 
 
 def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> None:
@@ -97,18 +104,32 @@ def _fmt(x, fmt="{:,.1f}") -> str:
 
 def progress_line(st: dict, total_steps: int) -> str:
     """One progress row for people: env steps, speed, learner steps, returns."""
-    return (f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
-            f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
-            f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
-            f"eval {_fmt(st['eval_return_mean'])}"
-            + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")
-            + (f" | distillation {st['distillation_coefficient']:.2f}" if st["algo"] == "qdagger" else ""))
+    return (
+        f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
+        f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
+        f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
+        f"eval {_fmt(st['eval_return_mean'])}"
+        + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")
+        + (f" | distillation {st['distillation_coefficient']:.2f}" if st["algo"] == "qdagger" else "")
+    )
 
 
-def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: int, logdir: str,
-           num_actors: int, seed: int = 0, learner_port: int = 0, env_backend: str = "auto",
-           resume: str | None = None, report_interval: float = 5.0, teacher: str | None = None,
-           bind: str = LOOPBACK) -> int:
+def launch(
+    algo: str,
+    env_id: str,
+    preset: str,
+    overrides: dict,
+    total_steps: int,
+    logdir: str,
+    num_actors: int,
+    seed: int = 0,
+    learner_port: int = 0,
+    env_backend: str = "auto",
+    resume: str | None = None,
+    report_interval: float = 5.0,
+    teacher: str | None = None,
+    bind: str = LOOPBACK,
+) -> int:
     """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
 
     The learner listens on `bind` (default loopback; another address lets actors on other machines attach,
@@ -131,11 +152,29 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         check_run_dir(logdir, resume, run_identity(algo, env_id, preset, cfg.to_json(), teacher))
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    resume_cmd = " ".join(["rlfleet up --algo", algo, "--env", env_id, "--total-steps", str(total_steps),
-                           "--logdir", logdir, "--resume", logdir, "--actors", str(num_actors), "--seed", str(seed),
-                           "--config", preset, *(["--teacher", teacher] if teacher else []),
-                           *(["--bind", bind] if bind != LOOPBACK else []),
-                           *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items())])
+    resume_cmd = " ".join(
+        [
+            "rlfleet up --algo",
+            algo,
+            "--env",
+            env_id,
+            "--total-steps",
+            str(total_steps),
+            "--logdir",
+            logdir,
+            "--resume",
+            logdir,
+            "--actors",
+            str(num_actors),
+            "--seed",
+            str(seed),
+            "--config",
+            preset,
+            *(["--teacher", teacher] if teacher else []),
+            *(["--bind", bind] if bind != LOOPBACK else []),
+            *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items()),
+        ]
+    )
     if learner_port and not _port_free(learner_port, bind):
         raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
@@ -160,14 +199,50 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         children.append(replay)
         _wait_until(lambda: check_health(replay=replay_address, timeout_s=1)[0], children, "the replay server", 300)
         if teacher:
-            children.append(_Child("teacher-replay", [
-                "replay", *common, "--port", teacher_address.split(":")[1], "--teacher", teacher,
-                "--checkpoint-dir", os.path.join(logdir, "teacher_replay")], logdir))
-            _wait_until(lambda: check_health(replay=teacher_address, timeout_s=1)[0], children, "the teacher's replay server", 300)
-        learner_args = ["learner", *common, "--replay", replay_address, "--logdir", logdir,
-                        "--total-steps", str(total_steps), "--port", str(learner_port),
-                        "--bind", bind, "--seed", str(seed), "--env-backend", env_backend,
-                        "--report-interval", str(report_interval), "--linger", "3"]
+            children.append(
+                _Child(
+                    "teacher-replay",
+                    [
+                        "replay",
+                        *common,
+                        "--port",
+                        teacher_address.split(":")[1],
+                        "--teacher",
+                        teacher,
+                        "--checkpoint-dir",
+                        os.path.join(logdir, "teacher_replay"),
+                    ],
+                    logdir,
+                )
+            )
+            _wait_until(
+                lambda: check_health(replay=teacher_address, timeout_s=1)[0],
+                children,
+                "the teacher's replay server",
+                300,
+            )
+        learner_args = [
+            "learner",
+            *common,
+            "--replay",
+            replay_address,
+            "--logdir",
+            logdir,
+            "--total-steps",
+            str(total_steps),
+            "--port",
+            str(learner_port),
+            "--bind",
+            bind,
+            "--seed",
+            str(seed),
+            "--env-backend",
+            env_backend,
+            "--report-interval",
+            str(report_interval),
+            "--linger",
+            "3",
+        ]
         if bind != LOOPBACK and bind not in ("0.0.0.0", "::"):
             learner_args += ["--replay-for-actors", f"{bind}:{replay_address.split(':')[1]}"]
         if resume:
@@ -177,10 +252,15 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         learner = _Child("learner", learner_args, logdir)
         children.append(learner)
         _wait_until(lambda: check_health(learner_address, timeout_s=1)[0], children, "the learner", 180)
-        print(f"rlfleet up: learner at {learner_address} (query it: rlfleet status --learner {learner_address})",
-              flush=True)
-        print(f"rlfleet up: {num_actors} actor(s) x {cfg.envs_per_actor} {env_id} envs; logs in "
-              f"{os.path.join(logdir, 'logs')}", flush=True)
+        print(
+            f"rlfleet up: learner at {learner_address} (query it: rlfleet status --learner {learner_address})",
+            flush=True,
+        )
+        print(
+            f"rlfleet up: {num_actors} actor(s) x {cfg.envs_per_actor} {env_id} envs; logs in "
+            f"{os.path.join(logdir, 'logs')}",
+            flush=True,
+        )
         for i in range(num_actors):
             actor = _Child(f"actor-{i}", ["actor", "--learner", learner_address], logdir)
             actors.append(actor)
@@ -217,9 +297,12 @@ def launch(algo: str, env_id: str, preset: str, overrides: dict, total_steps: in
         summary_path = os.path.join(logdir, "summary.json")
         with open(summary_path) as f:
             summary = json.load(f)
-        print(f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
-              f"final eval return {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
-              f"episode(s), {summary['wall_seconds']:.0f}s. Summary: {summary_path}", flush=True)
+        print(
+            f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
+            f"final eval return {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
+            f"episode(s), {summary['wall_seconds']:.0f}s. Summary: {summary_path}",
+            flush=True,
+        )
         return 0
     except KeyboardInterrupt:
         print("\nrlfleet up: interrupted; stopping actors, checkpointing the learner...", flush=True)

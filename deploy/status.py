@@ -1,15 +1,15 @@
 """Client side of the learner's GetStatus RPC: fetch and format."""
+
 from __future__ import annotations
 
 import math
 
 import grpc
 from google.protobuf import json_format
-
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proto import rlfleet_pb2, rlfleet_pb2_grpc
-from proto.security import ClientSecurity, channel
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+from rlfleet.proto.security import ClientSecurity, channel
 
 
 class StatusError(RuntimeError):
@@ -29,22 +29,30 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
     with channel(address, security) as ch:
         try:
             msg = rlfleet_pb2_grpc.LearnerStub(ch).GetStatus(
-                rlfleet_pb2.GetStatusRequest(), timeout=timeout_s, wait_for_ready=False)
+                rlfleet_pb2.GetStatusRequest(), timeout=timeout_s, wait_for_ready=False
+            )
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
-            raise StatusError(f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
-                              "check the address that `rlfleet up` printed and that the learner runs; with TLS, "
-                              "pass --tls-ca (and --tls-cert/--tls-key when it requires client certificates).") from None
+            raise StatusError(
+                f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
+                "check the address that `rlfleet up` printed and that the learner runs; with TLS, "
+                "pass --tls-ca (and --tls-cert/--tls-key when it requires client certificates)."
+            ) from None
     return _to_dict(msg)
 
 
-def check_health(learner: str | None = None, replay: str | None = None, timeout_s: float = 5.0,
-                 security: ClientSecurity | None = None) -> tuple[bool, str]:
+def check_health(
+    learner: str | None = None,
+    replay: str | None = None,
+    timeout_s: float = 5.0,
+    security: ClientSecurity | None = None,
+) -> tuple[bool, str]:
     """Asks the learner's gRPC health service (`learner` host:port) or a Reverb server (`replay`) whether
     it serves. Returns (ok, message); never raises for an unreachable service."""
     if replay:
         import reverb
+
         try:
             tables = reverb.Client(replay).server_info(timeout=max(1, int(timeout_s)))
         except Exception as e:
@@ -61,6 +69,7 @@ def check_health(learner: str | None = None, replay: str | None = None, timeout_
 
 def _to_dict(msg) -> dict:
     d = json_format.MessageToDict(msg, preserving_proto_field_name=True, including_default_value_fields=True)
+
     # int64 fields come back as strings in proto JSON; scripts want numbers.
     def fix(obj, desc):
         for f in desc.fields:
@@ -73,6 +82,7 @@ def _to_dict(msg) -> dict:
                 obj[f.name] = int(obj[f.name])
             elif f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT) and isinstance(obj[f.name], str):
                 obj[f.name] = float(obj[f.name])  # "NaN"
+
     fix(d, msg.DESCRIPTOR)
     return d
 
@@ -80,6 +90,7 @@ def _to_dict(msg) -> dict:
 def to_json_ready(st: dict) -> dict:
     """A status dict for strict JSON: NaN (a value not known yet) becomes null. Every algorithm's
     fields stay (0 where they do not apply), so scripts see one schema."""
+
     def clean(v):
         if isinstance(v, float) and math.isnan(v):
             return None
@@ -88,6 +99,7 @@ def to_json_ready(st: dict) -> dict:
         if isinstance(v, dict):
             return {k: clean(x) for k, x in v.items()}
         return v
+
     return clean(st)
 
 
@@ -107,16 +119,21 @@ def format_status(st: dict) -> str:
         f"dropped env steps (policy lag) {_num(st.get('dropped_env_steps', 0))}",
     ]
     if st["algo"] == "qdagger":
-        lines.append(f"distillation coefficient {st['distillation_coefficient']:.3f}   "
-                     f"teacher eval return {_num(st.get('teacher_eval_return_mean'), '{:,.1f}')}   "
-                     f"random policy return {_num(st.get('random_eval_return_mean'), '{:,.1f}')}")
+        lines.append(
+            f"distillation coefficient {st['distillation_coefficient']:.3f}   "
+            f"teacher eval return {_num(st.get('teacher_eval_return_mean'), '{:,.1f}')}   "
+            f"random policy return {_num(st.get('random_eval_return_mean'), '{:,.1f}')}"
+        )
     lines.append("")
-    lines.append(f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} "
-                 f"{'heartbeat':>10}")
+    lines.append(
+        f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}"
+    )
     for a in st.get("actors", []):
-        lines.append(f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a.get('address', '')[:16]:<16} {a['num_envs']:>5} "
-                     f"{a['policy_version'] if a['policy_version'] >= 0 else 'none yet':>10} "
-                     f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s")
+        lines.append(
+            f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a.get('address', '')[:16]:<16} {a['num_envs']:>5} "
+            f"{a['policy_version'] if a['policy_version'] >= 0 else 'none yet':>10} "
+            f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s"
+        )
     if not st.get("actors"):
         lines.append("  (no actors)")
     lines.append("")

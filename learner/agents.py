@@ -1,10 +1,11 @@
 """What the learner service needs from an algorithm, and the BatchPPO agent.
 
-The service (`learner.service.Learner`) owns the gRPC API, counters,
+The service (`rlfleet.learner.service.Learner`) owns the gRPC API, counters,
 checkpoints, metrics and the run's end; an agent owns the algorithm: its
 replay table and signature, how items are read and turned into updates, the
 weights actors receive, and evaluation.
 """
+
 from __future__ import annotations
 
 import abc
@@ -13,11 +14,11 @@ import dataclasses
 import numpy as np
 import reverb
 
-from actors.envs import EnvSpec
-from learner.evaluation import evaluate
-from learner.ppo import BatchPPO
-from learner.presets import PPOConfig
-from replay.server import PPO_TABLE, ppo_signature
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.learner.evaluation import evaluate
+from rlfleet.learner.ppo import BatchPPO
+from rlfleet.learner.presets import PPOConfig
+from rlfleet.replay.server import PPO_TABLE, ppo_signature
 
 
 @dataclasses.dataclass
@@ -30,6 +31,7 @@ class StepResult:
     service's every-`eval_every_updates` evaluations); metrics: floats for
     logs and TensorBoard.
     """
+
     gradient_steps: int = 0
     consumed: int = 0
     dropped: int = 0
@@ -40,6 +42,7 @@ class StepResult:
 
 class Agent(abc.ABC):
     """Interface of an algorithm inside the learner service (see module doc)."""
+
     algo: str
     table: str
     config: object
@@ -102,6 +105,7 @@ class PPOAgent(Agent):
     """BatchPPO in the learner service: reads the FIFO queue of T+1-step items,
     drops items older than `max_policy_lag` versions, and updates once a batch
     of `batch_env_steps` env steps (or `batch_episodes` episodes) is collected."""
+
     algo, table = "ppo", PPO_TABLE
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
@@ -115,9 +119,14 @@ class PPOAgent(Agent):
         return ppo_signature(self.spec.obs_shape[0], self.spec.action_dim, c.envs_per_actor, c.unroll_length)
 
     def actor_network(self) -> dict:
-        return dict(obs_dim=self.spec.obs_shape[0], action_dim=self.spec.action_dim,
-                    action_low=self.spec.action_low, action_high=self.spec.action_high,
-                    policy_hidden=list(self.config.policy_hidden), discount=self.config.discount)
+        return dict(
+            obs_dim=self.spec.obs_shape[0],
+            action_dim=self.spec.action_dim,
+            action_low=self.spec.action_low,
+            action_high=self.spec.action_high,
+            policy_hidden=list(self.config.policy_hidden),
+            discount=self.config.discount,
+        )
 
     def export_weights(self) -> dict:
         return self.ppo.export_weights()
@@ -133,8 +142,7 @@ class PPOAgent(Agent):
 
     def samples(self, replay_address: str):
         client = reverb.Client(replay_address)
-        for sample in client.sample(PPO_TABLE, num_samples=2 ** 62, emit_timesteps=False,
-                                    unpack_as_table_signature=True):
+        for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
     def consume(self, item, version: int, env_steps: int) -> StepResult:
@@ -145,20 +153,24 @@ class PPOAgent(Agent):
         self._items.append(item)
         self._steps += steps
         self._episodes += int((item["terminated"][:-1] | item["truncated"][:-1]).sum())
-        if not ((c.batch_env_steps and self._steps >= c.batch_env_steps) or
-                (c.batch_episodes and self._episodes >= c.batch_episodes)):
+        if not (
+            (c.batch_env_steps and self._steps >= c.batch_env_steps)
+            or (c.batch_episodes and self._episodes >= c.batch_episodes)
+        ):
             return StepResult()
         batch = {k: np.concatenate([it[k] for it in self._items], axis=1) for k in self._items[0]}
         progress = min(1.0, env_steps / self.total_steps) if self.total_steps else 0.0
         metrics = self.ppo.update(batch, progress)
-        result = StepResult(gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True,
-                            metrics=metrics)
+        result = StepResult(
+            gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True, metrics=metrics
+        )
         self._items, self._steps, self._episodes = [], 0, 0
         return result
 
     def evaluate(self, episodes: int, seed: int) -> list[float]:
-        return evaluate(self.export_weights(), self.spec.env_id, episodes, seed,
-                        self.spec.action_low, self.spec.action_high)
+        return evaluate(
+            self.export_weights(), self.spec.env_id, episodes, seed, self.spec.action_low, self.spec.action_high
+        )
 
     def status_extras(self) -> dict:
         # β is a KL-penalty setting: under the clip objective status reports 0 (see the proto field).

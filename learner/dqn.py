@@ -6,20 +6,21 @@ uniformly (or prioritized) from a Reverb table whose `SampleToInsertRatio`
 rate limiter holds the replay ratio; ε-greedy actors whose ε decays linearly
 with the run's env steps and is pushed with the weights.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import reverb
 import tensorflow as tf
 
-from actors.envs import EnvSpec
-from actors.policy import EPSILON
-from learner import dqn_math
-from learner.agents import Agent, StepResult
-from learner.evaluation import evaluate_dqn
-from learner.networks import MLP, NatureCNN
-from learner.presets import DQNConfig
-from replay.server import DQN_TABLE, dqn_signature
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.actors.policy import EPSILON
+from rlfleet.learner import dqn_math
+from rlfleet.learner.agents import Agent, StepResult
+from rlfleet.learner.evaluation import evaluate_dqn
+from rlfleet.learner.networks import MLP, NatureCNN
+from rlfleet.learner.presets import DQNConfig
+from rlfleet.replay.server import DQN_TABLE, dqn_signature
 
 
 def make_q_network(spec: EnvSpec, config: DQNConfig, seed: int, name: str):
@@ -33,7 +34,7 @@ def make_q_network(spec: EnvSpec, config: DQNConfig, seed: int, name: str):
 
 
 def export_q(net) -> dict:
-    """Named numpy arrays of a Q-network in the layout `actors.policy.q_values` reads."""
+    """Named numpy arrays of a Q-network in the layout `rlfleet.actors.policy.q_values` reads."""
     if isinstance(net, NatureCNN):
         return net.export()
     out = {}
@@ -43,7 +44,7 @@ def export_q(net) -> dict:
 
 
 def split_observations(frames, n_step: int, frame_stack: int):
-    """The first and bootstrap observations of DQN items (see `replay.server.dqn_signature`).
+    """The first and bootstrap observations of DQN items (see `rlfleet.replay.server.dqn_signature`).
 
     Args:
         frames: [N, n + S, *frame_shape] item frames.
@@ -52,7 +53,7 @@ def split_observations(frames, n_step: int, frame_stack: int):
     """
     if frame_stack == 1:
         return frames[:, 0], frames[:, n_step]
-    return frames[:, :frame_stack], frames[:, n_step:n_step + frame_stack]
+    return frames[:, :frame_stack], frames[:, n_step : n_step + frame_stack]
 
 
 def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE, rate_limiter_timeout_ms: int = 1000):
@@ -66,8 +67,11 @@ def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE, rate_l
     """
     while True:
         dataset = reverb.TrajectoryDataset.from_table_signature(
-            server_address=replay_address, table=table, max_in_flight_samples_per_worker=2 * batch_size,
-            rate_limiter_timeout_ms=rate_limiter_timeout_ms)
+            server_address=replay_address,
+            table=table,
+            max_in_flight_samples_per_worker=2 * batch_size,
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+        )
         for sample in dataset.batch(batch_size, drop_remainder=True):
             yield sample.data
 
@@ -80,6 +84,7 @@ class DQNAgent(Agent):
         config: `DQNConfig`.
         seed: initialisation seed.
     """
+
     algo, table = "dqn", DQN_TABLE
 
     def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0, total_steps: int = 0):
@@ -103,8 +108,12 @@ class DQNAgent(Agent):
 
     def actor_network(self) -> dict:
         s = self.spec
-        return dict(obs_shape=list(s.obs_shape), frame_stack=s.frame_stack, num_actions=s.action_dim,
-                    network="nature_cnn" if s.frame_stack > 1 else "mlp")
+        return dict(
+            obs_shape=list(s.obs_shape),
+            frame_stack=s.frame_stack,
+            num_actions=s.action_dim,
+            network="nature_cnn" if s.frame_stack > 1 else "mlp",
+        )
 
     def export_weights(self) -> dict:
         return {EPSILON: np.asarray(self.epsilon, np.float32), **export_q(self.q)}
@@ -113,7 +122,7 @@ class DQNAgent(Agent):
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)
 
     def samples(self, replay_address: str):
-        """Yields minibatches {field: [batch, ...]} of the replay table (`replay.server.dqn_signature`)."""
+        """Yields minibatches {field: [batch, ...]} of the replay table (`rlfleet.replay.server.dqn_signature`)."""
         yield from batches(replay_address, self.config.batch_size)
 
     def _td_loss(self, batch):
@@ -125,10 +134,10 @@ class DQNAgent(Agent):
         if c.reward_clip:
             rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
         q_all = self.q(obs)
-        bootstrap = dqn_math.bootstrap_value(self.target_q(bootstrap_obs),
-                                             self.q(bootstrap_obs) if c.double_q else None)
-        targets, _ = dqn_math.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap,
-                                             c.discount)
+        bootstrap = dqn_math.bootstrap_value(
+            self.target_q(bootstrap_obs), self.q(bootstrap_obs) if c.double_q else None
+        )
+        targets, _ = dqn_math.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap, c.discount)
         q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
         return dqn_math.huber_td_loss(q_selected, targets), q_all, tf.reduce_mean(q_selected)
 
@@ -157,8 +166,11 @@ class DQNAgent(Agent):
         if steps % c.publish_every:
             return StepResult(gradient_steps=1)
         self.epsilon = dqn_math.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
-        return StepResult(gradient_steps=1, updated=True,
-                          metrics={"td_loss": float(loss), "mean_q": float(mean_q), "epsilon": self.epsilon})
+        return StepResult(
+            gradient_steps=1,
+            updated=True,
+            metrics={"td_loss": float(loss), "mean_q": float(mean_q), "epsilon": self.epsilon},
+        )
 
     def evaluate(self, episodes: int, seed: int) -> list[float]:
         return evaluate_dqn(self.export_weights(), self.spec.env_id, episodes, seed, self.config.epsilon_eval)

@@ -63,8 +63,7 @@ def n_step_targets(rewards, dones, bootstrap_q, discount):
     powers = tf.pow(discount, tf.cast(tf.range(n), tf.float32))  # [n]
     alive = tf.math.cumprod(not_done, axis=1, exclusive=True)  # [N, n]
     partial = tf.reduce_sum(powers * alive * rewards, axis=1)
-    bootstrap_discount = (tf.pow(discount, tf.cast(n, tf.float32))
-                          * tf.reduce_prod(not_done, axis=1))
+    bootstrap_discount = tf.pow(discount, tf.cast(n, tf.float32)) * tf.reduce_prod(not_done, axis=1)
     return partial + bootstrap_discount * bootstrap_q, bootstrap_discount
 
 
@@ -107,7 +106,7 @@ def huber_td_loss(q_selected, targets, delta=1.0):
     reincarnating_rl / Dopamine configs (Agarwal et al. 2022).
     """
     if isinstance(delta, (int, float)) and delta <= 0:
-        raise ValueError(f'huber delta must be > 0, got {delta}')
+        raise ValueError(f"huber delta must be > 0, got {delta}")
     q_selected = _f32(q_selected)
     targets = tf.stop_gradient(_f32(targets))
     q_selected.shape.assert_is_compatible_with(targets.shape)
@@ -140,19 +139,17 @@ def distillation_loss(q_student, q_teacher, temperature=0.1):
     reincarnating_rl configs).
     """
     if isinstance(temperature, (int, float)) and temperature <= 0:
-        raise ValueError(f'temperature must be > 0, got {temperature}')
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     q_student = _f32(q_student)
     q_teacher = tf.stop_gradient(_f32(q_teacher))
     q_student.shape.assert_is_compatible_with(q_teacher.shape)
     temperature = _f32(temperature)
     log_p_teacher = tf.nn.log_softmax(q_teacher / temperature, axis=-1)
     log_p_student = tf.nn.log_softmax(q_student / temperature, axis=-1)
-    return tf.reduce_sum(
-        tf.exp(log_p_teacher) * (log_p_teacher - log_p_student), axis=-1)
+    return tf.reduce_sum(tf.exp(log_p_teacher) * (log_p_teacher - log_p_student), axis=-1)
 
 
-def qdagger_loss(q_student_all, actions, targets, q_teacher_all, distill_coef,
-                 temperature=0.1):
+def qdagger_loss(q_student_all, actions, targets, q_teacher_all, distill_coef, temperature=0.1):
     """QDagger objective: Huber TD loss + distill_coef * mean distillation KL.
 
     loss = huber_td_loss(Q_student(s, a), targets)
@@ -182,14 +179,12 @@ def qdagger_loss(q_student_all, actions, targets, q_teacher_all, distill_coef,
     actions.shape.assert_is_compatible_with(q_student_all.shape[:1])
     q_selected = tf.gather(q_student_all, actions, axis=1, batch_dims=1)
     td = huber_td_loss(q_selected, targets)
-    distill = tf.reduce_mean(
-        distillation_loss(q_student_all, q_teacher_all, temperature))
+    distill = tf.reduce_mean(distillation_loss(q_student_all, q_teacher_all, temperature))
     loss = td + _f32(distill_coef) * distill
-    return loss, {'td_loss': td, 'distillation_loss': distill}
+    return loss, {"td_loss": td, "distillation_loss": distill}
 
 
-def distillation_coefficient(base, student_return, teacher_return,
-                             random_return, step, cutoff_step):
+def distillation_coefficient(base, student_return, teacher_return, random_return, step, cutoff_step):
     """QDagger distillation coefficient lambda (pure python).
 
     lambda = base * max(0, 1 - (R_student - R_random) / (R_teacher - R_random)),
@@ -214,26 +209,26 @@ def distillation_coefficient(base, student_return, teacher_return,
     teacher_return = float(teacher_return)
     random_return = float(random_return)
     if base < 0:
-        raise ValueError(f'base distillation coefficient must be >= 0, '
-                         f'got {base}')
-    for name, value in (('student_return', student_return),
-                        ('teacher_return', teacher_return),
-                        ('random_return', random_return)):
+        raise ValueError(f"base distillation coefficient must be >= 0, got {base}")
+    for name, value in (
+        ("student_return", student_return),
+        ("teacher_return", teacher_return),
+        ("random_return", random_return),
+    ):
         if not math.isfinite(value):
-            raise ValueError(f'{name} must be finite, got {value}')
+            raise ValueError(f"{name} must be finite, got {value}")
     if teacher_return <= random_return:
         raise ValueError(
-            f'teacher_return ({teacher_return}) must exceed random_return '
-            f'({random_return}) to normalise the student return')
+            f"teacher_return ({teacher_return}) must exceed random_return "
+            f"({random_return}) to normalise the student return"
+        )
     if cutoff_step is not None and step >= cutoff_step:
         return 0.0
-    progress = (student_return - random_return) / (teacher_return
-                                                   - random_return)
+    progress = (student_return - random_return) / (teacher_return - random_return)
     return float(min(base, base * max(0.0, 1.0 - progress)))
 
 
-def interpolated_learning_rate(distill_coef, base_coef, lr_distill=1e-4,
-                               lr_final=1e-5):
+def interpolated_learning_rate(distill_coef, base_coef, lr_distill=1e-4, lr_final=1e-5):
     """Learning rate linear in distill_coef / base_coef (pure python).
 
     lr = lr_final + clip(distill_coef / base_coef, 0, 1) * (lr_distill - lr_final)
@@ -246,7 +241,7 @@ def interpolated_learning_rate(distill_coef, base_coef, lr_distill=1e-4,
     """
     distill_coef, base_coef = float(distill_coef), float(base_coef)
     if base_coef < 0:
-        raise ValueError(f'base_coef must be >= 0, got {base_coef}')
+        raise ValueError(f"base_coef must be >= 0, got {base_coef}")
     if base_coef == 0:
         return float(lr_final)
     frac = min(1.0, max(0.0, distill_coef / base_coef))
@@ -264,7 +259,7 @@ def linear_epsilon(step, start, end, decay_steps):
     student's actors (Agarwal et al. 2022 configs).
     """
     if decay_steps < 0:
-        raise ValueError(f'decay_steps must be >= 0, got {decay_steps}')
+        raise ValueError(f"decay_steps must be >= 0, got {decay_steps}")
     if decay_steps == 0:
         return float(end)
     frac = min(1.0, max(0.0, float(step)) / float(decay_steps))

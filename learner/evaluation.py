@@ -1,14 +1,15 @@
 """Evaluation episodes for the learner: BatchPPO with the mean action (as the
 BatchPPO paper evaluates), DQN ε-greedy with ε_eval = 0.001 (Dopamine /
 reincarnating_rl evaluation setting)."""
+
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
 
-from actors.envs import make_batched_env, make_env, resolve_backend
-from actors.policy import epsilon_greedy, mean_env_action
+from rlfleet.actors.envs import make_batched_env, make_env, resolve_backend
+from rlfleet.actors.policy import epsilon_greedy, mean_env_action
 
 
 def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], object]) -> list[float]:
@@ -38,8 +39,9 @@ def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, ac
     return run_episodes(env_id, episodes, seed, lambda o: mean_env_action(arrays, o, low, high)[0])
 
 
-def run_batched_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray],
-                         max_steps: int = 10 ** 6) -> list[float]:
+def run_batched_episodes(
+    env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray], max_steps: int = 10**6
+) -> list[float]:
     """Runs one episode in each of `episodes` envs stepped as one batch (Atari: ale-py, else in-process).
 
     `act` maps observations [B, ...] to actions [B]. Episodes still running

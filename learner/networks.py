@@ -5,6 +5,7 @@ for both policy and value; the policy mean goes through tanh, its output layer
 is initialised with a variance-scaling factor of 0.1, and the state-independent
 standard deviation starts at 0.35.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,17 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from actors.policy import (ACTIVATION, ACTIVATIONS, CONV_STRIDES, LOG_STD, MEAN_HEAD, MEAN_HEADS, conv_names,
-                           layer_names, nature_cnn_q)
+from rlfleet.actors.policy import (
+    ACTIVATION,
+    ACTIVATIONS,
+    CONV_STRIDES,
+    LOG_STD,
+    MEAN_HEAD,
+    MEAN_HEADS,
+    conv_names,
+    layer_names,
+    nature_cnn_q,
+)
 
 
 def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
@@ -59,8 +69,17 @@ class GaussianPolicy(tf.Module):
     the MLP's output itself ("linear", as in Stable-Baselines3 and CleanRL).
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int], init_std: float = 0.35,
-                 mean_init_factor: float = 0.1, seed: int = 0, activation: str = "relu", mean_head: str = "tanh"):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden: list[int],
+        init_std: float = 0.35,
+        mean_init_factor: float = 0.1,
+        seed: int = 0,
+        activation: str = "relu",
+        mean_head: str = "tanh",
+    ):
         super().__init__(name="policy")
         if mean_head not in MEAN_HEADS:
             raise ValueError(f"mean_head {mean_head!r}: choose one of {MEAN_HEADS}")
@@ -75,10 +94,13 @@ class GaussianPolicy(tf.Module):
         return mean, tf.broadcast_to(self.log_std, tf.shape(mean))
 
     def export(self) -> dict:
-        """Named numpy arrays in the layout `actors.policy` reads (the layer structure, activation and mean
+        """Named numpy arrays in the layout `rlfleet.actors.policy` reads (the layer structure, activation and mean
         head travel with them)."""
-        out = {LOG_STD: self.log_std.numpy(), ACTIVATION: np.float32(ACTIVATIONS.index(self.mlp.activation)),
-               MEAN_HEAD: np.float32(MEAN_HEADS.index(self.mean_head))}
+        out = {
+            LOG_STD: self.log_std.numpy(),
+            ACTIVATION: np.float32(ACTIVATIONS.index(self.mlp.activation)),
+            MEAN_HEAD: np.float32(MEAN_HEADS.index(self.mean_head)),
+        }
         for i, (w, b) in enumerate(zip(self.mlp.kernels, self.mlp.biases)):
             wn, bn = layer_names(i)
             out[wn], out[bn] = w.numpy(), b.numpy()
@@ -100,7 +122,7 @@ class NatureCNN(tf.Module):
     """The Nature DQN Q-network (Mnih et al. 2015), as the reincarnating_rl student and teacher use it.
 
     Call: uint8 frames [N, S, 84, 84] -> Q-values [N, num_actions] float32
-    (`actors.policy.nature_cnn_q`). Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1
+    (`rlfleet.actors.policy.nature_cnn_q`). Convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1
     and a 512-unit layer, all ReLU, He-uniform initialised; the output layer
     uses variance scaling 1.
     """
@@ -126,7 +148,7 @@ class NatureCNN(tf.Module):
         return nature_cnn_q(frames, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
 
     def export(self) -> dict:
-        """Named numpy arrays in the layout `actors.policy.q_values` reads."""
+        """Named numpy arrays in the layout `rlfleet.actors.policy.q_values` reads."""
         out = {}
         for i, (w, b) in enumerate(zip(self.conv_kernels, self.conv_biases)):
             wn, bn = conv_names(i)

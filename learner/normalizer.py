@@ -62,16 +62,14 @@ class RunningMeanStd:
         x = np.asarray(x, dtype=np.float64)
         nd = len(self.shape)
         if x.ndim != nd + 1 or x.shape[1:] != self.shape:
-            raise ValueError(
-                f'RunningMeanStd.update expects [N, *{self.shape}], '
-                f'got shape {x.shape}')
+            raise ValueError(f"RunningMeanStd.update expects [N, *{self.shape}], got shape {x.shape}")
         n = x.shape[0]
         if n == 0:
             return
         if not np.all(np.isfinite(x)):
             raise ValueError(
-                'RunningMeanStd.update got non-finite values (NaN/inf); '
-                'batch rejected, statistics unchanged')
+                "RunningMeanStd.update got non-finite values (NaN/inf); batch rejected, statistics unchanged"
+            )
         b_mean = x.mean(axis=0)
         b_var = x.var(axis=0)
         if self.count == 0:
@@ -79,8 +77,7 @@ class RunningMeanStd:
             return
         total = self.count + n
         delta = b_mean - self.mean
-        m2 = (self.var * self.count + b_var * n
-              + np.square(delta) * self.count * n / total)
+        m2 = self.var * self.count + b_var * n + np.square(delta) * self.count * n / total
         self.mean = self.mean + delta * n / total
         self.var = m2 / total
         self.count = float(total)
@@ -102,25 +99,24 @@ class RunningMeanStd:
 
     def state_dict(self):
         return {
-            'count': np.array(self.count, np.float64),
-            'mean': self.mean.copy(),
-            'var': self.var.copy(),
+            "count": np.array(self.count, np.float64),
+            "mean": self.mean.copy(),
+            "var": self.var.copy(),
         }
 
     def load_state_dict(self, d):
         """Load a state_dict(); raises ValueError on missing keys/bad shapes."""
-        missing = {'count', 'mean', 'var'} - set(d)
+        missing = {"count", "mean", "var"} - set(d)
         if missing:
-            raise ValueError(f'state dict is missing keys {sorted(missing)}')
-        count = np.asarray(d['count'], np.float64)
-        mean = np.array(d['mean'], np.float64)
-        var = np.array(d['var'], np.float64)
+            raise ValueError(f"state dict is missing keys {sorted(missing)}")
+        count = np.asarray(d["count"], np.float64)
+        mean = np.array(d["mean"], np.float64)
+        var = np.array(d["var"], np.float64)
         if count.shape != ():
             raise ValueError(f"'count' must be a scalar, got shape {count.shape}")
-        for name, arr in (('mean', mean), ('var', var)):
+        for name, arr in (("mean", mean), ("var", var)):
             if arr.shape != self.shape:
-                raise ValueError(
-                    f"'{name}' has shape {arr.shape}, expected {self.shape}")
+                raise ValueError(f"'{name}' has shape {arr.shape}, expected {self.shape}")
         if not (np.isfinite(count) and count >= 0):
             raise ValueError(f"'count' must be finite and >= 0, got {count}")
         self.count = float(count)

@@ -11,17 +11,18 @@ V(final observation). Data from older behaviour policies (actors run up to
 (Hilton et al. 2021): the ratio and the KL term are taken to the policy at
 the start of the update, and each sample is weighted by π_that/π_behaviour.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from actors.envs import EnvSpec
-from actors.policy import OBS_CLIP, OBS_MEAN, OBS_STD
-from learner import ppo_math
-from learner.networks import GaussianPolicy, ValueNetwork
-from learner.normalizer import RunningMeanStd
-from learner.presets import PPOConfig
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.actors.policy import OBS_CLIP, OBS_MEAN, OBS_STD
+from rlfleet.learner import ppo_math
+from rlfleet.learner.networks import GaussianPolicy, ValueNetwork
+from rlfleet.learner.normalizer import RunningMeanStd
+from rlfleet.learner.presets import PPOConfig
 
 _SPEC_1D = tf.TensorSpec([None], tf.float32)
 _SPEC_2D = tf.TensorSpec([None, None], tf.float32)
@@ -32,24 +33,30 @@ class BatchPPO:
 
     Args:
         spec: environment spec (continuous actions).
-        config: hyperparameters (see `learner.presets`).
+        config: hyperparameters (see `rlfleet.learner.presets`).
         seed: initialisation seed.
     """
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int = 0):
         obs_dim = spec.obs_shape[0]
         self.config = config
-        self.policy = GaussianPolicy(obs_dim, spec.action_dim, list(config.policy_hidden),
-                                     config.init_std, config.mean_init_factor, seed, config.activation,
-                                     config.mean_head)
+        self.policy = GaussianPolicy(
+            obs_dim,
+            spec.action_dim,
+            list(config.policy_hidden),
+            config.init_std,
+            config.mean_init_factor,
+            seed,
+            config.activation,
+            config.mean_head,
+        )
         self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1, config.activation)
         self.policy_opt = tf.keras.optimizers.Adam(config.learning_rate)
         self.value_opt = tf.keras.optimizers.Adam(config.learning_rate)
         self.policy_opt.build(self.policy.trainable_variables)
         self.value_opt.build(self.value.trainable_variables)
         # Without normalization the raw observations are not clipped either (they are not in std units).
-        self.obs_norm = RunningMeanStd(obs_dim, clip=config.obs_clip if config.obs_normalization else None,
-                                       center=True)
+        self.obs_norm = RunningMeanStd(obs_dim, clip=config.obs_clip if config.obs_normalization else None, center=True)
         self.reward_norm = RunningMeanStd((), clip=config.reward_clip, center=False)
         self.beta = float(config.init_beta)
         self.rng = np.random.default_rng(seed)
@@ -66,8 +73,13 @@ class BatchPPO:
 
     def checkpoint_items(self) -> dict:
         """Trackables for `tf.train.Checkpoint` (call `sync_to_checkpoint` before saving)."""
-        return dict(policy=self.policy, value=self.value, policy_opt=self.policy_opt,
-                    value_opt=self.value_opt, **self.ckpt_state)
+        return dict(
+            policy=self.policy,
+            value=self.value,
+            policy_opt=self.policy_opt,
+            value_opt=self.value_opt,
+            **self.ckpt_state,
+        )
 
     def sync_to_checkpoint(self) -> None:
         s = self.ckpt_state
@@ -81,8 +93,13 @@ class BatchPPO:
         s = self.ckpt_state
         self.beta = float(s["beta"].numpy())
         for prefix, norm in (("obs", self.obs_norm), ("rew", self.reward_norm)):
-            norm.load_state_dict({"count": s[f"{prefix}_count"].numpy(),
-                                  "mean": s[f"{prefix}_mean"].numpy(), "var": s[f"{prefix}_var"].numpy()})
+            norm.load_state_dict(
+                {
+                    "count": s[f"{prefix}_count"].numpy(),
+                    "mean": s[f"{prefix}_mean"].numpy(),
+                    "var": s[f"{prefix}_var"].numpy(),
+                }
+            )
 
     def export_weights(self) -> dict:
         """Everything the actors' numpy policy needs: policy layers, log-std, obs normalizer (mean, std, clip).
@@ -103,10 +120,23 @@ class BatchPPO:
             grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm)
         optimizer.apply_gradients(zip(grads, variables))
 
-    @tf.function(input_signature=[_SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_1D,
-                                  _SPEC_1D, tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.float32)])
-    def _train(self, obs, actions, prox_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns,
-               minibatches, beta):
+    @tf.function(
+        input_signature=[
+            _SPEC_2D,
+            _SPEC_2D,
+            _SPEC_1D,
+            _SPEC_2D,
+            _SPEC_2D,
+            _SPEC_1D,
+            _SPEC_1D,
+            _SPEC_1D,
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([], tf.float32),
+        ]
+    )
+    def _train(
+        self, obs, actions, prox_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns, minibatches, beta
+    ):
         """All gradient steps of one update in one graph call.
 
         The ratio and the KL term are taken to the proximal policy (the
@@ -124,19 +154,32 @@ class BatchPPO:
                 mean, log_std = self.policy(o)
                 log_prob = ppo_math.gaussian_log_prob(mean, log_std, a)
                 if c.policy_objective == "clip":
-                    policy_loss, _ = ppo_math.ppo_clip_loss(log_prob, tf.gather(prox_log_prob, idx),
-                                                            tf.gather(advantages, idx), c.clip_epsilon, w)
+                    policy_loss, _ = ppo_math.ppo_clip_loss(
+                        log_prob, tf.gather(prox_log_prob, idx), tf.gather(advantages, idx), c.clip_epsilon, w
+                    )
                 else:
                     kl = ppo_math.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
                     policy_loss, _ = ppo_math.ppo_kl_penalty_loss(
-                        log_prob, tf.gather(prox_log_prob, idx), tf.gather(advantages, idx), kl, beta,
-                        c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w)
-            self._apply(self.policy_opt, tape.gradient(policy_loss, self.policy.trainable_variables),
-                        self.policy.trainable_variables)
+                        log_prob,
+                        tf.gather(prox_log_prob, idx),
+                        tf.gather(advantages, idx),
+                        kl,
+                        beta,
+                        c.kl_target,
+                        c.kl_cutoff_factor,
+                        c.kl_cutoff_coef,
+                        w,
+                    )
+            self._apply(
+                self.policy_opt,
+                tape.gradient(policy_loss, self.policy.trainable_variables),
+                self.policy.trainable_variables,
+            )
             with tf.GradientTape() as tape:
                 v_loss = ppo_math.value_loss(self.value(o), tf.gather(returns, idx))
-            self._apply(self.value_opt, tape.gradient(v_loss, self.value.trainable_variables),
-                        self.value.trainable_variables)
+            self._apply(
+                self.value_opt, tape.gradient(v_loss, self.value.trainable_variables), self.value.trainable_variables
+            )
         return policy_loss, v_loss
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
@@ -145,7 +188,7 @@ class BatchPPO:
         `reward_scale` "rms": divided by the running root mean square of the
         rewards (BatchPPO: scaled, not centred); "return": divided by the
         running std of the episodes' discounted returns (the actors write them,
-        `replay.server.ppo_signature`; as Stable-Baselines3's VecNormalize and
+        `rlfleet.replay.server.ppo_signature`; as Stable-Baselines3's VecNormalize and
         CleanRL scale rewards); "none": unscaled. `reward_norm` holds the
         statistics of whichever of the two is tracked.
         """
@@ -167,7 +210,7 @@ class BatchPPO:
         `ppo_math.gae_advantages`).
 
         Args:
-            batch: replay fields (`replay.server.ppo_signature`), leading shape [T+1, N].
+            batch: replay fields (`rlfleet.replay.server.ppo_signature`), leading shape [T+1, N].
             obs_n: the batch's observations already normalised (float32 [T+1, N, obs_dim]), if the caller has them.
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
@@ -184,14 +227,15 @@ class BatchPPO:
             final = self.obs_norm.normalize(batch["final_observation"][:-1][truncated])
             truncation_values[truncated] = self.value(final).numpy()
         next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, truncation_values)
-        return ppo_math.gae_advantages(rewards, values[:-1], next_values, terminated,
-                                       terminated | truncated, c.discount, c.gae_lambda)
+        return ppo_math.gae_advantages(
+            rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
+        )
 
     def update(self, batch: dict, progress: float = 0.0) -> dict:
         """One BatchPPO update on a batch of trajectories.
 
         Args:
-            batch: replay fields (see `replay.server.ppo_signature`) with leading
+            batch: replay fields (see `rlfleet.replay.server.ppo_signature`) with leading
                 shape [T+1, N]; step T only provides the bootstrap observation.
             progress: fraction of the run's env-step budget done, in [0, 1]; with
                 `lr_schedule` "linear" the step size is learning_rate × (1 − progress)
@@ -223,22 +267,39 @@ class BatchPPO:
         obs_t, actions = tf.constant(flat(obs_n), tf.float32), tf.constant(flat(batch["action"]), tf.float32)
         prox_mean, prox_log_std = self.policy(obs_t)
         prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
-        is_weights = ppo_math.proximal_weights(prox_log_prob, flat(batch["behaviour_log_prob"]),
-                                               c.max_importance_weight)
+        is_weights = ppo_math.proximal_weights(
+            prox_log_prob, flat(batch["behaviour_log_prob"]), c.max_importance_weight
+        )
         size = t * n
         mb = max(1, size // max(1, c.num_minibatches))
         per_epoch = size // mb
-        minibatches = np.concatenate([self.rng.permutation(size)[:per_epoch * mb].reshape(per_epoch, mb)
-                                      for _ in range(c.epochs)]).astype(np.int32)
-        p_loss, v_loss = self._train(obs_t, actions, prox_log_prob, prox_mean, prox_log_std, is_weights,
-                                     tf.constant(flat(adv.numpy())), tf.constant(flat(returns.numpy())),
-                                     tf.constant(minibatches), tf.constant(self.beta, tf.float32))
+        minibatches = np.concatenate(
+            [self.rng.permutation(size)[: per_epoch * mb].reshape(per_epoch, mb) for _ in range(c.epochs)]
+        ).astype(np.int32)
+        p_loss, v_loss = self._train(
+            obs_t,
+            actions,
+            prox_log_prob,
+            prox_mean,
+            prox_log_std,
+            is_weights,
+            tf.constant(flat(adv.numpy())),
+            tf.constant(flat(returns.numpy())),
+            tf.constant(minibatches),
+            tf.constant(self.beta, tf.float32),
+        )
         steps = len(minibatches)
         mean, log_std = self.policy(obs_t)
         kl = float(tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)))
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
             self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
-        return {"policy_loss": float(p_loss), "value_loss": float(v_loss), "kl": kl,
-                "beta": self.beta, "policy_std": float(np.exp(self.policy.log_std.numpy()).mean()),
-                "mean_importance_weight": float(tf.reduce_mean(is_weights)), "learning_rate": lr,
-                "gradient_steps": steps}
+        return {
+            "policy_loss": float(p_loss),
+            "value_loss": float(v_loss),
+            "kl": kl,
+            "beta": self.beta,
+            "policy_std": float(np.exp(self.policy.log_std.numpy()).mean()),
+            "mean_importance_weight": float(tf.reduce_mean(is_weights)),
+            "learning_rate": lr,
+            "gradient_steps": steps,
+        }

@@ -191,8 +191,9 @@ def normalize_advantages(adv, eps=1e-8):
     return (adv - mean) / (tf.sqrt(var) + eps)
 
 
-def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
-                        kl_target, cutoff_factor=2.0, cutoff_coef=1000.0, weights=None):
+def ppo_kl_penalty_loss(
+    log_prob, behaviour_log_prob, advantages, kl, beta, kl_target, cutoff_factor=2.0, cutoff_coef=1000.0, weights=None
+):
     """BatchPPO policy objective with adaptive KL penalty and KL cutoff.
 
     ratio     = exp(log_prob - behaviour_log_prob)  (importance ratio to the
@@ -234,11 +235,11 @@ def ppo_kl_penalty_loss(log_prob, behaviour_log_prob, advantages, kl, beta,
     cutoff = _f32(cutoff_coef) * tf.square(excess)
     loss = surrogate + penalty + cutoff
     info = {
-        'surrogate': surrogate,
-        'kl_penalty': penalty,
-        'kl_cutoff': cutoff,
-        'mean_kl': mean_kl,
-        'mean_ratio': tf.reduce_mean(ratio),
+        "surrogate": surrogate,
+        "kl_penalty": penalty,
+        "kl_cutoff": cutoff,
+        "mean_kl": mean_kl,
+        "mean_ratio": tf.reduce_mean(ratio),
     }
     return loss, info
 
@@ -267,8 +268,10 @@ def ppo_clip_loss(log_prob, behaviour_log_prob, advantages, clip_epsilon, weight
     ratio = tf.exp(log_prob - behaviour_log_prob)
     clipped = tf.clip_by_value(ratio, 1.0 - eps, 1.0 + eps)
     loss = -tf.reduce_mean(w * tf.minimum(ratio * advantages, clipped * advantages))
-    info = {'clip_fraction': tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > eps, tf.float32)),
-            'mean_ratio': tf.reduce_mean(ratio)}
+    info = {
+        "clip_fraction": tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > eps, tf.float32)),
+        "mean_ratio": tf.reduce_mean(ratio),
+    }
     return loss, info
 
 
@@ -293,8 +296,7 @@ def proximal_weights(proximal_log_prob, behaviour_log_prob, max_weight):
     return tf.minimum(w, _f32(max_weight))
 
 
-def adapt_kl_beta(beta, kl, kl_target, factor=1.5, low=0.7, high=1.3,
-                  min_beta=1e-4, max_beta=1e3):
+def adapt_kl_beta(beta, kl, kl_target, factor=1.5, low=0.7, high=1.3, min_beta=1e-4, max_beta=1e3):
     """Adaptive KL penalty coefficient (pure python floats; numpy ok).
 
     beta * factor if kl > high * kl_target; beta / factor if
@@ -306,9 +308,9 @@ def adapt_kl_beta(beta, kl, kl_target, factor=1.5, low=0.7, high=1.3,
     """
     beta, kl, kl_target = float(beta), float(kl), float(kl_target)
     if kl_target <= 0:
-        raise ValueError(f'kl_target must be > 0, got {kl_target}')
+        raise ValueError(f"kl_target must be > 0, got {kl_target}")
     if min_beta > max_beta:
-        raise ValueError(f'min_beta {min_beta} > max_beta {max_beta}')
+        raise ValueError(f"min_beta {min_beta} > max_beta {max_beta}")
     if kl > high * kl_target:
         beta *= factor
     elif kl < low * kl_target:

@@ -23,12 +23,15 @@ dropped 15% of its env steps and reached 1,910 at 1M (seed 0), with 3 it
 dropped none and reached 3,132. ReLU (256, 256) networks with the linear head
 reached 4,281 on HalfCheetah but diverged on Hopper (NaN actions).
 """
+
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
+import re
 
-from actors.policy import ACTIVATIONS, MEAN_HEADS
+from rlfleet.actors.policy import ACTIVATIONS, MEAN_HEADS
 
 
 @dataclasses.dataclass
@@ -38,47 +41,65 @@ class PPOConfig:
     An update starts when either trigger is reached (`batch_env_steps` or
     `batch_episodes`; 0 turns a trigger off).
     """
-    policy_hidden: tuple = (64, 64)      # policy MLP hidden layer widths (units)
-    value_hidden: tuple = (64, 64)       # value MLP hidden layer widths (units)
-    activation: str = "tanh"             # hidden-layer activation of both MLPs: relu (BatchPPO) or tanh
-    mean_head: str = "linear"            # policy mean = tanh(MLP) (BatchPPO) or the MLP output ("linear")
-    init_std: float = 1.0                # initial std of the Gaussian policy (action units, [-1, 1] scale)
-    mean_init_factor: float = 1e-4       # variance-scaling factor of the mean head's initial weights
-    learning_rate: float = 3e-4          # Adam step size, policy and value (per gradient step)
-    lr_schedule: str = "constant"        # constant, or linear: annealed to 0 at the run's --total-steps
-    epochs: int = 10                     # passes over each update batch
-    num_minibatches: int = 32            # gradient steps per epoch (the batch is split into this many)
-    batch_env_steps: int = 2048          # env steps per update (0: trigger by episodes only)
-    batch_episodes: int = 0              # finished episodes per update (0: trigger by env steps only)
-    discount: float = 0.99               # γ per env step
-    gae_lambda: float = 0.95             # GAE λ (1: discounted return − V, the BatchPPO advantage)
-    policy_objective: str = "clip"       # clip (PPO-clip) or kl_penalty (BatchPPO: adaptive β, cutoff)
-    kl_target: float = 0.01              # KL(π_old‖π_new) per update that β steers toward (nats)
-    kl_cutoff_factor: float = 2.0        # the quadratic cutoff starts at this multiple of kl_target
-    kl_cutoff_coef: float = 1000.0       # weight of the quadratic KL cutoff term
-    init_beta: float = 1.0               # initial KL penalty coefficient β
-    clip_epsilon: float = 0.2            # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
-    max_importance_weight: float = 2.0   # truncation of π_proximal/π_behaviour weights (off-policy data)
-    max_grad_norm: float = 0.5           # clip each gradient to this global norm (0: no clipping)
-    obs_normalization: bool = True       # observations − running mean, ÷ running std (False: raw, unclipped)
-    obs_clip: float = 5.0                # normalised observations are clipped to ±obs_clip (std units)
-    reward_scale: str = "none"           # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
-    reward_clip: float = 10.0            # scaled rewards (rms, return) are clipped to ±reward_clip
-    max_policy_lag: int = 3              # items older than this many policy versions are dropped
-    envs_per_actor: int = 8              # envs each actor steps as one batch
-    unroll_length: int = 64              # batch steps per replay item (T; items hold T + 1)
-    eval_episodes: int = 10              # episodes per evaluation (mean action)
-    eval_every_updates: int = 10         # updates (policy versions) between evaluations
+
+    policy_hidden: tuple = (64, 64)  # policy MLP hidden layer widths (units)
+    value_hidden: tuple = (64, 64)  # value MLP hidden layer widths (units)
+    activation: str = "tanh"  # hidden-layer activation of both MLPs: relu (BatchPPO) or tanh
+    mean_head: str = "linear"  # policy mean = tanh(MLP) (BatchPPO) or the MLP output ("linear")
+    init_std: float = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
+    mean_init_factor: float = 1e-4  # variance-scaling factor of the mean head's initial weights
+    learning_rate: float = 3e-4  # Adam step size, policy and value (per gradient step)
+    lr_schedule: str = "constant"  # constant, or linear: annealed to 0 at the run's --total-steps
+    epochs: int = 10  # passes over each update batch
+    num_minibatches: int = 32  # gradient steps per epoch (the batch is split into this many)
+    batch_env_steps: int = 2048  # env steps per update (0: trigger by episodes only)
+    batch_episodes: int = 0  # finished episodes per update (0: trigger by env steps only)
+    discount: float = 0.99  # γ per env step
+    gae_lambda: float = 0.95  # GAE λ (1: discounted return − V, the BatchPPO advantage)
+    policy_objective: str = "clip"  # clip (PPO-clip) or kl_penalty (BatchPPO: adaptive β, cutoff)
+    kl_target: float = 0.01  # KL(π_old‖π_new) per update that β steers toward (nats)
+    kl_cutoff_factor: float = 2.0  # the quadratic cutoff starts at this multiple of kl_target
+    kl_cutoff_coef: float = 1000.0  # weight of the quadratic KL cutoff term
+    init_beta: float = 1.0  # initial KL penalty coefficient β
+    clip_epsilon: float = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
+    max_importance_weight: float = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
+    max_grad_norm: float = 0.5  # clip each gradient to this global norm (0: no clipping)
+    obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
+    obs_clip: float = 5.0  # normalised observations are clipped to ±obs_clip (std units)
+    reward_scale: str = "none"  # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
+    reward_clip: float = 10.0  # scaled rewards (rms, return) are clipped to ±reward_clip
+    max_policy_lag: int = 3  # items older than this many policy versions are dropped
+    envs_per_actor: int = 8  # envs each actor steps as one batch
+    unroll_length: int = 64  # batch steps per replay item (T; items hold T + 1)
+    eval_episodes: int = 10  # episodes per evaluation (mean action)
+    eval_every_updates: int = 10  # updates (policy versions) between evaluations
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
 # The BatchPPO reference configuration (Hafner et al. 2017, reference configs), every value spelled out.
-_BATCHPPO = dict(policy_hidden=(200, 100), value_hidden=(200, 100), activation="relu", mean_head="tanh",
-                 init_std=0.35, mean_init_factor=0.1, policy_objective="kl_penalty", max_grad_norm=0.0,
-                 reward_scale="rms", max_policy_lag=2, learning_rate=1e-4, epochs=25, num_minibatches=1, batch_env_steps=0,
-                 batch_episodes=30, gae_lambda=1.0, discount=0.995, envs_per_actor=30, unroll_length=100)
+_BATCHPPO = dict(
+    policy_hidden=(200, 100),
+    value_hidden=(200, 100),
+    activation="relu",
+    mean_head="tanh",
+    init_std=0.35,
+    mean_init_factor=0.1,
+    policy_objective="kl_penalty",
+    max_grad_norm=0.0,
+    reward_scale="rms",
+    max_policy_lag=2,
+    learning_rate=1e-4,
+    epochs=25,
+    num_minibatches=1,
+    batch_env_steps=0,
+    batch_episodes=30,
+    gae_lambda=1.0,
+    discount=0.995,
+    envs_per_actor=30,
+    unroll_length=100,
+)
 
 PRESETS = {
     "default": {},  # the PPOConfig field defaults (see the module doc)
@@ -108,15 +129,24 @@ ENV_OVERRIDES = {
 
 
 # Settings that take one of a few named values.
-CHOICES = {"policy_objective": ("kl_penalty", "clip"), "activation": ACTIVATIONS, "mean_head": MEAN_HEADS,
-           "reward_scale": ("rms", "return", "none"), "lr_schedule": ("constant", "linear")}
+CHOICES = {
+    "policy_objective": ("kl_penalty", "clip"),
+    "activation": ACTIVATIONS,
+    "mean_head": MEAN_HEADS,
+    "reward_scale": ("rms", "return", "none"),
+    "lr_schedule": ("constant", "linear"),
+}
 
 
 # Numeric settings with a valid range: (test, what the message asks for).
-RANGES = {"learning_rate": (lambda v: v > 0, "> 0"), "clip_epsilon": (lambda v: v > 0, "> 0"),
-          "max_importance_weight": (lambda v: v > 0, "> 0"), "obs_clip": (lambda v: v > 0, "> 0"),
-          "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
-          "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]")}
+RANGES = {
+    "learning_rate": (lambda v: v > 0, "> 0"),
+    "clip_epsilon": (lambda v: v > 0, "> 0"),
+    "max_importance_weight": (lambda v: v > 0, "> 0"),
+    "obs_clip": (lambda v: v > 0, "> 0"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
 # Settings an algorithm inherits but does not use: giving one is an error, not a silent no-op.
 IGNORED = {"qdagger": {"lr_schedule", "lr_final_fraction"}}
 
@@ -138,15 +168,20 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
             values[k] = v = tuple(v)
         _check_type(name, k, v, fields[k].default)
         if k in CHOICES and v not in CHOICES[k]:
-            raise ValueError(f"{name.upper()} setting {k} = {v!r}: choose one of {list(CHOICES[k])}; "
-                             "fix it in --set or the --config-file.")
+            raise ValueError(
+                f"{name.upper()} setting {k} = {v!r}: choose one of {list(CHOICES[k])}; "
+                "fix it in --set or the --config-file."
+            )
         if k in RANGES and not RANGES[k][0](v):
-            raise ValueError(f"{name.upper()} setting {k} = {v!r}: must be {RANGES[k][1]}; "
-                             "fix it in --set or the --config-file.")
+            raise ValueError(
+                f"{name.upper()} setting {k} = {v!r}: must be {RANGES[k][1]}; fix it in --set or the --config-file."
+            )
     ignored = sorted(set(overrides or {}) & IGNORED.get(name, set()))
     if ignored:
-        raise ValueError(f"{name.upper()} does not use {ignored} (its learning rate follows the distillation "
-                         "coefficient: learning_rate → learning_rate_final); remove them.")
+        raise ValueError(
+            f"{name.upper()} does not use {ignored} (its learning rate follows the distillation "
+            "coefficient: learning_rate → learning_rate_final); remove them."
+        )
     return cls(**values)
 
 
@@ -160,15 +195,21 @@ def _check_type(name: str, key: str, value, default) -> None:
     elif kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif kind is tuple:
-        ok = isinstance(value, tuple) and all(isinstance(x, type(default[0])) for x in value) if default \
+        ok = (
+            isinstance(value, tuple) and all(isinstance(x, type(default[0])) for x in value)
+            if default
             else isinstance(value, tuple)
+        )
     else:
         ok = isinstance(value, kind)
     if not ok:
-        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind) \
-            or f"a list like {list(default)}"
-        raise ValueError(f"{name.upper()} setting {key} = {value!r}: expected {want} (default {default!r}); "
-                         "fix it in --set or the --config-file.")
+        want = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+            kind
+        ) or f"a list like {list(default)}"
+        raise ValueError(
+            f"{name.upper()} setting {key} = {value!r}: expected {want} (default {default!r}); "
+            "fix it in --set or the --config-file."
+        )
 
 
 def make_config(preset: str, env_id: str, overrides: dict | None = None) -> PPOConfig:
@@ -193,30 +234,31 @@ class DQNConfig:
     replay ratio the Reverb `SampleToInsertRatio` rate limiter holds however
     many actors are attached.
     """
-    hidden: tuple = (256, 256)        # MLP Q-network hidden widths (units); Atari uses the Nature CNN
-    n_step: int = 3                   # steps of reward before the bootstrap (n-step targets)
-    discount: float = 0.99            # γ per env step
-    learning_rate: float = 1e-4       # Adam step size (per gradient step)
-    adam_epsilon: float = 1.5e-4      # Adam ε
-    batch_size: int = 32              # items per gradient step
-    samples_per_insert: float = 8.0   # replay ratio: sampled items per inserted item (batch 32, a step per 4)
-    replay_size: int = 1_000_000      # replay capacity (items = env steps); oldest removed first
-    min_replay_size: int = 20_000     # items in replay before the first gradient step
+
+    hidden: tuple = (256, 256)  # MLP Q-network hidden widths (units); Atari uses the Nature CNN
+    n_step: int = 3  # steps of reward before the bootstrap (n-step targets)
+    discount: float = 0.99  # γ per env step
+    learning_rate: float = 1e-4  # Adam step size (per gradient step)
+    adam_epsilon: float = 1.5e-4  # Adam ε, added to the root of the second-moment estimate
+    batch_size: int = 32  # items per gradient step
+    samples_per_insert: float = 8.0  # replay ratio: sampled items per inserted item (batch 32, a step per 4)
+    replay_size: int = 1_000_000  # replay capacity (items = env steps); oldest removed first
+    min_replay_size: int = 20_000  # items in replay before the first gradient step
     target_update_period: int = 2000  # learner steps between target-network copies (= 8000 agent steps here)
-    publish_every: int = 100          # learner steps between weights versions pushed to actors
-    epsilon_start: float = 1.0        # actors' ε at env step 0
-    epsilon_end: float = 0.01         # actors' ε after the decay
+    publish_every: int = 100  # learner steps between weights versions pushed to actors
+    epsilon_start: float = 1.0  # actors' ε at env step 0
+    epsilon_end: float = 0.01  # actors' ε after the decay
     epsilon_decay_env_steps: int = 250_000  # env steps (all actors) over which ε decays linearly
-    epsilon_eval: float = 0.001       # ε of the evaluation policy
-    envs_per_actor: int = 8           # envs each actor steps as one batch
-    eval_episodes: int = 10           # episodes per evaluation
-    eval_every_updates: int = 20      # weights versions between evaluations
-    prioritized: bool = False         # prioritized replay sampling (else uniform)
-    priority_exponent: float = 0.6    # prioritized sampling exponent α
-    reward_clip: float = 0.0          # TD targets use rewards clipped to ±reward_clip (0: unclipped)
-    double_q: bool = False            # bootstrap with Q_target(s', argmax Q_online(s')) (van Hasselt et al. 2016)
-    lr_schedule: str = "constant"     # constant, or linear: to lr_final_fraction × learning_rate at --total-steps
-    lr_final_fraction: float = 0.0    # linear schedule: the learning rate at the budget, as a fraction
+    epsilon_eval: float = 0.001  # ε of the evaluation policy
+    envs_per_actor: int = 8  # envs each actor steps as one batch
+    eval_episodes: int = 10  # episodes per evaluation
+    eval_every_updates: int = 20  # weights versions between evaluations
+    prioritized: bool = False  # prioritized replay sampling (else uniform)
+    priority_exponent: float = 0.6  # prioritized sampling exponent α
+    reward_clip: float = 0.0  # TD targets use rewards clipped to ±reward_clip (0: unclipped)
+    double_q: bool = False  # bootstrap with Q_target(s', argmax Q_online(s')) (van Hasselt et al. 2016)
+    lr_schedule: str = "constant"  # constant, or linear: to lr_final_fraction × learning_rate at --total-steps
+    lr_final_fraction: float = 0.0  # linear schedule: the learning rate at the budget, as a fraction
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -229,15 +271,43 @@ DQN_PRESETS = {"default": {}}
 # and a learning rate annealed to 0 at --total-steps (without them CartPole evaluated at 500 for most of a
 # 100k-step run and ended at 341). The zoo's replay ratio is kept at or halved to 0.5 gradient steps per
 # env step (the 2-core learner's limit): samples_per_insert = batch × 0.5. Our targets are 3-step.
-_CLASSIC = dict(hidden=(256, 256), double_q=True, lr_schedule="linear", publish_every=50, envs_per_actor=4,
-                eval_every_updates=10)
-_CARTPOLE = dict(_CLASSIC, learning_rate=2.3e-3, batch_size=64, samples_per_insert=32.0, replay_size=100_000,
-                 min_replay_size=1000, target_update_period=128, epsilon_decay_env_steps=8000, epsilon_end=0.04)
-_ACROBOT = dict(_CLASSIC, learning_rate=6.3e-4, batch_size=128, samples_per_insert=64.0, replay_size=50_000,
-                min_replay_size=1000, target_update_period=250, epsilon_decay_env_steps=12_000, epsilon_end=0.1)
-_MOUNTAINCAR = dict(_CLASSIC, learning_rate=4e-3, batch_size=128, samples_per_insert=64.0, replay_size=10_000,
-                    min_replay_size=1000, discount=0.98, target_update_period=300, epsilon_decay_env_steps=24_000,
-                    epsilon_end=0.07)
+_CLASSIC = dict(
+    hidden=(256, 256), double_q=True, lr_schedule="linear", publish_every=50, envs_per_actor=4, eval_every_updates=10
+)
+_CARTPOLE = dict(
+    _CLASSIC,
+    learning_rate=2.3e-3,
+    batch_size=64,
+    samples_per_insert=32.0,
+    replay_size=100_000,
+    min_replay_size=1000,
+    target_update_period=128,
+    epsilon_decay_env_steps=8000,
+    epsilon_end=0.04,
+)
+_ACROBOT = dict(
+    _CLASSIC,
+    learning_rate=6.3e-4,
+    batch_size=128,
+    samples_per_insert=64.0,
+    replay_size=50_000,
+    min_replay_size=1000,
+    target_update_period=250,
+    epsilon_decay_env_steps=12_000,
+    epsilon_end=0.1,
+)
+_MOUNTAINCAR = dict(
+    _CLASSIC,
+    learning_rate=4e-3,
+    batch_size=128,
+    samples_per_insert=64.0,
+    replay_size=10_000,
+    min_replay_size=1000,
+    discount=0.98,
+    target_update_period=300,
+    epsilon_decay_env_steps=24_000,
+    epsilon_end=0.07,
+)
 # Atari (any ALE/ id): the DQNConfig defaults are the reincarnating_rl / Dopamine Atari values;
 # rewards are clipped to ±1 for learning (episode returns stay unclipped), and evaluation
 # (8 episodes, one per env in parallel) runs every 100 policy versions (40k agent steps).
@@ -260,23 +330,37 @@ class QDaggerConfig(DQNConfig):
     (λ = base) to `learning_rate_final` (λ = 0) with λ/base. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
     """
-    learning_rate_final: float = 1e-5
-    offline_steps: int = 100_000
-    distillation_base: float = 3.0
-    distillation_temperature: float = 0.1
-    distillation_cutoff_env_steps: int = 1_000_000
-    epsilon_start: float = 0.01
-    random_eval_episodes: int = 10
+
+    learning_rate_final: float = 1e-5  # Adam step size once λ reaches 0 (per gradient step)
+    offline_steps: int = 100_000  # gradient steps on the teacher's replay before any env step
+    distillation_base: float = 3.0  # λ, the distillation coefficient, at the start of the online phase
+    distillation_temperature: float = 0.1  # τ of the teacher's softmax over Q-values (reward units)
+    distillation_cutoff_env_steps: int = 1_000_000  # online env steps after which λ = 0 (0: no cutoff)
+    epsilon_start: float = 0.01  # actors' ε at env step 0 (the student starts competent: ε_end)
+    random_eval_episodes: int = 10  # episodes of a uniform-random policy for the status baseline
 
 
 QDAGGER_PRESETS = {"default": {}}
 # QDagger students on small envs: a smaller network, a short warm-up, more replay per step (the
 # reincarnation benchmark's settings; QDagger sets its own learning rate from λ).
-_QDAGGER_CLASSIC = dict(hidden=(128, 128), learning_rate=2.5e-4, learning_rate_final=2.5e-5, batch_size=64,
-                        samples_per_insert=16.0, replay_size=50_000, min_replay_size=500, target_update_period=500,
-                        publish_every=50, epsilon_start=0.05, epsilon_decay_env_steps=20_000, epsilon_end=0.05,
-                        envs_per_actor=4, eval_every_updates=10, offline_steps=3000,
-                        distillation_cutoff_env_steps=50_000)
+_QDAGGER_CLASSIC = dict(
+    hidden=(128, 128),
+    learning_rate=2.5e-4,
+    learning_rate_final=2.5e-5,
+    batch_size=64,
+    samples_per_insert=16.0,
+    replay_size=50_000,
+    min_replay_size=500,
+    target_update_period=500,
+    publish_every=50,
+    epsilon_start=0.05,
+    epsilon_decay_env_steps=20_000,
+    epsilon_end=0.05,
+    envs_per_actor=4,
+    eval_every_updates=10,
+    offline_steps=3000,
+    distillation_cutoff_env_steps=50_000,
+)
 QDAGGER_ENV_OVERRIDES = {
     ("default", "CartPole-v1"): _QDAGGER_CLASSIC,
     ("default", "Acrobot-v1"): _QDAGGER_CLASSIC,
@@ -284,6 +368,22 @@ QDAGGER_ENV_OVERRIDES = {
 }
 
 ALGOS = ("ppo", "dqn", "qdagger")
+
+
+def describe(cls) -> dict[str, str]:
+    """Each field of the config dataclass `cls` -> the one-line description on its declaration.
+
+    The description is the comment that ends the field's line (a subclass's wins over its base's); a
+    field without one maps to "" (tests/test_bad_input.py fails on that).
+    """
+    found = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for line in inspect.getsource(klass).splitlines():
+                m = re.match(r"\s+(\w+): [^=#]+=[^#]*#\s*(.+)$", line)
+                if m:
+                    found[m.group(1)] = m.group(2).strip()
+    return {f.name: found.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
 def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None = None):

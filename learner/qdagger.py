@@ -2,7 +2,7 @@
 
 Offline phase (`offline_pretraining`): before any env step, the student takes
 `offline_steps` gradient steps on minibatches of the teacher's replay (a Reverb
-checkpoint restored read-only, `replay.checkpoints.open_teacher_replay`), with
+checkpoint restored read-only, `rlfleet.replay.checkpoints.open_teacher_replay`), with
 the QDagger loss: Huber TD loss on n-step targets + λ·KL(softmax(Q_T/τ) ‖
 softmax(Q_S/τ)). Online phase (`online`): the student's weights go to the
 actors, which fill the student's own replay table; the teacher labels the
@@ -14,6 +14,7 @@ env steps; the learning rate moves with λ from `learning_rate` to
 `learning_rate_final`. Values: reincarnating_rl QDagger configs (base 3.0,
 τ 0.1, lr 1e-4 → 1e-5).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -23,13 +24,13 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from actors.envs import EnvSpec
-from learner import dqn_math
-from learner.agents import StepResult
-from learner.dqn import DQNAgent, batches, export_q, split_observations
-from learner.evaluation import evaluate_dqn, run_batched_episodes
-from learner.presets import QDaggerConfig
-from learner.teacher import Teacher
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.learner import dqn_math
+from rlfleet.learner.agents import StepResult
+from rlfleet.learner.dqn import DQNAgent, batches, export_q, split_observations
+from rlfleet.learner.evaluation import evaluate_dqn, run_batched_episodes
+from rlfleet.learner.presets import QDaggerConfig
+from rlfleet.learner.teacher import Teacher
 
 log = logging.getLogger("rlfleet.qdagger")
 
@@ -43,9 +44,10 @@ class QDaggerAgent(DQNAgent):
         spec: env spec (discrete actions).
         config: `QDaggerConfig`.
         seed: initialisation seed of the student.
-        teacher: the loaded teacher (`learner.teacher.load_teacher`).
+        teacher: the loaded teacher (`rlfleet.learner.teacher.load_teacher`).
         teacher_replay: host:port of the Reverb server holding the teacher's restored table.
     """
+
     algo = "qdagger"
 
     def __init__(self, spec: EnvSpec, config: QDaggerConfig, seed: int, teacher: Teacher, teacher_replay: str):
@@ -58,8 +60,11 @@ class QDaggerAgent(DQNAgent):
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
-        return dict(super().checkpoint_items(), distillation_coefficient=self.coefficient,
-                    online_start_env_steps=self.online_start_env_steps)
+        return dict(
+            super().checkpoint_items(),
+            distillation_coefficient=self.coefficient,
+            online_start_env_steps=self.online_start_env_steps,
+        )
 
     def sync_from_checkpoint(self) -> None:
         self._set_learning_rate()
@@ -74,19 +79,34 @@ class QDaggerAgent(DQNAgent):
     def on_start(self) -> None:
         """Measures the teacher's and a uniformly random policy's evaluation returns (λ's normalisation)."""
         c = self.config
-        self.teacher_return = float(np.mean(evaluate_dqn(
-            export_q(self.teacher.q), self.spec.env_id, c.eval_episodes,
-            10 ** 6 + 1, c.epsilon_eval)))
+        self.teacher_return = float(
+            np.mean(
+                evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, c.eval_episodes, 10**6 + 1, c.epsilon_eval)
+            )
+        )
         rng = np.random.default_rng(1)
-        self.random_return = float(np.mean(run_batched_episodes(
-            self.spec.env_id, c.random_eval_episodes, 10 ** 6 + 2,
-            lambda obs: rng.integers(0, self.spec.action_dim, len(obs)))))
+        self.random_return = float(
+            np.mean(
+                run_batched_episodes(
+                    self.spec.env_id,
+                    c.random_eval_episodes,
+                    10**6 + 2,
+                    lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
+                )
+            )
+        )
         if not self.teacher_return > self.random_return:
-            log.warning("the teacher's evaluation return %.1f is not above a random policy's %.1f: the distillation "
-                        "coefficient stays at its base value until the cutoff", self.teacher_return,
-                        self.random_return)
-        print(f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f}, "
-              f"a random policy at {self.random_return:.1f}", flush=True)
+            log.warning(
+                "the teacher's evaluation return %.1f is not above a random policy's %.1f: the distillation "
+                "coefficient stays at its base value until the cutoff",
+                self.teacher_return,
+                self.random_return,
+            )
+        print(
+            f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f}, "
+            f"a random policy at {self.random_return:.1f}",
+            flush=True,
+        )
 
     def samples(self, replay_address: str):
         """The remaining offline minibatches from the teacher's replay, then the student's own."""
@@ -101,8 +121,7 @@ class QDaggerAgent(DQNAgent):
         with tf.GradientTape() as tape:
             td, q_all, mean_q = self._td_loss(batch)
             obs, _ = split_observations(batch["observation"], c.n_step, self.spec.frame_stack)
-            distill = tf.reduce_mean(dqn_math.distillation_loss(q_all, self.teacher.q(obs),
-                                                                c.distillation_temperature))
+            distill = tf.reduce_mean(dqn_math.distillation_loss(q_all, self.teacher.q(obs), c.distillation_temperature))
             loss = td + self.coefficient * distill
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
@@ -119,25 +138,32 @@ class QDaggerAgent(DQNAgent):
             self._copy_target()
 
         def metrics() -> dict:  # read back only when reported (each read waits for the step)
-            return {"td_loss": float(td), "distillation_loss": float(distill), "mean_q": float(mean_q),
-                    "distillation_coefficient": float(self.coefficient.numpy()), "epsilon": self.epsilon}
+            return {
+                "td_loss": float(td),
+                "distillation_loss": float(distill),
+                "mean_q": float(mean_q),
+                "distillation_coefficient": float(self.coefficient.numpy()),
+                "epsilon": self.epsilon,
+            }
+
         if steps < c.offline_steps:
             evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
             return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
         if steps == c.offline_steps:  # end of the offline phase: actors start with these weights
             self.online_start_env_steps.assign(env_steps)
-            print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase",
-                  flush=True)
+            print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase", flush=True)
             return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - int(self.online_start_env_steps.numpy())
-        if c.distillation_cutoff_env_steps and online_steps >= c.distillation_cutoff_env_steps \
-                and float(self.coefficient.numpy()) > 0:
+        if (
+            c.distillation_cutoff_env_steps
+            and online_steps >= c.distillation_cutoff_env_steps
+            and float(self.coefficient.numpy()) > 0
+        ):
             self.coefficient.assign(0.0)
             self._set_learning_rate()
         if steps % c.publish_every:
             return StepResult(gradient_steps=1)
-        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end,
-                                               c.epsilon_decay_env_steps)
+        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
         return StepResult(gradient_steps=1, updated=True, metrics=metrics())
 
     def on_resume(self, env_steps: int) -> None:
@@ -150,20 +176,33 @@ class QDaggerAgent(DQNAgent):
     def on_evaluation(self, returns: list[float], env_steps: int) -> None:
         """Online: updates λ from the student's evaluation return (and the learning rate with it)."""
         c = self.config
-        if self.phase != ONLINE or not self.teacher_return > self.random_return \
-                or float(self.coefficient.numpy()) == 0:
+        if self.phase != ONLINE or not self.teacher_return > self.random_return or float(self.coefficient.numpy()) == 0:
             return  # offline, the student distils at the base coefficient (it has no env data of its own yet)
         online_steps = max(0, env_steps - int(self.online_start_env_steps.numpy()))
-        self.coefficient.assign(dqn_math.distillation_coefficient(
-            c.distillation_base, float(np.mean(returns)), self.teacher_return, self.random_return, online_steps,
-            c.distillation_cutoff_env_steps or None))
+        self.coefficient.assign(
+            dqn_math.distillation_coefficient(
+                c.distillation_base,
+                float(np.mean(returns)),
+                self.teacher_return,
+                self.random_return,
+                online_steps,
+                c.distillation_cutoff_env_steps or None,
+            )
+        )
         self._set_learning_rate()
 
     def _set_learning_rate(self) -> None:
         c = self.config
-        self.optimizer.learning_rate.assign(dqn_math.interpolated_learning_rate(
-            float(self.coefficient.numpy()), c.distillation_base, c.learning_rate, c.learning_rate_final))
+        self.optimizer.learning_rate.assign(
+            dqn_math.interpolated_learning_rate(
+                float(self.coefficient.numpy()), c.distillation_base, c.learning_rate, c.learning_rate_final
+            )
+        )
 
     def status_extras(self) -> dict:
-        return {"phase": self.phase, "distillation_coefficient": float(self.coefficient.numpy()),
-                "teacher_eval_return_mean": self.teacher_return, "random_eval_return_mean": self.random_return}
+        return {
+            "phase": self.phase,
+            "distillation_coefficient": float(self.coefficient.numpy()),
+            "teacher_eval_return_mean": self.teacher_return,
+            "random_eval_return_mean": self.random_return,
+        }

@@ -9,6 +9,7 @@ Threads:
 - gRPC workers: RegisterActor, StreamWeights, Heartbeat, GetStatus, health.
 All state shared with the gRPC threads is guarded by `Learner.lock`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -30,20 +31,20 @@ import reverb
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from actors.envs import env_spec, require_action_kind
-from learner.agents import Agent, PPOAgent
-from learner.presets import make_algo_config
-from learner.run_dir import check_run_dir, run_identity
-from proto import arrays as proto_arrays
-from proto import rlfleet_pb2, rlfleet_pb2_grpc, security
-from replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
-from replay.server import table_status
+from rlfleet.actors.envs import env_spec, require_action_kind
+from rlfleet.learner.agents import Agent, PPOAgent
+from rlfleet.learner.presets import make_algo_config
+from rlfleet.learner.run_dir import check_run_dir, run_identity
+from rlfleet.proto import arrays as proto_arrays
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc, security
+from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
+from rlfleet.replay.server import table_status
 
 log = logging.getLogger("rlfleet.learner")
 
-ACTOR_TIMEOUT_S = 30.0   # default: an actor without heartbeat for this long leaves the status list
+ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
-RECENT_EPISODES = 100    # episode_return_mean is over this many recent training episodes
+RECENT_EPISODES = 100  # episode_return_mean is over this many recent training episodes
 PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time
 
 
@@ -78,7 +79,7 @@ class Learner:
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
         total_steps: stop after this many env steps (0: run until stopped).
         port / bind: where the gRPC service listens (bind defaults to loopback).
-        preset / overrides: hyperparameters (`learner.presets.make_algo_config`).
+        preset / overrides: hyperparameters (`rlfleet.learner.presets.make_algo_config`).
         resume: a run directory whose latest checkpoint to continue from.
         replay_host_for_actors: replay address as actors should dial it.
         teacher / teacher_replay: QDagger only: the teacher's run directory and the
@@ -86,19 +87,36 @@ class Learner:
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list
             (its env steps stay counted; a heartbeat later re-admits it).
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
-        token: shared token every `rlfleet.Learner` call must carry ("" = none; `proto.security`).
+        token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).
     Raises:
         EnvError / ValueError / LearnerError / RunDirError: bad env, preset, replay table or run directory.
         TeacherError (a ValueError): `teacher` is not a usable teacher for `env_id`.
     """
 
-    def __init__(self, algo: str, env_id: str, replay_address: str, logdir: str, total_steps: int = 0,
-                 port: int = 0, bind: str = "127.0.0.1", preset: str = "default",
-                 overrides: dict | None = None, seed: int = 0, resume: str | None = None,
-                 report_interval_s: float = 5.0, checkpoint_interval_s: float = 120.0,
-                 replay_host_for_actors: str | None = None, env_backend: str = "auto",
-                 linger_s: float = 0.0, teacher: str | None = None, teacher_replay: str | None = None,
-                 actor_timeout_s: float = ACTOR_TIMEOUT_S, tls: tuple | None = None, token: str = ""):
+    def __init__(
+        self,
+        algo: str,
+        env_id: str,
+        replay_address: str,
+        logdir: str,
+        total_steps: int = 0,
+        port: int = 0,
+        bind: str = "127.0.0.1",
+        preset: str = "default",
+        overrides: dict | None = None,
+        seed: int = 0,
+        resume: str | None = None,
+        report_interval_s: float = 5.0,
+        checkpoint_interval_s: float = 120.0,
+        replay_host_for_actors: str | None = None,
+        env_backend: str = "auto",
+        linger_s: float = 0.0,
+        teacher: str | None = None,
+        teacher_replay: str | None = None,
+        actor_timeout_s: float = ACTOR_TIMEOUT_S,
+        tls: tuple | None = None,
+        token: str = "",
+    ):
         self.spec = env_spec(env_id)
         require_action_kind(self.spec, algo)
         self.config = make_algo_config(algo, preset, env_id, overrides)
@@ -111,28 +129,43 @@ class Learner:
         self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
         os.makedirs(logdir, exist_ok=True)
         if algo == "qdagger" and not (teacher and teacher_replay):
-            raise LearnerError("--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
-                               "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`).")
+            raise LearnerError(
+                "--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
+                "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
+            )
         run = run_identity(algo, env_id, preset, self.config.to_json(), teacher if algo == "qdagger" else None)
         self.teacher_replay = teacher_replay
         check_run_dir(logdir, resume, run)
 
         self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
         if getattr(self.config, "lr_schedule", "constant") == "linear" and not total_steps:
-            print("rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
-                  "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
-                  file=sys.stderr, flush=True)
-        self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in (
-            "learner_steps", "env_steps", "weights_version", "consumed_env_steps",
-            "dropped_env_steps", "updates")}
+            print(
+                "rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
+                "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.counters = {
+            k: tf.Variable(0, dtype=tf.int64)
+            for k in (
+                "learner_steps",
+                "env_steps",
+                "weights_version",
+                "consumed_env_steps",
+                "dropped_env_steps",
+                "updates",
+            )
+        }
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **self.counters)
         self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
         progress = _read_progress(None)
         if resume:
             latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
             if latest is None:  # check_run_dir saw the index file, but the files it names are gone
-                raise LearnerError(f"--resume {resume}: {resume}/checkpoints/checkpoint names no checkpoint "
-                                   "whose files exist; resume from an intact run directory.")
+                raise LearnerError(
+                    f"--resume {resume}: {resume}/checkpoints/checkpoint names no checkpoint "
+                    "whose files exist; resume from an intact run directory."
+                )
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
             progress = _read_progress(latest)
@@ -143,8 +176,8 @@ class Learner:
 
         self.lock = threading.Lock()
         self.weights_cond = threading.Condition(self.lock)
-        self.stop_event = threading.Event()   # SIGTERM/SIGINT or end of run
-        self.run_over = False                 # actors are told to stop
+        self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
+        self.run_over = False  # actors are told to stop
         self.phase = "waiting_for_actors"
         self.start_time = time.time()
         self.base_env_steps = int(self.counters["env_steps"].numpy())  # restored
@@ -167,8 +200,9 @@ class Learner:
         self._replay_status: list[dict] = []
 
         interceptors = [security.TokenInterceptor(token)] if token else []
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS,
-                                  interceptors=interceptors)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS, interceptors=interceptors
+        )
         rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -180,8 +214,10 @@ class Learner:
         except RuntimeError:
             self.port = 0
         if self.port == 0:
-            raise LearnerError(f"cannot bind the learner service to {bind}:{port} (port in use?); "
-                               "choose another port (--port / --learner-port).")
+            raise LearnerError(
+                f"cannot bind the learner service to {bind}:{port} (port in use?); "
+                "choose another port (--port / --learner-port)."
+            )
         self.address = f"{bind}:{self.port}"
 
     # ----- gRPC handlers (called on worker threads) -----
@@ -189,22 +225,39 @@ class Learner:
     def register_actor(self, request, context):
         c = self.config
         if request.num_envs and request.num_envs != c.envs_per_actor:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"actor asked for {request.num_envs} envs but this run's replay items hold "
-                          f"{c.envs_per_actor} envs per actor; start the actor without --num-envs "
-                          f"or with --num-envs {c.envs_per_actor}.")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"actor asked for {request.num_envs} envs but this run's replay items hold "
+                f"{c.envs_per_actor} envs per actor; start the actor without --num-envs "
+                f"or with --num-envs {c.envs_per_actor}.",
+            )
         with self.lock:
             actor_id = self.next_actor_id
             self.next_actor_id += 1
-            self.actors[actor_id] = dict(host=request.host or _peer_ip(context.peer()),
-                                         address=_peer_ip(context.peer()), num_envs=c.envs_per_actor,
-                                         policy_version=-1, env_steps=0, steps_before=0, last_seen=time.time())
+            self.actors[actor_id] = dict(
+                host=request.host or _peer_ip(context.peer()),
+                address=_peer_ip(context.peer()),
+                num_envs=c.envs_per_actor,
+                policy_version=-1,
+                env_steps=0,
+                steps_before=0,
+                last_seen=time.time(),
+            )
         log.info("actor %d registered from %s", actor_id, request.host)
-        return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=rlfleet_pb2.RunConfig(
-            algo=self.algo, env_id=self.env_id, replay_address=self.replay_for_actors, table=self.agent.table,
-            num_envs=c.envs_per_actor, unroll_length=self.agent.unroll_length,
-            seed=self.seed + 1000 * (actor_id + 1), network_json=json.dumps(self.agent.actor_network()),
-            env_backend=self.env_backend))
+        return rlfleet_pb2.RegisterActorResponse(
+            actor_id=actor_id,
+            config=rlfleet_pb2.RunConfig(
+                algo=self.algo,
+                env_id=self.env_id,
+                replay_address=self.replay_for_actors,
+                table=self.agent.table,
+                num_envs=c.envs_per_actor,
+                unroll_length=self.agent.unroll_length,
+                seed=self.seed + 1000 * (actor_id + 1),
+                network_json=json.dumps(self.agent.actor_network()),
+                env_backend=self.env_backend,
+            ),
+        )
 
     def stream_weights(self, request, context):
         sent = request.min_version - 1
@@ -213,8 +266,11 @@ class Learner:
                 if self.weights_msg is not None and sent > self.weights_msg.version:
                     sent = -1  # the actor holds a newer version than ours: we restarted from a checkpoint
                 self.weights_cond.wait_for(
-                    lambda: self.stop_event.is_set() or (self.weights_msg is not None
-                                                         and self.weights_msg.version > sent), timeout=1.0)
+                    lambda sent=sent: (
+                        self.stop_event.is_set() or (self.weights_msg is not None and self.weights_msg.version > sent)
+                    ),
+                    timeout=1.0,
+                )
                 if self.stop_event.is_set():
                     return
                 msg = self.weights_msg
@@ -229,15 +285,19 @@ class Learner:
                 # Timed out earlier, or registered with a learner that has since restarted from a
                 # checkpoint: count from where the count left it (its last heartbeat before the timeout, or
                 # the checkpoint), so that the steps it took while away are counted too.
-                before = min(self.counted_actor_steps.pop(request.actor_id, request.env_steps),
-                             request.env_steps)
+                before = min(self.counted_actor_steps.pop(request.actor_id, request.env_steps), request.env_steps)
                 a = self.actors[request.actor_id] = dict(
-                    host=request.host, address=_peer_ip(context.peer()), num_envs=request.num_envs,
-                    policy_version=-1, env_steps=request.env_steps, steps_before=before, last_seen=0.0)
+                    host=request.host,
+                    address=_peer_ip(context.peer()),
+                    num_envs=request.num_envs,
+                    policy_version=-1,
+                    env_steps=request.env_steps,
+                    steps_before=before,
+                    last_seen=0.0,
+                )
                 self.next_actor_id = max(self.next_actor_id, request.actor_id + 1)
                 log.info("actor %d (%s) rejoined", request.actor_id, request.host)
-            a.update(env_steps=request.env_steps, policy_version=request.policy_version,
-                     last_seen=time.time())
+            a.update(env_steps=request.env_steps, policy_version=request.policy_version, last_seen=time.time())
             self.recent_returns.extend(request.episode_returns)
             return rlfleet_pb2.HeartbeatResponse(stop=self.run_over)
 
@@ -249,8 +309,11 @@ class Learner:
                 self.counted_actor_steps[actor_id] = a["env_steps"]
                 del self.actors[actor_id]
                 log.info("actor %d left the status list (no heartbeat for %.0fs)", actor_id, self.actor_timeout_s)
-        reported = self.base_env_steps + self.departed_env_steps + sum(
-            a["env_steps"] - a["steps_before"] for a in self.actors.values())
+        reported = (
+            self.base_env_steps
+            + self.departed_env_steps
+            + sum(a["env_steps"] - a["steps_before"] for a in self.actors.values())
+        )
         # Heartbeats lag by up to a second; the learner has at least seen what it consumed or dropped.
         seen = int(self.counters["consumed_env_steps"].numpy()) + int(self.counters["dropped_env_steps"].numpy())
         return max(reported, seen)
@@ -264,20 +327,38 @@ class Learner:
             dropped = int(self.counters["dropped_env_steps"].numpy())
             env_steps = max(self._env_steps_locked(), consumed + dropped)
             now = time.time()
-            actors = [dict(actor_id=i, host=a["host"], address=a["address"], num_envs=a["num_envs"],
-                           policy_version=a["policy_version"], env_steps=a["env_steps"],
-                           seconds_since_heartbeat=round(now - a["last_seen"], 3))
-                      for i, a in sorted(self.actors.items())]
+            actors = [
+                dict(
+                    actor_id=i,
+                    host=a["host"],
+                    address=a["address"],
+                    num_envs=a["num_envs"],
+                    policy_version=a["policy_version"],
+                    env_steps=a["env_steps"],
+                    seconds_since_heartbeat=round(now - a["last_seen"], 3),
+                )
+                for i, a in sorted(self.actors.items())
+            ]
             recent = list(self.recent_returns)
             out = dict(
-                algo=self.algo, env_id=self.env_id, phase=self.phase,
-                learner_steps=int(self.counters["learner_steps"].numpy()), env_steps=env_steps,
+                algo=self.algo,
+                env_id=self.env_id,
+                phase=self.phase,
+                learner_steps=int(self.counters["learner_steps"].numpy()),
+                env_steps=env_steps,
                 weights_version=int(self.counters["weights_version"].numpy()),
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
-                eval_return_mean=self.eval_return_mean, uptime_seconds=now - self.start_time,
-                actors=actors, distillation_coefficient=0.0, kl_beta=0.0,
-                teacher_eval_return_mean=math.nan, random_eval_return_mean=math.nan,
-                dropped_env_steps=dropped, consumed_env_steps=consumed, **self.rates)
+                eval_return_mean=self.eval_return_mean,
+                uptime_seconds=now - self.start_time,
+                actors=actors,
+                distillation_coefficient=0.0,
+                kl_beta=0.0,
+                teacher_eval_return_mean=math.nan,
+                random_eval_return_mean=math.nan,
+                dropped_env_steps=dropped,
+                consumed_env_steps=consumed,
+                **self.rates,
+            )
             extras = self.agent.status_extras()
             if self.phase not in ("training", "waiting_for_actors"):
                 extras.pop("phase", None)  # evaluating / stopping / done describe the run's end
@@ -338,8 +419,11 @@ class Learner:
                     return
                 if lost_since is None:
                     lost_since = time.time()
-                    print(f"rlfleet learner: lost the replay server {self.replay_address} ({e}); "
-                          f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s", flush=True)
+                    print(
+                        f"rlfleet learner: lost the replay server {self.replay_address} ({e}); "
+                        f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s",
+                        flush=True,
+                    )
                 elif time.time() - lost_since > REPLAY_OUTAGE_S:
                     self._sampler_error = e  # the main loop reports it
                     return
@@ -359,40 +443,61 @@ class Learner:
                 break
             except Exception as e:
                 if time.time() > deadline:
-                    raise LearnerError(f"replay server {address} unreachable: {e}; "
-                                       f"start it with `{start_hint}` first.") from e
+                    raise LearnerError(
+                        f"replay server {address} unreachable: {e}; start it with `{start_hint}` first."
+                    ) from e
                 time.sleep(1)
         table = self.agent.table
         if table not in info:
-            raise LearnerError(f"replay server {address} has no table {table!r} "
-                               f"(tables: {sorted(info)}); start it with `{start_hint}`.")
+            raise LearnerError(
+                f"replay server {address} has no table {table!r} "
+                f"(tables: {sorted(info)}); start it with `{start_hint}`."
+            )
         want = self.agent.signature()
         got = info[table].signature
-        if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != \
-                {k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()}:
+        if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != {
+            k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()
+        }:
             shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
             raise LearnerError(
                 f"replay table {table} at {address}: its signature does not match {what}: the table holds "
                 f"{shapes(got)}, the learner ({self.algo} on {self.env_id}, {self.config.envs_per_actor} envs "
                 f"per actor) needs {shapes(want)}. Start `rlfleet replay` and `rlfleet learner` with the same "
-                "--algo, --env, --config and --set values (for a teacher's replay: the same n_step).")
+                "--algo, --env, --config and --set values (for a teacher's replay: the same n_step)."
+            )
 
     def _log_metrics(self, writer, metrics_file, last: dict) -> dict:
         now = time.time()
         st = self.status_dict()
         dt = max(now - last["time"], 1e-6)
-        self.rates = {"env_steps_per_second": (st["env_steps"] - last["env_steps"]) / dt,
-                      "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt}
-        extras = {k: st[k] for k in ("teacher_eval_return_mean", "random_eval_return_mean",
-                                     "distillation_coefficient") if self.algo == "qdagger"}
-        row = dict(time=now, wall_seconds=self._wall_seconds(now), phase=st["phase"], env_steps=st["env_steps"],
-                   learner_steps=st["learner_steps"], weights_version=st["weights_version"], **extras,
-                   episode_return_mean=st["episode_return_mean"], eval_return_mean=st["eval_return_mean"],
-                   dropped_env_steps=st["dropped_env_steps"], consumed_env_steps=st["consumed_env_steps"],
-                   num_actors=len(st["actors"]), **self.rates, **{k: v for k, v in self.last_metrics.items()
-                                                                     if k not in extras})
-        metrics_file.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
-                                       for k, v in row.items()}) + "\n")
+        self.rates = {
+            "env_steps_per_second": (st["env_steps"] - last["env_steps"]) / dt,
+            "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt,
+        }
+        extras = {
+            k: st[k]
+            for k in ("teacher_eval_return_mean", "random_eval_return_mean", "distillation_coefficient")
+            if self.algo == "qdagger"
+        }
+        row = dict(
+            time=now,
+            wall_seconds=self._wall_seconds(now),
+            phase=st["phase"],
+            env_steps=st["env_steps"],
+            learner_steps=st["learner_steps"],
+            weights_version=st["weights_version"],
+            **extras,
+            episode_return_mean=st["episode_return_mean"],
+            eval_return_mean=st["eval_return_mean"],
+            dropped_env_steps=st["dropped_env_steps"],
+            consumed_env_steps=st["consumed_env_steps"],
+            num_actors=len(st["actors"]),
+            **self.rates,
+            **{k: v for k, v in self.last_metrics.items() if k not in extras},
+        )
+        metrics_file.write(
+            json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}) + "\n"
+        )
         metrics_file.flush()
         with writer.as_default(step=st["env_steps"]):
             for k, v in row.items():
@@ -402,7 +507,7 @@ class Learner:
         return dict(time=now, env_steps=st["env_steps"], learner_steps=st["learner_steps"])
 
     def _evaluate(self, episodes: int) -> list[float]:
-        returns = self.agent.evaluate(episodes, self.seed + 10 ** 6)
+        returns = self.agent.evaluate(episodes, self.seed + 10**6)
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
         self.agent.on_evaluation(returns, self._env_steps())
@@ -411,8 +516,11 @@ class Learner:
     def _save(self) -> str:
         with self.lock:
             self.counters["env_steps"].assign(self._env_steps_locked())
-            progress = dict(next_actor_id=self.next_actor_id, wall_seconds=self._wall_seconds(time.time()),
-                            actor_env_steps={str(i): a["env_steps"] for i, a in self.actors.items()})
+            progress = dict(
+                next_actor_id=self.next_actor_id,
+                wall_seconds=self._wall_seconds(time.time()),
+                actor_env_steps={str(i): a["env_steps"] for i, a in self.actors.items()},
+            )
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
             progress["actor_env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
         self.agent.sync_to_checkpoint()
@@ -438,9 +546,12 @@ class Learner:
             return None
         inside = os.path.join(os.path.abspath(self.logdir), REPLAY_SUBDIR)
         if not os.path.abspath(path).startswith(inside + os.sep):
-            print(f"rlfleet learner: warning: the replay checkpoint went to {path}, outside this run "
-                  f"directory; start `rlfleet replay` with --checkpoint-dir {inside} so that the run directory "
-                  "can serve as a QDagger teacher.", flush=True)
+            print(
+                f"rlfleet learner: warning: the replay checkpoint went to {path}, outside this run "
+                f"directory; start `rlfleet replay` with --checkpoint-dir {inside} so that the run directory "
+                "can serve as a QDagger teacher.",
+                flush=True,
+            )
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
         return os.path.dirname(path)
 
@@ -472,8 +583,9 @@ class Learner:
         writer = tf.summary.create_file_writer(os.path.join(self.logdir, "tb"))
         metrics_file = open(os.path.join(self.logdir, "metrics.jsonl"), "a")
         c = self.config
-        last = dict(time=time.time(), env_steps=self._env_steps(),
-                    learner_steps=int(self.counters["learner_steps"].numpy()))
+        last = dict(
+            time=time.time(), env_steps=self._env_steps(), learner_steps=int(self.counters["learner_steps"].numpy())
+        )
         last_ckpt = time.time()
         completed = False
         try:
@@ -485,10 +597,12 @@ class Learner:
                     completed = True
                     break
                 if self._sampler_error is not None:
-                    raise LearnerError(f"lost the replay server {self.replay_address} for more than "
-                                       f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (DQN/QDagger: "
-                                       "with the same --checkpoint-dir, so that it restores its tables) and "
-                                       "resume this run with --resume.")
+                    raise LearnerError(
+                        f"lost the replay server {self.replay_address} for more than "
+                        f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (DQN/QDagger: "
+                        "with the same --checkpoint-dir, so that it restores its tables) and "
+                        "resume this run with --resume."
+                    )
                 try:
                     sample = self._sample_queue.get(timeout=0.5)
                 except queue.Empty:
@@ -498,8 +612,11 @@ class Learner:
                 result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()), env_steps)
                 if result.metrics:
                     self.last_metrics = result.metrics
-                for name, value in (("learner_steps", result.gradient_steps),
-                                    ("consumed_env_steps", result.consumed), ("dropped_env_steps", result.dropped)):
+                for name, value in (
+                    ("learner_steps", result.gradient_steps),
+                    ("consumed_env_steps", result.consumed),
+                    ("dropped_env_steps", result.dropped),
+                ):
                     if value:  # most samples change one counter at most; skip the no-op variable writes
                         self.counters[name].assign_add(value)
                 if result.updated:
@@ -515,13 +632,22 @@ class Learner:
             with self.lock:
                 self.run_over = completed
                 self.phase = "evaluating" if completed else "stopping"
-            summary = dict(algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed,
-                           completed=completed, status_address=self.address)
+            summary = dict(
+                algo=self.algo,
+                env_id=self.env_id,
+                preset=self.preset,
+                seed=self.seed,
+                completed=completed,
+                status_address=self.address,
+            )
             summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
             if completed:
                 returns = self._evaluate(c.eval_episodes)
-                summary.update(final_eval_return_mean=float(np.mean(returns)),
-                               final_eval_episodes=len(returns), final_eval_returns=returns)
+                summary.update(
+                    final_eval_return_mean=float(np.mean(returns)),
+                    final_eval_episodes=len(returns),
+                    final_eval_returns=returns,
+                )
             else:
                 summary.update(final_eval_return_mean=None, final_eval_episodes=0)
             path = self._save()
@@ -530,11 +656,17 @@ class Learner:
             last = self._log_metrics(writer, metrics_file, last)
             self._refresh_replay_status()
             st = self.status_dict()
-            summary.update(env_steps=st["env_steps"], learner_steps=st["learner_steps"],
-                           weights_version=st["weights_version"], consumed_env_steps=st["consumed_env_steps"],
-                           dropped_env_steps=st["dropped_env_steps"], replay=st["replay"],
-                           wall_seconds=self._wall_seconds(time.time()), checkpoint=path,
-                           config=json.loads(c.to_json()))
+            summary.update(
+                env_steps=st["env_steps"],
+                learner_steps=st["learner_steps"],
+                weights_version=st["weights_version"],
+                consumed_env_steps=st["consumed_env_steps"],
+                dropped_env_steps=st["dropped_env_steps"],
+                replay=st["replay"],
+                wall_seconds=self._wall_seconds(time.time()),
+                checkpoint=path,
+                config=json.loads(c.to_json()),
+            )
             with open(os.path.join(self.logdir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             with self.lock:
@@ -585,12 +717,22 @@ def _read_progress(checkpoint: str | None) -> dict:
             p = json.load(f)
     except FileNotFoundError:
         return _read_progress(None)
-    return dict(next_actor_id=int(p["next_actor_id"]), wall_seconds=float(p["wall_seconds"]),
-                actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()})
+    return dict(
+        next_actor_id=int(p["next_actor_id"]),
+        wall_seconds=float(p["wall_seconds"]),
+        actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()},
+    )
 
 
-def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,
-               teacher_replay: str | None = None, total_steps: int = 0) -> Agent:
+def make_agent(
+    algo: str,
+    spec,
+    config,
+    seed: int,
+    teacher: str | None = None,
+    teacher_replay: str | None = None,
+    total_steps: int = 0,
+) -> Agent:
     """The algorithm object for `algo` ("ppo", "dqn" or "qdagger"; QDagger loads `teacher`).
 
     `total_steps` is the run's env-step budget (0: none), for schedules that end with the run.
@@ -601,8 +743,10 @@ def make_agent(algo: str, spec, config, seed: int, teacher: str | None = None,
     if algo == "ppo":
         return PPOAgent(spec, config, seed, total_steps)
     if algo == "dqn":
-        from learner.dqn import DQNAgent
+        from rlfleet.learner.dqn import DQNAgent
+
         return DQNAgent(spec, config, seed, total_steps)
-    from learner.qdagger import QDaggerAgent
-    from learner.teacher import load_teacher
+    from rlfleet.learner.qdagger import QDaggerAgent
+    from rlfleet.learner.teacher import load_teacher
+
     return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)

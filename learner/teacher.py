@@ -6,6 +6,7 @@ of its replay table, written at the end of the run) and `summary.json` (its
 final evaluation return). `load_teacher` checks all of it before anything
 starts and restores the teacher's Q-network.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ import os
 
 import tensorflow as tf
 
-from actors.envs import EnvSpec
-from replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, read_tables
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, read_tables
 
 TEACHER_ALGOS = ("dqn", "qdagger")
 
@@ -34,6 +35,7 @@ class Teacher:
         replay_checkpoint: its latest complete Reverb checkpoint directory.
         final_eval_return: its summary's final evaluation return (None when it has no summary).
     """
+
     directory: str
     q: object
     replay_checkpoint: str
@@ -56,8 +58,10 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     with open(run_path) as f:
         run = json.load(f)
     if run.get("algo") not in TEACHER_ALGOS:
-        raise TeacherError(f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a DQN "
-                           f"or QDagger run (a Q-network and its replay); {hint}.")
+        raise TeacherError(
+            f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a DQN "
+            f"or QDagger run (a Q-network and its replay); {hint}."
+        )
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
     if tf.train.latest_checkpoint(os.path.join(directory, "checkpoints")) is None:
@@ -66,7 +70,8 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         raise TeacherError(
             f"--teacher {directory}: no Reverb replay checkpoint in {directory}/{REPLAY_SUBDIR}; a DQN run "
             "writes one when it finishes (or run `rlfleet replay-checkpoint --replay HOST:PORT` while its "
-            "replay server, started with --checkpoint-dir, runs).")
+            "replay server, started with --checkpoint-dir, runs)."
+        )
     return run
 
 
@@ -77,8 +82,9 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
         TeacherError: see `check_teacher_dir`; also a Q-network whose shapes do
             not fit `spec` (another action count or observation size).
     """
-    from learner.dqn import make_q_network
-    from learner.presets import make_algo_config
+    from rlfleet.learner.dqn import make_q_network
+    from rlfleet.learner.presets import make_algo_config
+
     run = check_teacher_dir(directory, spec)
     config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
     q = make_q_network(spec, config, 0, "teacher_q")
@@ -86,8 +92,10 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
     try:
         tf.train.Checkpoint(q=q).restore(latest).expect_partial().assert_existing_objects_matched()
     except (ValueError, AssertionError, tf.errors.OpError) as e:
-        raise TeacherError(f"--teacher {directory}: its Q-network does not fit {spec.env_id} "
-                           f"({spec.action_dim} actions, observations {spec.obs_shape}): {e}") from None
+        raise TeacherError(
+            f"--teacher {directory}: its Q-network does not fit {spec.env_id} "
+            f"({spec.action_dim} actions, observations {spec.obs_shape}): {e}"
+        ) from None
     replay = latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
     read_tables(replay)  # ReplayCheckpointError (a ValueError) on an unreadable checkpoint
     summary_path = os.path.join(directory, "summary.json")
@@ -96,4 +104,3 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
         with open(summary_path) as f:
             final = json.load(f).get("final_eval_return_mean")
     return Teacher(directory, q, replay, final)
-

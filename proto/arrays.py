@@ -1,15 +1,18 @@
 """Conversion between named numpy arrays and the `Weights` protobuf message."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from proto import rlfleet_pb2
+from rlfleet.proto import rlfleet_pb2
 
 # gRPC's default 4 MiB message limit is below one Nature CNN weights message (~6.7 MB);
 # both the learner server and the actors' channels allow this much.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
 
 
 def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
@@ -23,6 +26,5 @@ def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
 
 def from_proto(msg: rlfleet_pb2.Weights) -> tuple[int, dict]:
     """Unpacks a `Weights` message into (version, {name: ndarray})."""
-    arrays = {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(tuple(a.shape))
-              for a in msg.arrays}
+    arrays = {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(tuple(a.shape)) for a in msg.arrays}
     return msg.version, arrays

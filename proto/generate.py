@@ -1,11 +1,18 @@
 """Regenerate `proto/rlfleet_pb2.py` and `proto/rlfleet_pb2_grpc.py`.
 
-Usage: ``python -m proto.generate [OUT_DIR]`` from the repository root.
+Usage: ``python -m rlfleet.proto.generate [OUT_DIR]`` (rlfleet installed).
+protoc compiles the file under the path it has in the installed package,
+``rlfleet/proto/rlfleet.proto``, so the generated modules import each other as
+``rlfleet.proto.*`` and register that name in the protobuf descriptor pool.
 The generated modules are committed; ``tests/test_proto.py`` fails when they
 are stale against ``proto/rlfleet.proto``.
 """
+
+import glob
 import os
+import shutil
 import sys
+import tempfile
 
 from grpc_tools import protoc
 
@@ -13,18 +20,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def generate(out_dir: str = ROOT) -> None:
-    """Runs protoc on proto/rlfleet.proto, writing into OUT_DIR/proto/.
+    """Runs protoc on proto/rlfleet.proto, writing the two modules into OUT_DIR/proto/.
 
     Raises:
         RuntimeError: if protoc fails.
     """
-    os.makedirs(os.path.join(out_dir, "proto"), exist_ok=True)
-    rc = protoc.main([
-          "grpc_tools.protoc", f"-I{ROOT}", f"--python_out={out_dir}",
-          f"--grpc_python_out={out_dir}",
-          os.path.join(ROOT, "proto", "rlfleet.proto")])
-    if rc != 0:
-        raise RuntimeError(f"protoc failed with exit code {rc}")
+    with tempfile.TemporaryDirectory() as tmp:
+        include, gen = os.path.join(tmp, "include"), os.path.join(tmp, "gen")
+        os.makedirs(os.path.join(include, "rlfleet", "proto"))
+        os.makedirs(gen)
+        shutil.copy(os.path.join(ROOT, "proto", "rlfleet.proto"), os.path.join(include, "rlfleet", "proto"))
+        rc = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{include}",
+                f"--python_out={gen}",
+                f"--grpc_python_out={gen}",
+                os.path.join(include, "rlfleet", "proto", "rlfleet.proto"),
+            ]
+        )
+        if rc != 0:
+            raise RuntimeError(f"protoc failed with exit code {rc}")
+        os.makedirs(os.path.join(out_dir, "proto"), exist_ok=True)
+        for path in glob.glob(os.path.join(gen, "rlfleet", "proto", "rlfleet_pb2*.py")):
+            shutil.copy(path, os.path.join(out_dir, "proto"))
 
 
 if __name__ == "__main__":

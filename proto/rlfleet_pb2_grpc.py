@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from proto import rlfleet_pb2 as proto_dot_rlfleet__pb2
+from rlfleet.proto import rlfleet_pb2 as rlfleet_dot_proto_dot_rlfleet__pb2
 
 
 class LearnerStub(object):
@@ -16,23 +16,23 @@ class LearnerStub(object):
         """
         self.RegisterActor = channel.unary_unary(
                 '/rlfleet.Learner/RegisterActor',
-                request_serializer=proto_dot_rlfleet__pb2.RegisterActorRequest.SerializeToString,
-                response_deserializer=proto_dot_rlfleet__pb2.RegisterActorResponse.FromString,
+                request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorResponse.FromString,
                 )
         self.StreamWeights = channel.unary_stream(
                 '/rlfleet.Learner/StreamWeights',
-                request_serializer=proto_dot_rlfleet__pb2.StreamWeightsRequest.SerializeToString,
-                response_deserializer=proto_dot_rlfleet__pb2.Weights.FromString,
+                request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.StreamWeightsRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.Weights.FromString,
                 )
         self.Heartbeat = channel.unary_unary(
                 '/rlfleet.Learner/Heartbeat',
-                request_serializer=proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
+                request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
                 )
         self.GetStatus = channel.unary_unary(
                 '/rlfleet.Learner/GetStatus',
-                request_serializer=proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
-                response_deserializer=proto_dot_rlfleet__pb2.Status.FromString,
+                request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.Status.FromString,
                 )
 
 
@@ -68,23 +68,23 @@ def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterActor': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterActor,
-                    request_deserializer=proto_dot_rlfleet__pb2.RegisterActorRequest.FromString,
-                    response_serializer=proto_dot_rlfleet__pb2.RegisterActorResponse.SerializeToString,
+                    request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorRequest.FromString,
+                    response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorResponse.SerializeToString,
             ),
             'StreamWeights': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamWeights,
-                    request_deserializer=proto_dot_rlfleet__pb2.StreamWeightsRequest.FromString,
-                    response_serializer=proto_dot_rlfleet__pb2.Weights.SerializeToString,
+                    request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.StreamWeightsRequest.FromString,
+                    response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.Weights.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=proto_dot_rlfleet__pb2.HeartbeatRequest.FromString,
-                    response_serializer=proto_dot_rlfleet__pb2.HeartbeatResponse.SerializeToString,
+                    request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.FromString,
+                    response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=proto_dot_rlfleet__pb2.GetStatusRequest.FromString,
-                    response_serializer=proto_dot_rlfleet__pb2.Status.SerializeToString,
+                    request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.FromString,
+                    response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.Status.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -108,8 +108,8 @@ class Learner(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/rlfleet.Learner/RegisterActor',
-            proto_dot_rlfleet__pb2.RegisterActorRequest.SerializeToString,
-            proto_dot_rlfleet__pb2.RegisterActorResponse.FromString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorRequest.SerializeToString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.RegisterActorResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -125,8 +125,8 @@ class Learner(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_stream(request, target, '/rlfleet.Learner/StreamWeights',
-            proto_dot_rlfleet__pb2.StreamWeightsRequest.SerializeToString,
-            proto_dot_rlfleet__pb2.Weights.FromString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.StreamWeightsRequest.SerializeToString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.Weights.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -142,8 +142,8 @@ class Learner(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/rlfleet.Learner/Heartbeat',
-            proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
-            proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -159,7 +159,7 @@ class Learner(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/rlfleet.Learner/GetStatus',
-            proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
-            proto_dot_rlfleet__pb2.Status.FromString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.Status.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

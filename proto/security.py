@@ -9,6 +9,7 @@ insecure or TLS channel that adds the token to every call.
 Reverb has no authentication of its own: the replay port must stay on a private
 network (see README, "Security").
 """
+
 from __future__ import annotations
 
 import collections
@@ -18,15 +19,14 @@ import os
 
 import grpc
 
-from proto.arrays import GRPC_OPTIONS
+from rlfleet.proto.arrays import GRPC_OPTIONS
 
-TOKEN_ENV = "RLFLEET_TOKEN"   # where every command reads the shared token from when --token is not given
+TOKEN_ENV = "RLFLEET_TOKEN"  # where every command reads the shared token from when --token is not given
 _METADATA_KEY = "authorization"
 _PROTECTED_PREFIX = "/rlfleet.Learner/"
 # gRPC's default reconnect backoff grows to 120 s; capped at 2 s, clients (actors above all) are back within
 # about 2 s of a restarted learner answering, whatever the length of the outage.
-_CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 500),
-                                  ("grpc.max_reconnect_backoff_ms", 2000)]
+_CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 class SecurityError(ValueError):
@@ -52,6 +52,7 @@ class ClientSecurity:
     certificate and key (for a learner started with --tls-client-ca); `token`
     the shared token ("" = none; defaults to $RLFLEET_TOKEN in the CLI).
     """
+
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -68,9 +69,11 @@ def channel(address: str, security: ClientSecurity | None = None) -> grpc.Channe
     if bool(s.tls_cert) != bool(s.tls_key):
         raise SecurityError("--tls-cert and --tls-key go together (this client's certificate and its key).")
     if s.tls_ca or s.tls_cert:
-        creds = grpc.ssl_channel_credentials(root_certificates=_read(s.tls_ca, "--tls-ca"),
-                                             private_key=_read(s.tls_key, "--tls-key"),
-                                             certificate_chain=_read(s.tls_cert, "--tls-cert"))
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(s.tls_ca, "--tls-ca"),
+            private_key=_read(s.tls_key, "--tls-key"),
+            certificate_chain=_read(s.tls_cert, "--tls-cert"),
+        )
         ch = grpc.secure_channel(address, creds, options=_CLIENT_OPTIONS)
     else:
         ch = grpc.insecure_channel(address, options=_CLIENT_OPTIONS)
@@ -79,9 +82,12 @@ def channel(address: str, security: ClientSecurity | None = None) -> grpc.Channe
     return ch
 
 
-class _CallDetails(collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-        grpc.ClientCallDetails):
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
@@ -90,8 +96,14 @@ class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
         self.metadata = (_METADATA_KEY, f"Bearer {token}")
 
     def _details(self, d):
-        return _CallDetails(d.method, d.timeout, list(d.metadata or []) + [self.metadata], d.credentials,
-                            d.wait_for_ready, d.compression)
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            list(d.metadata or []) + [self.metadata],
+            d.credentials,
+            d.wait_for_ready,
+            d.compression,
+        )
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -109,7 +121,9 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
     """
     return grpc.ssl_server_credentials(
         [(_read(key, "--tls-key"), _read(cert, "--tls-cert"))],
-        root_certificates=_read(client_ca, "--tls-client-ca"), require_client_auth=bool(client_ca))
+        root_certificates=_read(client_ca, "--tls-client-ca"),
+        require_client_auth=bool(client_ca),
+    )
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -120,9 +134,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self.expected = f"Bearer {token}".encode()
 
         def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong token: this learner requires the cluster's shared token; pass "
-                          f"--token or set {TOKEN_ENV} to the value the learner was started with.")
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: this learner requires the cluster's shared token; pass "
+                f"--token or set {TOKEN_ENV} to the value the learner was started with.",
+            )
+
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
 

@@ -17,6 +17,7 @@ rewriting only the small table file. The table file holds Reverb's
 `_table_message` declares just the fields changed here and keeps all others
 as unknown fields, which protobuf writes back unchanged.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,6 +48,7 @@ def latest_checkpoint(root: str) -> str | None:
 def checkpointer(root: str):
     """Reverb checkpointer writing under `root`; at start it loads the latest checkpoint of `root`."""
     from reverb.platform import checkpointers_lib
+
     os.makedirs(root, exist_ok=True)
     return checkpointers_lib.DefaultCheckpointer(root)
 
@@ -66,8 +68,10 @@ def checkpoint_replay(address: str, timeout_s: float = 600.0) -> str:
 def tables_changed(client, checkpoint: str | None) -> bool:
     """True when the server behind `client` inserted or sampled since `checkpoint` (None: never checkpointed)."""
     info = client.server_info()
-    now = {name: (t.rate_limiter_info.insert_stats.completed, t.rate_limiter_info.sample_stats.completed)
-           for name, t in info.items()}
+    now = {
+        name: (t.rate_limiter_info.insert_stats.completed, t.rate_limiter_info.sample_stats.completed)
+        for name, t in info.items()
+    }
     if checkpoint is None:
         return any(inserts for inserts, _ in now.values())
     saved = {t.table_name: (t.rate_limiter.insert_count, t.rate_limiter.sample_count) for t in read_tables(checkpoint)}
@@ -76,22 +80,34 @@ def tables_changed(client, checkpoint: str | None) -> bool:
 
 def _table_message():
     f = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name="rlfleet_reverb_table_checkpoint.proto",
-                                             package="rlfleet.reverb_checkpoint", syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="rlfleet_reverb_table_checkpoint.proto", package="rlfleet.reverb_checkpoint", syntax="proto3"
+    )
     limiter = fdp.message_type.add(name="RateLimiterCheckpoint")
-    for name, number, kind in (("samples_per_insert", 2, f.TYPE_DOUBLE), ("min_diff", 3, f.TYPE_DOUBLE),
-                               ("max_diff", 4, f.TYPE_DOUBLE), ("min_size_to_sample", 5, f.TYPE_INT64),
-                               ("sample_count", 6, f.TYPE_INT64), ("insert_count", 7, f.TYPE_INT64)):
+    for name, number, kind in (
+        ("samples_per_insert", 2, f.TYPE_DOUBLE),
+        ("min_diff", 3, f.TYPE_DOUBLE),
+        ("max_diff", 4, f.TYPE_DOUBLE),
+        ("min_size_to_sample", 5, f.TYPE_INT64),
+        ("sample_count", 6, f.TYPE_INT64),
+        ("insert_count", 7, f.TYPE_INT64),
+    ):
         limiter.field.add(name=name, number=number, type=kind, label=f.LABEL_OPTIONAL)
     table = fdp.message_type.add(name="PriorityTableCheckpoint")
     table.field.add(name="table_name", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    table.field.add(name="rate_limiter", number=3, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL,
-                    type_name=".rlfleet.reverb_checkpoint.RateLimiterCheckpoint")
+    table.field.add(
+        name="rate_limiter",
+        number=3,
+        type=f.TYPE_MESSAGE,
+        label=f.LABEL_OPTIONAL,
+        type_name=".rlfleet.reverb_checkpoint.RateLimiterCheckpoint",
+    )
     table.field.add(name="max_size", number=6, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(
-        "rlfleet.reverb_checkpoint.PriorityTableCheckpoint"))
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("rlfleet.reverb_checkpoint.PriorityTableCheckpoint")
+    )
 
 
 def read_tables(checkpoint: str) -> list:
@@ -119,7 +135,8 @@ def open_teacher_replay(teacher_root: str, work_root: str) -> str:
     if src is None:
         raise ReplayCheckpointError(
             f"no complete Reverb checkpoint under {teacher_root}; a DQN run writes one at its end "
-            "(or run `rlfleet replay-checkpoint --replay HOST:PORT` while its replay server runs).")
+            "(or run `rlfleet replay-checkpoint --replay HOST:PORT` while its replay server runs)."
+        )
     tables = read_tables(src)
     shutil.rmtree(work_root, ignore_errors=True)
     dst = os.path.join(work_root, os.path.basename(src))

@@ -6,6 +6,7 @@ table is full, so actors can run at most `queue_items` items ahead of the
 learner. The table signature makes Reverb reject items of the wrong shape or
 dtype at insert.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,19 +58,26 @@ def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: i
     }
 
 
-def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int,
-               queue_items: int) -> list:
+def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int, queue_items: int) -> list:
     """The PPO replay tables (one queue of at most `queue_items` items).
 
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (("obs_dim", obs_dim), ("action_dim", action_dim), ("num_envs", num_envs),
-                    ("unroll_length", unroll_length), ("queue_items", queue_items)):
+    for name, v in (
+        ("obs_dim", obs_dim),
+        ("action_dim", action_dim),
+        ("num_envs", num_envs),
+        ("unroll_length", unroll_length),
+        ("queue_items", queue_items),
+    ):
         if v <= 0:
             raise ValueError(f"replay: {name} must be positive, got {v}")
-    return [reverb.Table.queue(PPO_TABLE, max_size=queue_items,
-                               signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length))]
+    return [
+        reverb.Table.queue(
+            PPO_TABLE, max_size=queue_items, signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length)
+        )
+    ]
 
 
 def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int = 1) -> dict:
@@ -96,9 +104,17 @@ def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int =
     }
 
 
-def dqn_tables(frame_shape: tuple, obs_dtype, n_step: int, replay_size: int, min_replay_size: int,
-               samples_per_insert: float, prioritized: bool = False, priority_exponent: float = 0.6,
-               frame_stack: int = 1) -> list:
+def dqn_tables(
+    frame_shape: tuple,
+    obs_dtype,
+    n_step: int,
+    replay_size: int,
+    min_replay_size: int,
+    samples_per_insert: float,
+    prioritized: bool = False,
+    priority_exponent: float = 0.6,
+    frame_stack: int = 1,
+) -> list:
     """The DQN replay table: uniform (or prioritized) sampling, FIFO removal at `replay_size` items,
     and a `SampleToInsertRatio` rate limiter holding `samples_per_insert` (±10% of
     `min_replay_size` worth of slack) once `min_replay_size` items are in.
@@ -112,10 +128,16 @@ def dqn_tables(frame_shape: tuple, obs_dtype, n_step: int, replay_size: int, min
         raise ValueError(f"replay: min_replay_size {min_replay_size} exceeds replay_size {replay_size}")
     error_buffer = max(1.0, samples_per_insert, 0.1 * samples_per_insert * min_replay_size)
     sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
-    return [reverb.Table(
-        name=DQN_TABLE, sampler=sampler, remover=reverb.selectors.Fifo(), max_size=replay_size,
-        rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
-        signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack))]
+    return [
+        reverb.Table(
+            name=DQN_TABLE,
+            sampler=sampler,
+            remover=reverb.selectors.Fifo(),
+            max_size=replay_size,
+            rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
+            signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack),
+        )
+    ]
 
 
 def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
@@ -123,9 +145,17 @@ def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
     if algo == "ppo":
         items = queue_items or ppo_queue_items(config)
         return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
-    return dqn_tables(spec.frame_shape, tf.as_dtype(spec.obs_dtype), config.n_step, config.replay_size,
-                      config.min_replay_size, config.samples_per_insert, config.prioritized,
-                      config.priority_exponent, spec.frame_stack)
+    return dqn_tables(
+        spec.frame_shape,
+        tf.as_dtype(spec.obs_dtype),
+        config.n_step,
+        config.replay_size,
+        config.min_replay_size,
+        config.samples_per_insert,
+        config.prioritized,
+        config.priority_exponent,
+        spec.frame_stack,
+    )
 
 
 def ppo_queue_items(config) -> int:
@@ -135,8 +165,14 @@ def ppo_queue_items(config) -> int:
     return max(2, -(-steps // per_item))
 
 
-def serve(tables: list, port: int, stop_event: threading.Event | None = None, checkpoint_dir: str | None = None,
-          teacher_dir: str | None = None, checkpoint_interval_s: float = 0.0) -> None:
+def serve(
+    tables: list,
+    port: int,
+    stop_event: threading.Event | None = None,
+    checkpoint_dir: str | None = None,
+    teacher_dir: str | None = None,
+    checkpoint_interval_s: float = 0.0,
+) -> None:
     """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
 
     With `checkpoint_dir` the tables start from the latest Reverb checkpoint
@@ -146,14 +182,15 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
     it held at most one interval earlier. With `teacher_dir` (a DQN run
     directory) the server instead serves that run's replay read-only, from a
     copy made in `checkpoint_dir` whose rate limiter admits every sample
-    (`replay.checkpoints.open_teacher_replay`); `tables` then only name the
+    (`rlfleet.replay.checkpoints.open_teacher_replay`); `tables` then only name the
     tables to expect. Reverb binds every interface and has no authentication:
     keep its port on a private network (see README).
 
     Raises:
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay.
     """
-    from replay import checkpoints
+    from rlfleet.replay import checkpoints
+
     ckpt = None
     if teacher_dir:
         if not checkpoint_dir:
@@ -165,8 +202,9 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
     try:
         server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
     except ValueError as e:
-        raise ValueError(f"cannot start the replay server on port {port} (port in use?): {e}; "
-                         "choose another --port.") from None
+        raise ValueError(
+            f"cannot start the replay server on port {port} (port in use?): {e}; choose another --port."
+        ) from None
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -181,8 +219,12 @@ def serve(tables: list, port: int, stop_event: threading.Event | None = None, ch
         if checkpoints.tables_changed(client, latest):
             print(f"rlfleet replay: checkpoint {client.checkpoint()}", flush=True)
         elif final:
-            print(f"rlfleet replay: tables unchanged since checkpoint {latest}" if latest
-                  else "rlfleet replay: tables empty, no checkpoint written", flush=True)
+            print(
+                f"rlfleet replay: tables unchanged since checkpoint {latest}"
+                if latest
+                else "rlfleet replay: tables empty, no checkpoint written",
+                flush=True,
+            )
 
     next_checkpoint = time.time() + checkpoint_interval_s
     while not stop.wait(0.5):
@@ -204,7 +246,13 @@ def table_status(address: str, timeout_s: int = 2) -> list[dict]:
         info = reverb.Client(address).server_info(timeout=timeout_s)
     except Exception:  # unreachable replay must not break status
         return []
-    return [{"table": name, "size": int(t.current_size), "max_size": int(t.max_size),
-             "inserts": int(t.rate_limiter_info.insert_stats.completed),
-             "samples": int(t.rate_limiter_info.sample_stats.completed)}
-            for name, t in sorted(info.items())]
+    return [
+        {
+            "table": name,
+            "size": int(t.current_size),
+            "max_size": int(t.max_size),
+            "inserts": int(t.rate_limiter_info.insert_stats.completed),
+            "samples": int(t.rate_limiter_info.sample_stats.completed),
+        }
+        for name, t in sorted(info.items())
+    ]

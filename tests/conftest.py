@@ -1,4 +1,5 @@
 """Shared helpers: run rlfleet services as real processes on loopback ports."""
+
 import os
 import signal
 import subprocess
@@ -9,13 +10,19 @@ import portpicker
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")  # rlfleet.* resolves through the installed package
 
 
 def rlfleet(*args, **kwargs):
-    """Runs `python -m deploy.cli ARGS` to completion; returns CompletedProcess (text)."""
-    return subprocess.run([sys.executable, "-m", "deploy.cli", *map(str, args)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, **kwargs)
+    """Runs `python -m rlfleet.deploy.cli ARGS` to completion; returns CompletedProcess (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
 
 
 class Proc:
@@ -24,8 +31,14 @@ class Proc:
     def __init__(self, tmp_path, name, *args):
         self.log_path = tmp_path / f"{name}.log"
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", *map(str, args)], cwd=ROOT, env=ENV,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)],
+            cwd=ROOT,
+            env=ENV,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def output(self):
         return self.log_path.read_text(errors="replace")

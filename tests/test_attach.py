@@ -8,6 +8,7 @@ in status with its address, leaves the list after the heartbeat timeout when
 killed, and a new actor there starts from the current weights. Needs root
 (CAP_NET_ADMIN) and iproute2, as CI has; the namespaces are removed at the end.
 """
+
 import json
 import os
 import signal
@@ -15,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ENV, ROOT, wait_for
 
 CLUSTER_IP, ACTOR_IP = "10.213.0.1", "10.213.0.2"
@@ -54,9 +54,10 @@ class NsProc:
     def __init__(self, tmp_path, ns, name, *args):
         self.log_path = tmp_path / f"{name}.log"
         self.log = open(self.log_path, "wb")
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "deploy.cli", *map(str, args)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def output(self):
         return self.log_path.read_text(errors="replace")
@@ -83,9 +84,27 @@ def test_actor_machine_attaches_and_rejoins(machines, tmp_path):
     learner_address = f"{CLUSTER_IP}:8001"
 
     def status():
-        out = subprocess.run(["ip", "netns", "exec", machines["cluster"], sys.executable, "-m", "deploy.cli",
-                              "status", "--learner", learner_address, "--json", "--timeout", "3"],
-                             cwd=ROOT, env=ENV, capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                machines["cluster"],
+                sys.executable,
+                "-m",
+                "rlfleet.deploy.cli",
+                "status",
+                "--learner",
+                learner_address,
+                "--json",
+                "--timeout",
+                "3",
+            ],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+        )
         return json.loads(out.stdout) if out.returncode == 0 else None
 
     def actor_at(st, ip):
@@ -93,18 +112,40 @@ def test_actor_machine_attaches_and_rejoins(machines, tmp_path):
 
     try:
         replay = start("cluster", "replay", "replay", *DQN, "--port", 8000)
-        learner = start("cluster", "learner", "learner", *DQN, "--replay", "127.0.0.1:8000",
-                        "--replay-for-actors", f"{CLUSTER_IP}:8000", "--bind", CLUSTER_IP, "--port", 8001,
-                        "--logdir", tmp_path / "run", "--total-steps", 10 ** 7, "--actor-timeout", 3)
+        learner = start(
+            "cluster",
+            "learner",
+            "learner",
+            *DQN,
+            "--replay",
+            "127.0.0.1:8000",
+            "--replay-for-actors",
+            f"{CLUSTER_IP}:8000",
+            "--bind",
+            CLUSTER_IP,
+            "--port",
+            8001,
+            "--logdir",
+            tmp_path / "run",
+            "--total-steps",
+            10**7,
+            "--actor-timeout",
+            3,
+        )
         wait_for(status, 180, "the learner on the cluster machine", [replay, learner])
         local = start("cluster", "actor-local", "actor", "--learner", learner_address)
-        before = wait_for(lambda: (s := status()) and s["learner_steps"] > 50 and s, 240,
-                          "the cluster to train", [learner, local])
+        before = wait_for(
+            lambda: (s := status()) and s["learner_steps"] > 50 and s, 240, "the cluster to train", [learner, local]
+        )
 
         # A second machine attaches while the cluster trains.
         remote = start("actor", "actor-remote", "actor", "--learner", learner_address)
-        joined = wait_for(lambda: (s := status()) and (a := actor_at(s, ACTOR_IP)) and a["env_steps"] > 200 and s,
-                          120, "the actor machine to join and collect", [learner, remote])
+        joined = wait_for(
+            lambda: (s := status()) and (a := actor_at(s, ACTOR_IP)) and a["env_steps"] > 200 and s,
+            120,
+            "the actor machine to join and collect",
+            [learner, remote],
+        )
         a = actor_at(joined, ACTOR_IP)
         assert a["num_envs"] > 0 and a["host"]
         assert a["policy_version"] >= before["weights_version"]  # it acts with current weights, not stale ones
@@ -113,19 +154,31 @@ def test_actor_machine_attaches_and_rejoins(machines, tmp_path):
         # Killed without warning, it leaves the status list after the heartbeat timeout; training goes on.
         os.killpg(remote.proc.pid, signal.SIGKILL)
         remote.proc.wait()
-        gone = wait_for(lambda: (s := status()) and actor_at(s, ACTOR_IP) is None and s, 60,
-                        "the dead actor to leave the list", [learner, local])
+        gone = wait_for(
+            lambda: (s := status()) and actor_at(s, ACTOR_IP) is None and s,
+            60,
+            "the dead actor to leave the list",
+            [learner, local],
+        )
         assert len(gone["actors"]) == 1 and gone["env_steps"] >= joined["env_steps"]
 
         # A rejoining actor machine gets a new id and starts from the current weights.
         again = start("actor", "actor-remote-2", "actor", "--learner", learner_address)
-        rejoined = wait_for(lambda: (s := status()) and (a := actor_at(s, ACTOR_IP)) and a["policy_version"] >= 0
-                            and s, 120, "the actor machine to rejoin", [learner, again])
+        rejoined = wait_for(
+            lambda: (s := status()) and (a := actor_at(s, ACTOR_IP)) and a["policy_version"] >= 0 and s,
+            120,
+            "the actor machine to rejoin",
+            [learner, again],
+        )
         r = actor_at(rejoined, ACTOR_IP)
         assert r["actor_id"] != a["actor_id"]
         assert r["policy_version"] >= gone["weights_version"]
-        later = wait_for(lambda: (s := status()) and s["learner_steps"] > rejoined["learner_steps"] + 50 and s, 120,
-                         "learning to continue", [learner, local, again])
+        later = wait_for(
+            lambda: (s := status()) and s["learner_steps"] > rejoined["learner_steps"] + 50 and s,
+            120,
+            "learning to continue",
+            [learner, local, again],
+        )
         assert later["env_steps"] > rejoined["env_steps"]
     finally:
         for p in reversed(started):

@@ -1,15 +1,25 @@
 """Bad input fails fast with a message that names the problem."""
+
 import time
 
 import pytest
-
 from conftest import rlfleet
 
 
 def test_unknown_env_id_fails_fast(tmp_path):
     start = time.time()
-    out = rlfleet("up", "--algo", "ppo", "--env", "HalfCheeta-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  timeout=120)
+    out = rlfleet(
+        "up",
+        "--algo",
+        "ppo",
+        "--env",
+        "HalfCheeta-v5",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "r",
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "unknown or unavailable environment id 'HalfCheeta-v5'" in out.stderr
     assert time.time() - start < 60
@@ -17,18 +27,39 @@ def test_unknown_env_id_fails_fast(tmp_path):
 
 
 def test_discrete_env_for_batchppo_fails_fast(tmp_path):
-    out = rlfleet("up", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  timeout=120)
+    out = rlfleet(
+        "up", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "1000", "--logdir", tmp_path / "r", timeout=120
+    )
     assert out.returncode == 2
     assert "discrete action space" in out.stderr and "continuous" in out.stderr
 
 
 def test_unknown_preset_and_setting(tmp_path):
-    out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  "--config", "fast", timeout=120)
+    out = rlfleet(
+        "up",
+        "--env",
+        "InvertedPendulum-v5",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "r",
+        "--config",
+        "fast",
+        timeout=120,
+    )
     assert out.returncode == 2 and "unknown --config preset 'fast'" in out.stderr
-    out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  "--set", "learning_rat=1e-3", timeout=120)
+    out = rlfleet(
+        "up",
+        "--env",
+        "InvertedPendulum-v5",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "r",
+        "--set",
+        "learning_rat=1e-3",
+        timeout=120,
+    )
     assert out.returncode == 2 and "learning_rat" in out.stderr
 
 
@@ -43,10 +74,22 @@ def test_status_of_unreachable_learner(free_port):
 def test_used_logdir_needs_resume(tmp_path):
     (tmp_path / "r" / "checkpoints").mkdir(parents=True)
     (tmp_path / "r" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
-    out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r", timeout=120)
+    out = rlfleet(
+        "up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r", timeout=120
+    )
     assert out.returncode == 2 and "already holds a run" in out.stderr and "--resume" in out.stderr
-    out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "new",
-                  "--resume", tmp_path, timeout=120)
+    out = rlfleet(
+        "up",
+        "--env",
+        "InvertedPendulum-v5",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "new",
+        "--resume",
+        tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 2 and "no checkpoint found" in out.stderr
     out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", timeout=120)
     assert out.returncode == 2 and "Missing option '--logdir'" in out.stderr and "--resume DIR" in out.stderr
@@ -54,17 +97,23 @@ def test_used_logdir_needs_resume(tmp_path):
 
 def test_resume_with_other_settings_is_refused(tmp_path):
     import json
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"algo": "ppo", "env_id": "InvertedPendulum-v5", "config": {}}))
-    out = rlfleet("learner", "--env", "HalfCheetah-v5", "--replay", "127.0.0.1:1", "--logdir", run,
-                  "--resume", run, timeout=120)
+    out = rlfleet(
+        "learner", "--env", "HalfCheetah-v5", "--replay", "127.0.0.1:1", "--logdir", run, "--resume", run, timeout=120
+    )
     assert out.returncode == 2
-    assert "started with other settings" in out.stderr and "env_id: 'InvertedPendulum-v5' -> 'HalfCheetah-v5'" in out.stderr
+    assert (
+        "started with other settings" in out.stderr
+        and "env_id: 'InvertedPendulum-v5' -> 'HalfCheetah-v5'" in out.stderr
+    )
 
 
 def test_up_resume_with_other_settings_fails_before_starting(tmp_path):
     import json
+
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
@@ -76,19 +125,40 @@ def test_up_resume_with_other_settings_fails_before_starting(tmp_path):
 
 
 def test_dqn_on_continuous_env_fails_fast(tmp_path):
-    out = rlfleet("up", "--algo", "dqn", "--env", "HalfCheetah-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  timeout=120)
+    out = rlfleet(
+        "up",
+        "--algo",
+        "dqn",
+        "--env",
+        "HalfCheetah-v5",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "r",
+        timeout=120,
+    )
     assert out.returncode == 2 and "needs discrete actions" in out.stderr
 
 
 def test_learner_port_in_use(tmp_path):
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = rlfleet("up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                      "--learner-port", port, timeout=120)
+        out = rlfleet(
+            "up",
+            "--env",
+            "InvertedPendulum-v5",
+            "--total-steps",
+            "1000",
+            "--logdir",
+            tmp_path / "r",
+            "--learner-port",
+            port,
+            timeout=120,
+        )
     assert out.returncode == 2 and f"--learner-port {port} is in use" in out.stderr
     assert not (tmp_path / "r" / "logs").exists()
 
@@ -96,14 +166,38 @@ def test_learner_port_in_use(tmp_path):
 def test_malformed_config_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("learning_rate = 1e-4\nhidden [64, 64]\n")
-    out = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--total-steps", "1000", "--logdir", tmp_path / "r",
-                  "--config-file", bad, timeout=120)
+    out = rlfleet(
+        "up",
+        "--algo",
+        "dqn",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "1000",
+        "--logdir",
+        tmp_path / "r",
+        "--config-file",
+        bad,
+        timeout=120,
+    )
     assert out.returncode == 2 and f"--config-file {bad}: not valid TOML" in out.stderr and "line 2" in out.stderr
     assert not (tmp_path / "r" / "logs").exists()  # nothing was started
     typo = tmp_path / "typo.toml"
     typo.write_text("learning_rat = 1e-4\n")
-    out = rlfleet("learner", "--algo", "dqn", "--env", "CartPole-v1", "--replay", "127.0.0.1:1", "--logdir",
-                  tmp_path / "r", "--config-file", typo, timeout=120)
+    out = rlfleet(
+        "learner",
+        "--algo",
+        "dqn",
+        "--env",
+        "CartPole-v1",
+        "--replay",
+        "127.0.0.1:1",
+        "--logdir",
+        tmp_path / "r",
+        "--config-file",
+        typo,
+        timeout=120,
+    )
     assert out.returncode == 2 and "unknown DQN setting(s) ['learning_rat']" in out.stderr
     wrong = tmp_path / "wrong.toml"
     wrong.write_text('n_step = "three"\n[replay]\nsize = 10\n')
@@ -122,19 +216,30 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
 
     import grpc
     import reverb
-    from proto import rlfleet_pb2, rlfleet_pb2_grpc
-    from replay.server import dqn_tables
-
     import tensorflow as tf
+
+    from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+    from rlfleet.replay.server import dqn_tables
+
     replay = reverb.Server(dqn_tables((4,), tf.float32, 3, 1000, 10, 8.0))
     heartbeats = []
 
     class Learner(rlfleet_pb2_grpc.LearnerServicer):
         def RegisterActor(self, request, context):
             net = dict(obs_shape=[5], frame_stack=1, num_actions=3, network="mlp")
-            return rlfleet_pb2.RegisterActorResponse(actor_id=0, config=rlfleet_pb2.RunConfig(
-                algo="dqn", env_id="CartPole-v1", replay_address=f"127.0.0.1:{replay.port}", table="dqn_replay",
-                num_envs=2, unroll_length=3, network_json=json.dumps(net), env_backend="sync"))
+            return rlfleet_pb2.RegisterActorResponse(
+                actor_id=0,
+                config=rlfleet_pb2.RunConfig(
+                    algo="dqn",
+                    env_id="CartPole-v1",
+                    replay_address=f"127.0.0.1:{replay.port}",
+                    table="dqn_replay",
+                    num_envs=2,
+                    unroll_length=3,
+                    network_json=json.dumps(net),
+                    env_backend="sync",
+                ),
+            )
 
         def Heartbeat(self, request, context):
             heartbeats.append(request.env_steps)
@@ -162,8 +267,9 @@ def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_pa
     run from before the truncation fix is refused outright."""
     import json
 
-    from learner.presets import make_algo_config
-    from learner.run_dir import RunDirError, check_run_dir, run_identity
+    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.learner.run_dir import RunDirError, check_run_dir, run_identity
+
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')

@@ -1,4 +1,5 @@
 """deploy/docker-compose.yml: `docker-compose config` accepts it, and its service commands work as local processes."""
+
 import json
 import os
 import re
@@ -6,14 +7,13 @@ import shutil
 import subprocess
 import sys
 
+import conftest
 import pytest
 import yaml
-
-import conftest
 from conftest import ROOT, wait_for
 
 COMPOSE_FILE = os.path.join(ROOT, "deploy", "docker-compose.yml")
-REPLAY_PORT, LEARNER_PORT = "8000", "8001"   # the ports inside the compose network
+REPLAY_PORT, LEARNER_PORT = "8000", "8001"  # the ports inside the compose network
 TOKEN = "compose-test-token"
 _VAR = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*))?\}")
 
@@ -43,8 +43,15 @@ def test_compose_config_is_valid():
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose not installed (Debian/Ubuntu: apt-get install docker-compose; .ci/run does this)")
-    env = dict(os.environ, RLFLEET_ALGO="ppo", RLFLEET_ENV="HalfCheetah-v5", RLFLEET_TOTAL_STEPS="12345",
-               RLFLEET_RUN="cheetah", RLFLEET_TOKEN=TOKEN, RLFLEET_LEARNER_PORT="9101")
+    env = dict(
+        os.environ,
+        RLFLEET_ALGO="ppo",
+        RLFLEET_ENV="HalfCheetah-v5",
+        RLFLEET_TOTAL_STEPS="12345",
+        RLFLEET_RUN="cheetah",
+        RLFLEET_TOKEN=TOKEN,
+        RLFLEET_LEARNER_PORT="9101",
+    )
     res = subprocess.run([exe, "-f", COMPOSE_FILE, "config"], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     cfg = yaml.safe_load(res.stdout)
@@ -55,7 +62,7 @@ def test_compose_config_is_valid():
     assert replay["command"][:5] == ["replay", "--algo", "ppo", "--env", "HalfCheetah-v5"]
     assert "/runs/cheetah/replay" in replay["command"]
     assert learner["command"][0] == "learner" and "--auto-resume" in learner["command"]
-    assert ["--total-steps", "12345"] == learner["command"][learner["command"].index("--total-steps"):][:2]
+    assert ["--total-steps", "12345"] == learner["command"][learner["command"].index("--total-steps") :][:2]
     assert "/runs/cheetah" in learner["command"]
     assert actor["command"][:3] == ["actor", "--learner", f"learner:{LEARNER_PORT}"]
     for svc in (learner, actor):
@@ -80,8 +87,9 @@ def test_compose_config_is_valid():
     # The overlay for actor machines outside compose publishes replay on one private address only,
     # and refuses to start without that address.
     overlay = [exe, "-f", COMPOSE_FILE, "-f", os.path.join(ROOT, "deploy", "replay-private.yml"), "config"]
-    res = subprocess.run(overlay, env=dict(env, RLFLEET_PRIVATE_IP="10.0.0.5"), capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        overlay, env=dict(env, RLFLEET_PRIVATE_IP="10.0.0.5"), capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     replay = yaml.safe_load(res.stdout)["services"]["replay"]
     assert [str(p).split("/")[0] for p in replay["ports"]] == [f"10.0.0.5:{REPLAY_PORT}:{REPLAY_PORT}"]
@@ -99,7 +107,7 @@ def _local_args(args, ports, runs_dir):
         elif i > 0 and out[-1] == "--port":
             a = str(ports[a])
         elif a == "/runs" or a.startswith("/runs/"):
-            a = runs_dir + a[len("/runs"):]
+            a = runs_dir + a[len("/runs") :]
         out.append(a)
     return out
 
@@ -107,8 +115,13 @@ def _local_args(args, ports, runs_dir):
 def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
     with open(COMPOSE_FILE) as f:
         raw = yaml.safe_load(f)
-    test_env = {"RLFLEET_ALGO": "dqn", "RLFLEET_ENV": "CartPole-v1", "RLFLEET_TOTAL_STEPS": "3000",
-                "RLFLEET_RUN": "compose-run", "RLFLEET_TOKEN": TOKEN}
+    test_env = {
+        "RLFLEET_ALGO": "dqn",
+        "RLFLEET_ENV": "CartPole-v1",
+        "RLFLEET_TOTAL_STEPS": "3000",
+        "RLFLEET_RUN": "compose-run",
+        "RLFLEET_TOKEN": TOKEN,
+    }
     services = interpolate(raw["services"], test_env)
     ports = {REPLAY_PORT: free_port(), LEARNER_PORT: free_port()}
     runs_dir = str(tmp_path / "runs")
@@ -122,15 +135,21 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
 
     def start(name, svc, label=None):
         cmd = _local_args(services[svc]["command"], ports, runs_dir)
-        with monkeypatch.context() as m:   # conftest.Proc takes its environment from conftest.ENV
+        with monkeypatch.context() as m:  # conftest.Proc takes its environment from conftest.ENV
             m.setattr(conftest, "ENV", service_env(svc))
             return procs.start(label or name, *cmd)
 
     def healthy(svc):
         test = services[svc]["healthcheck"]["test"]
         assert test[:2] == ["CMD", "rlfleet"], test
-        res = subprocess.run([sys.executable, "-m", "deploy.cli", *_local_args(test[2:], ports, runs_dir)],
-                             cwd=ROOT, env=service_env(svc), capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "rlfleet.deploy.cli", *_local_args(test[2:], ports, runs_dir)],
+            cwd=ROOT,
+            env=service_env(svc),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, f"{svc} health check failed: {res.stdout}{res.stderr}"
 
     # The order depends_on gives: replay healthy, then learner healthy, then actors.

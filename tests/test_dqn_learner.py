@@ -1,14 +1,15 @@
 """DQN agent without any server: update, target network, exported weights, replay table."""
+
 import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
 
-from actors.envs import EnvError, env_spec, require_action_kind
-from actors.policy import EPSILON, epsilon_greedy, mlp_forward
-from learner.dqn import DQNAgent
-from learner.presets import make_algo_config
-from replay.server import DQN_TABLE, tables_for
+from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.actors.policy import EPSILON, epsilon_greedy, mlp_forward
+from rlfleet.learner.dqn import DQNAgent
+from rlfleet.learner.presets import make_algo_config
+from rlfleet.replay.server import DQN_TABLE, tables_for
 
 SPEC = env_spec("CartPole-v1")
 
@@ -16,15 +17,17 @@ SPEC = env_spec("CartPole-v1")
 def make_batch(cfg, rng, size=None):
     size = size or cfg.batch_size
     n1 = cfg.n_step + 1
-    return dict(observation=tf.constant(rng.standard_normal((size, n1, 4)), tf.float32),
-                action=tf.constant(rng.integers(0, 2, (size, n1)), tf.int32),
-                reward=tf.constant(rng.standard_normal((size, n1)), tf.float32),
-                done=tf.constant(rng.random((size, n1)) < 0.1),
-                policy_version=tf.zeros((size, n1), tf.int64))
+    return dict(
+        observation=tf.constant(rng.standard_normal((size, n1, 4)), tf.float32),
+        action=tf.constant(rng.integers(0, 2, (size, n1)), tf.int32),
+        reward=tf.constant(rng.standard_normal((size, n1)), tf.float32),
+        done=tf.constant(rng.random((size, n1)) < 0.1),
+        policy_version=tf.zeros((size, n1), tf.int64),
+    )
 
 
 def test_fitting_a_fixed_batch_lowers_the_td_loss_and_target_syncs():
-    cfg = make_algo_config("dqn", "default", "CartPole-v1", {"target_update_period": 10 ** 9, "publish_every": 5})
+    cfg = make_algo_config("dqn", "default", "CartPole-v1", {"target_update_period": 10**9, "publish_every": 5})
     agent = DQNAgent(SPEC, cfg, seed=0)
     batch = make_batch(cfg, np.random.default_rng(0))
     first = agent._train_step(batch)[0].numpy()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from learner import dqn_math
+from rlfleet.learner import dqn_math
 
 
 def np_softmax(x):
@@ -20,24 +20,22 @@ def np_kl(q_student, q_teacher, tau):
 
 # ---------------------------------------------------------------- n-step targets
 
+
 def test_n_step_no_done_bootstraps_with_gamma_n():
-    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 0.0, 0.0]],
-                                        [10.0], 0.9)
+    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 0.0, 0.0]], [10.0], 0.9)
     # 1 + 0.9 * 2 + 0.81 * 3 + 0.729 * 10
     np.testing.assert_allclose(ret.numpy(), [12.52], rtol=1e-6)
     np.testing.assert_allclose(disc.numpy(), [0.729], rtol=1e-6)
 
 
 def test_n_step_done_in_middle_cuts_later_rewards_and_bootstrap():
-    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 1.0, 0.0]],
-                                        [10.0], 0.9)
+    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 1.0, 0.0]], [10.0], 0.9)
     np.testing.assert_allclose(ret.numpy(), [1.0 + 0.9 * 2.0], rtol=1e-6)
     np.testing.assert_allclose(disc.numpy(), [0.0])
 
 
 def test_n_step_done_at_last_step_keeps_all_rewards_no_bootstrap():
-    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 0.0, 1.0]],
-                                        [10.0], 0.9)
+    ret, disc = dqn_math.n_step_targets([[1.0, 2.0, 3.0]], [[0.0, 0.0, 1.0]], [10.0], 0.9)
     np.testing.assert_allclose(ret.numpy(), [1.0 + 1.8 + 2.43], rtol=1e-6)
     np.testing.assert_allclose(disc.numpy(), [0.0])
 
@@ -45,19 +43,15 @@ def test_n_step_done_at_last_step_keeps_all_rewards_no_bootstrap():
 def test_n_step_batch_with_bool_dones_and_first_step_done():
     rewards = [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]]
     dones = [[True, False, False], [False, True, True], [False, False, False]]
-    ret, disc = dqn_math.n_step_targets(rewards, dones, [10.0, 10.0, -2.0],
-                                        0.5)
-    np.testing.assert_allclose(
-        ret.numpy(), [1.0, 2.0, -1.0 + 0.25 + 1.0 + 0.125 * -2.0], rtol=1e-6)
+    ret, disc = dqn_math.n_step_targets(rewards, dones, [10.0, 10.0, -2.0], 0.5)
+    np.testing.assert_allclose(ret.numpy(), [1.0, 2.0, -1.0 + 0.25 + 1.0 + 0.125 * -2.0], rtol=1e-6)
     np.testing.assert_allclose(disc.numpy(), [0.0, 0.0, 0.125])
 
 
 def test_n_step_one_step_and_inside_tf_function():
     fn = tf.function(dqn_math.n_step_targets)
-    ret, disc = fn(tf.constant([[2.0], [3.0]]), tf.constant([[0.0], [1.0]]),
-                   tf.constant([5.0, 5.0]), tf.constant(0.99))
-    np.testing.assert_allclose(ret.numpy(), [2.0 + 0.99 * 5.0, 3.0],
-                               rtol=1e-6)
+    ret, disc = fn(tf.constant([[2.0], [3.0]]), tf.constant([[0.0], [1.0]]), tf.constant([5.0, 5.0]), tf.constant(0.99))
+    np.testing.assert_allclose(ret.numpy(), [2.0 + 0.99 * 5.0, 3.0], rtol=1e-6)
     np.testing.assert_allclose(disc.numpy(), [0.99, 0.0], rtol=1e-6)
     assert ret.dtype == tf.float32 and disc.dtype == tf.float32
 
@@ -71,6 +65,7 @@ def test_n_step_rejects_mismatched_shapes():
 
 # ---------------------------------------------------------------- Huber
 
+
 def test_huber_quadratic_and_linear_regions():
     # |0.5| < 1: 0.5 * 0.25 = 0.125 ; |3| > 1: 3 - 0.5 = 2.5
     assert dqn_math.huber_td_loss([0.5], [0.0]).numpy() == pytest.approx(0.125)
@@ -78,8 +73,7 @@ def test_huber_quadratic_and_linear_regions():
     got = dqn_math.huber_td_loss([0.5, 3.0], [0.0, 0.0]).numpy()
     assert got == pytest.approx((0.125 + 2.5) / 2)
     # delta 2, |err| 3: 2 * (3 - 1) = 4
-    assert dqn_math.huber_td_loss([3.0], [0.0], delta=2.0).numpy() == \
-        pytest.approx(4.0)
+    assert dqn_math.huber_td_loss([3.0], [0.0], delta=2.0).numpy() == pytest.approx(4.0)
 
 
 def test_huber_gradients_stop_at_targets():
@@ -100,10 +94,10 @@ def test_huber_rejects_bad_delta():
 
 # ---------------------------------------------------------------- distillation
 
+
 def test_distillation_matches_hand_kl():
     # teacher softmax([1, 0]) = [e, 1] / (e + 1); student uniform.
-    got = dqn_math.distillation_loss([[0.0, 0.0]], [[1.0, 0.0]],
-                                     temperature=1.0).numpy()
+    got = dqn_math.distillation_loss([[0.0, 0.0]], [[1.0, 0.0]], temperature=1.0).numpy()
     p = math.e / (math.e + 1.0)
     hand = p * math.log(p / 0.5) + (1 - p) * math.log((1 - p) / 0.5)
     np.testing.assert_allclose(got, [hand], rtol=1e-5)
@@ -121,11 +115,9 @@ def test_distillation_matches_numpy_batch():
 
 def test_distillation_zero_when_equal_and_shift_invariant():
     q = np.array([[1.0, 2.0, -3.0], [0.0, 0.0, 0.0]], np.float32)
-    np.testing.assert_allclose(dqn_math.distillation_loss(q, q).numpy(),
-                               [0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(dqn_math.distillation_loss(q, q).numpy(), [0.0, 0.0], atol=1e-6)
     # softmax ignores a per-row constant shift
-    np.testing.assert_allclose(
-        dqn_math.distillation_loss(q + 7.0, q).numpy(), [0.0, 0.0], atol=1e-5)
+    np.testing.assert_allclose(dqn_math.distillation_loss(q + 7.0, q).numpy(), [0.0, 0.0], atol=1e-5)
 
 
 def test_distillation_temperature_sharpens_and_is_stable():
@@ -148,8 +140,7 @@ def test_distillation_gradient_flows_to_student_only():
     gs, gt = tape.gradient(loss, [qs, qt])
     assert gt is None
     # d KL / d z_student = (p_S - p_T) / tau
-    expected = np_softmax(np.array([[0.0, 1.0, 2.0]])) - \
-        np_softmax(np.array([[2.0, 1.0, 0.0]]))
+    expected = np_softmax(np.array([[0.0, 1.0, 2.0]])) - np_softmax(np.array([[2.0, 1.0, 0.0]]))
     np.testing.assert_allclose(gs.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -160,6 +151,7 @@ def test_distillation_rejects_bad_temperature():
 
 # ---------------------------------------------------------------- qdagger loss
 
+
 def test_qdagger_loss_composition():
     qs = np.array([[1.0, 2.0], [0.0, -1.0]], np.float32)
     qt = np.array([[2.0, 0.0], [0.0, 1.0]], np.float32)
@@ -168,13 +160,12 @@ def test_qdagger_loss_composition():
     loss, info = dqn_math.qdagger_loss(qs, actions, targets, qt, 3.0, 0.1)
     td = (0.5 * 0.25 + (3.0 - 0.5)) / 2  # errs -0.5 and -3
     distill = np.mean(np_kl(qs, qt, 0.1))
-    np.testing.assert_allclose(info['td_loss'].numpy(), td, rtol=1e-6)
-    np.testing.assert_allclose(info['distillation_loss'].numpy(), distill,
-                               rtol=1e-4)
+    np.testing.assert_allclose(info["td_loss"].numpy(), td, rtol=1e-6)
+    np.testing.assert_allclose(info["distillation_loss"].numpy(), distill, rtol=1e-4)
     np.testing.assert_allclose(loss.numpy(), td + 3.0 * distill, rtol=1e-4)
     loss0, info0 = dqn_math.qdagger_loss(qs, actions, targets, qt, 0.0)
     np.testing.assert_allclose(loss0.numpy(), td, rtol=1e-6)
-    assert info0['distillation_loss'].numpy() > 0
+    assert info0["distillation_loss"].numpy() > 0
 
 
 def test_qdagger_loss_in_tf_function_gradients():
@@ -184,9 +175,7 @@ def test_qdagger_loss_in_tf_function_gradients():
     @tf.function
     def grads():
         with tf.GradientTape() as tape:
-            loss, _ = dqn_math.qdagger_loss(
-                qs, tf.constant([1, 0]), tf.constant([2.5, 3.0]), qt,
-                tf.constant(0.0))
+            loss, _ = dqn_math.qdagger_loss(qs, tf.constant([1, 0]), tf.constant([2.5, 3.0]), qt, tf.constant(0.0))
         return tape.gradient(loss, qs)
 
     g = grads().numpy()
@@ -196,15 +185,15 @@ def test_qdagger_loss_in_tf_function_gradients():
 
 # ---------------------------------------------------------------- schedules
 
+
 def test_distillation_coefficient_schedule():
     f = dqn_math.distillation_coefficient
-    kw = dict(teacher_return=100.0, random_return=0.0, step=10,
-              cutoff_step=1000)
-    assert f(3.0, 0.0, **kw) == pytest.approx(3.0)        # at random
-    assert f(3.0, -50.0, **kw) == pytest.approx(3.0)      # below random: <= base
-    assert f(3.0, 50.0, **kw) == pytest.approx(1.5)       # halfway
-    assert f(3.0, 100.0, **kw) == 0.0                     # at teacher
-    assert f(3.0, 150.0, **kw) == 0.0                     # beyond teacher
+    kw = dict(teacher_return=100.0, random_return=0.0, step=10, cutoff_step=1000)
+    assert f(3.0, 0.0, **kw) == pytest.approx(3.0)  # at random
+    assert f(3.0, -50.0, **kw) == pytest.approx(3.0)  # below random: <= base
+    assert f(3.0, 50.0, **kw) == pytest.approx(1.5)  # halfway
+    assert f(3.0, 100.0, **kw) == 0.0  # at teacher
+    assert f(3.0, 150.0, **kw) == 0.0  # beyond teacher
     assert f(3.0, 0.0, 100.0, 0.0, step=1000, cutoff_step=1000) == 0.0
     assert f(3.0, 0.0, 100.0, 0.0, step=5000, cutoff_step=1000) == 0.0
     # non-zero random baseline: (5 - (-10)) / (20 - (-10)) = 0.5
@@ -213,9 +202,9 @@ def test_distillation_coefficient_schedule():
 
 
 def test_distillation_coefficient_rejects_bad_teacher():
-    with pytest.raises(ValueError, match='teacher_return'):
+    with pytest.raises(ValueError, match="teacher_return"):
         dqn_math.distillation_coefficient(3.0, 1.0, 5.0, 5.0, 0, 10)
-    with pytest.raises(ValueError, match='teacher_return'):
+    with pytest.raises(ValueError, match="teacher_return"):
         dqn_math.distillation_coefficient(3.0, 1.0, 2.0, 5.0, 0, 10)
 
 

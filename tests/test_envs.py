@@ -1,11 +1,12 @@
 """Batched env backends: shapes, SAME_STEP autoreset, errors (a few seconds)."""
+
 import importlib.util
 import sys
 
 import numpy as np
 import pytest
 
-from actors.envs import BACKENDS, EnvError, make_batched_env
+from rlfleet.actors.envs import BACKENDS, EnvError, make_batched_env
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 
@@ -126,8 +127,10 @@ def _reference_final_obs(backend, seeds, actions):
     one gymnasium env per seed for the gymnasium backends, envpool's own (next-step autoreset) pool for envpool."""
     if backend == "envpool":
         import envpool
-        pool = envpool.make_gymnasium("HalfCheetah-v5", num_envs=len(seeds), batch_size=len(seeds),
-                                      env_seed=list(seeds), max_episode_steps=1000)
+
+        pool = envpool.make_gymnasium(
+            "HalfCheetah-v5", num_envs=len(seeds), batch_size=len(seeds), env_seed=list(seeds), max_episode_steps=1000
+        )
         pool.reset()
         for a in actions:
             obs, _, _, truncated, _ = pool.step(np.asarray(a, np.float64))
@@ -135,6 +138,7 @@ def _reference_final_obs(backend, seeds, actions):
         assert truncated.all()
         return obs
     import gymnasium as gym
+
     out = []
     for i, seed in enumerate(seeds):
         env = gym.make("HalfCheetah-v5")
@@ -151,7 +155,8 @@ def _reference_final_obs(backend, seeds, actions):
 def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
     """At a time limit every backend hands the actor the cut episode's true last observation
     (what PPO bootstraps from), while the returned observation already starts the next episode."""
-    from actors.envs import truncation_observations
+    from rlfleet.actors.envs import truncation_observations
+
     venv = make_batched_env("HalfCheetah-v5", 2, _backend(backend))
     try:
         rng = np.random.default_rng(3)
@@ -170,7 +175,8 @@ def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
 
 
 def test_terminated_episodes_give_no_bootstrap_observation():
-    from actors.envs import truncation_observations
+    from rlfleet.actors.envs import truncation_observations
+
     venv = make_batched_env("Hopper-v5", 4, "sync")
     try:
         venv.reset(seed=[0, 1, 2, 3])
@@ -187,7 +193,8 @@ def test_terminated_episodes_give_no_bootstrap_observation():
 
 
 def test_auto_backend_choice():
-    from actors.envs import resolve_backend
+    from rlfleet.actors.envs import resolve_backend
+
     assert resolve_backend("CartPole-v1", "auto") == "sync"  # microsecond steps: no process per env
     assert resolve_backend("MountainCar-v0", "auto") == "sync"
     assert resolve_backend("ALE/Pong-v5", "auto") == "ale"
@@ -201,15 +208,23 @@ def test_no_settotalmass_warning_from_any_halfcheetah_start():
     still reach stderr."""
     import subprocess
     import sys
-    code = ("from actors.envs import make_batched_env, make_env\n"
-            "import mujoco\n"
-            "if __name__ == '__main__':\n"
-            "    for backend in ('async', 'sync'):\n"
-            "        v = make_batched_env('HalfCheetah-v5', 2, backend); v.reset(seed=0); v.close()\n"
-            "    make_env('HalfCheetah-v5').close()\n"
-            "    mujoco.get_mju_user_warning()('a different MuJoCo warning')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+
+    code = (
+        "from actors.envs import make_batched_env, make_env\n"
+        "import mujoco\n"
+        "if __name__ == '__main__':\n"
+        "    for backend in ('async', 'sync'):\n"
+        "        v = make_batched_env('HalfCheetah-v5', 2, backend); v.reset(seed=0); v.close()\n"
+        "    make_env('HalfCheetah-v5').close()\n"
+        "    mujoco.get_mju_user_warning()('a different MuJoCo warning')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "settotalmass" not in out.stdout + out.stderr
     assert "a different MuJoCo warning" in out.stderr

@@ -5,13 +5,15 @@ learner`, `rlfleet actor`, as docker-compose runs them) on loopback ports, with
 DQN on CartPole-v1, and asserts that counters and learning continue from where
 they were rather than restart.
 """
+
 import math
 import os
 import signal
 
 from conftest import wait_for
-from deploy.status import StatusError, format_status, get_status
-from replay.checkpoints import latest_checkpoint
+
+from rlfleet.deploy.status import StatusError, format_status, get_status
+from rlfleet.replay.checkpoints import latest_checkpoint
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
@@ -25,12 +27,12 @@ def _status(address):
 
 def _table(st):
     """The DQN table's status row (zeros while status has not read the replay server yet)."""
-    return next((t for t in st["replay"] if t["table"] == "dqn_replay"),
-                dict(size=0, max_size=0, inserts=0, samples=0))
+    return next((t for t in st["replay"] if t["table"] == "dqn_replay"), dict(size=0, max_size=0, inserts=0, samples=0))
 
 
 def _server_info(address):
     import reverb
+
     try:
         return reverb.Client(address).server_info(timeout=2)["dqn_replay"]
     except Exception:
@@ -42,59 +44,115 @@ def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extr
     replay_port, learner_port = free_port(), free_port()
     replay_args = ("replay", *DQN, "--port", replay_port, "--checkpoint-dir", run / "replay", *replay_extra)
     replay = procs.start("replay", *replay_args)
-    learner_args = ("learner", *DQN, "--replay", f"127.0.0.1:{replay_port}", "--logdir", run, "--port", learner_port,
-                    "--total-steps", 10 ** 7, "--checkpoint-interval", 2, "--report-interval", 1,
-                    "--actor-timeout", 3, *learner_extra)
+    learner_args = (
+        "learner",
+        *DQN,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        run,
+        "--port",
+        learner_port,
+        "--total-steps",
+        10**7,
+        "--checkpoint-interval",
+        2,
+        "--report-interval",
+        1,
+        "--actor-timeout",
+        3,
+        *learner_extra,
+    )
     learner = procs.start("learner", *learner_args)
     address = f"127.0.0.1:{learner_port}"
     wait_for(lambda: _status(address), 180, "the learner to serve", [replay, learner])
     started = [procs.start(f"actor-{i}", "actor", "--learner", address) for i in range(actors)]
-    return dict(run=run, replay=replay, learner=learner, actors=started, address=address,
-                replay_args=replay_args, learner_args=learner_args)
+    return dict(
+        run=run,
+        replay=replay,
+        learner=learner,
+        actors=started,
+        address=address,
+        replay_args=replay_args,
+        learner_args=learner_args,
+    )
 
 
 def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port)
-    st = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s["learner_steps"] > 50 and s,
-                  240, "two actors and learning", [c["learner"], *c["actors"]])
+    st = wait_for(
+        lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s["learner_steps"] > 50 and s,
+        240,
+        "two actors and learning",
+        [c["learner"], *c["actors"]],
+    )
     # A paused actor (SIGSTOP: a frozen host, a network partition) leaves the list after --actor-timeout
     # and rejoins with its id when it resumes; none of its env steps is lost from the count.
     c["actors"][1].proc.send_signal(signal.SIGSTOP)
-    wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s, 60,
-             "the paused actor to leave the status list", [c["learner"], c["actors"][0]])
+    wait_for(
+        lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s,
+        60,
+        "the paused actor to leave the status list",
+        [c["learner"], c["actors"][0]],
+    )
     c["actors"][1].proc.send_signal(signal.SIGCONT)
-    back = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s, 60,
-                    "the paused actor to rejoin", [c["learner"], *c["actors"]])
+    back = wait_for(
+        lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s,
+        60,
+        "the paused actor to rejoin",
+        [c["learner"], *c["actors"]],
+    )
     assert sorted(a["actor_id"] for a in back["actors"]) == [0, 1]
     assert back["env_steps"] >= sum(a["env_steps"] for a in back["actors"]), back
     c["actors"][0].proc.send_signal(signal.SIGKILL)
     c["actors"][0].proc.wait()
     # The dead actor leaves the status list after --actor-timeout; the other one goes on.
-    after = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s, 60,
-                     "the killed actor to leave the status list", [c["learner"], c["actors"][1]])
+    after = wait_for(
+        lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s,
+        60,
+        "the killed actor to leave the status list",
+        [c["learner"], c["actors"][1]],
+    )
     assert after["env_steps"] >= st["env_steps"]
-    later = wait_for(lambda: (s := _status(c["address"])) and s["env_steps"] > after["env_steps"] + 500
-                     and s["learner_steps"] > after["learner_steps"] + 50 and s,
-                     120, "collection and learning to continue", [c["learner"], c["actors"][1]])
+    later = wait_for(
+        lambda: (
+            (s := _status(c["address"]))
+            and s["env_steps"] > after["env_steps"] + 500
+            and s["learner_steps"] > after["learner_steps"] + 50
+            and s
+        ),
+        120,
+        "collection and learning to continue",
+        [c["learner"], c["actors"][1]],
+    )
     assert later["actors"][0]["policy_version"] > st["weights_version"]
 
 
 def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port)
     # A policy clearly better than random (CartPole: ~22) before the crash.
-    before = wait_for(lambda: (s := _status(c["address"])) and s["eval_return_mean"] >= 150
-                      and len(s["actors"]) == 2 and s, 240, "an evaluation return >= 150", [c["learner"], *c["actors"]])
+    before = wait_for(
+        lambda: (s := _status(c["address"])) and s["eval_return_mean"] >= 150 and len(s["actors"]) == 2 and s,
+        240,
+        "an evaluation return >= 150",
+        [c["learner"], *c["actors"]],
+    )
     ckpt_index = c["run"] / "checkpoints" / "checkpoint"
     # The index is rewritten when a save ends; a save that was under way at `before` took its counters
     # earlier, so wait for the index to change twice.
     for _ in range(2):
         written = os.path.getmtime(ckpt_index)
-        wait_for(lambda: os.path.getmtime(ckpt_index) > written, 30, "a checkpoint after that point", [c["learner"]])
+        wait_for(
+            lambda written=written: os.path.getmtime(ckpt_index) > written,
+            30,
+            "a checkpoint after that point",
+            [c["learner"]],
+        )
     c["learner"].proc.send_signal(signal.SIGKILL)
     c["learner"].proc.wait()
     # The same command with --resume RUN in place of --logdir RUN (it continues in the resumed directory).
     args = list(c["learner_args"])
-    del args[args.index("--logdir"):args.index("--logdir") + 2]
+    del args[args.index("--logdir") : args.index("--logdir") + 2]
     learner = procs.start("learner-restarted", *args, "--resume", c["run"])
     first = wait_for(lambda: _status(c["address"]), 180, "the restarted learner", [learner, c["replay"]])
     # Counters continue from the checkpoint (taken after `before`), not from zero.
@@ -103,12 +161,20 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     assert first["weights_version"] >= before["weights_version"]
     # The same actor processes (not restarted) rejoin by themselves and act with the new learner's weights.
     assert all(a.proc.poll() is None for a in c["actors"])
-    later = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 2
-                     and s["learner_steps"] > first["learner_steps"] + 100
-                     and min(a["policy_version"] for a in s["actors"]) > first["weights_version"]
-                     and s["env_steps"] > first["env_steps"] and not math.isnan(s["eval_return_mean"]) and s,
-                     180, "actors to rejoin, learning and collection to continue, and an evaluation",
-                     [learner, *c["actors"]])
+    later = wait_for(
+        lambda: (
+            (s := _status(c["address"]))
+            and len(s["actors"]) == 2
+            and s["learner_steps"] > first["learner_steps"] + 100
+            and min(a["policy_version"] for a in s["actors"]) > first["weights_version"]
+            and s["env_steps"] > first["env_steps"]
+            and not math.isnan(s["eval_return_mean"])
+            and s
+        ),
+        180,
+        "actors to rejoin, learning and collection to continue, and an evaluation",
+        [learner, *c["actors"]],
+    )
     # Returns continue from the restored network rather than from a random one.
     assert later["eval_return_mean"] >= 100, later
     assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
@@ -117,15 +183,20 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     assert later["env_steps"] >= sum(a["env_steps"] for a in later["actors"]), later
     # A new actor does not take the id of one that has not rejoined yet.
     newcomer = procs.start("actor-new", "actor", "--learner", c["address"])
-    joined = wait_for(lambda: (s := _status(c["address"])) and len(s["actors"]) == 3 and s, 120,
-                      "a third actor", [learner, newcomer])
+    joined = wait_for(
+        lambda: (s := _status(c["address"])) and len(s["actors"]) == 3 and s, 120, "a third actor", [learner, newcomer]
+    )
     assert sorted(a["actor_id"] for a in joined["actors"]) == [0, 1, 2]
 
 
 def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port, replay_extra=("--checkpoint-interval", 3))
-    before = wait_for(lambda: (s := _status(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000
-                      and s, 240, "a filled replay table", [c["learner"], c["replay"], *c["actors"]])
+    before = wait_for(
+        lambda: (s := _status(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000 and s,
+        240,
+        "a filled replay table",
+        [c["learner"], c["replay"], *c["actors"]],
+    )
     checkpoints = lambda: c["replay"].output().count("rlfleet replay: checkpoint")
     # A checkpoint under way when `before` was read (status reads replay counters up to a second late) may
     # hold fewer items: wait for the second one to finish.
@@ -133,8 +204,12 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     wait_for(lambda: checkpoints() > seen + 1, 30, "a replay checkpoint after that point", [c["replay"]])
     c["replay"].proc.send_signal(signal.SIGKILL)
     c["replay"].proc.wait()
-    wait_for(lambda: (s := _status(c["address"])) and "replay server does not answer" in format_status(s), 30,
-             "status to report the replay outage", [c["learner"]])
+    wait_for(
+        lambda: (s := _status(c["address"])) and "replay server does not answer" in format_status(s),
+        30,
+        "status to report the replay outage",
+        [c["learner"]],
+    )
     replay = procs.start("replay-restarted", *c["replay_args"])
     replay_address = f"127.0.0.1:{c['replay_args'][c['replay_args'].index('--port') + 1]}"
     info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
@@ -142,9 +217,17 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     assert "Loading checkpoint from" in replay.output()
     restored = wait_for(lambda: _status(c["address"]), 60, "status after the restart", [replay, c["learner"]])
     # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
-    later = wait_for(lambda: (s := _status(c["address"])) and _table(s)["inserts"] > _table(restored)["inserts"] + 500
-                     and s["learner_steps"] > restored["learner_steps"] + 100 and s,
-                     180, "inserts and learning after the restart", [replay, c["learner"], *c["actors"]])
+    later = wait_for(
+        lambda: (
+            (s := _status(c["address"]))
+            and _table(s)["inserts"] > _table(restored)["inserts"] + 500
+            and s["learner_steps"] > restored["learner_steps"] + 100
+            and s
+        ),
+        180,
+        "inserts and learning after the restart",
+        [replay, c["learner"], *c["actors"]],
+    )
     assert later["env_steps"] > before["env_steps"]
     assert "is back" in c["actors"][0].output()
     # A clean stop (SIGTERM) writes a final checkpoint; a server whose tables did not change since its
@@ -153,8 +236,10 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
         assert p.stop() == 0, p.output()[-2000:]
     assert replay.stop() == 0
     latest = latest_checkpoint(str(c["run"] / "replay"))
-    assert f"rlfleet replay: checkpoint {latest}" in replay.output() or \
-        f"rlfleet replay: tables unchanged since checkpoint {latest}" in replay.output(), replay.output()[-2000:]
+    assert (
+        f"rlfleet replay: checkpoint {latest}" in replay.output()
+        or f"rlfleet replay: tables unchanged since checkpoint {latest}" in replay.output()
+    ), replay.output()[-2000:]
     again = procs.start("replay-again", *c["replay_args"])
     wait_for(lambda: _server_info(replay_address), 120, "the replay server once more", [again])
     assert again.stop() == 0

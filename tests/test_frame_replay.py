@@ -1,6 +1,7 @@
 """The DQN actor's frame-sharing replay items: each stores the newest frame per step, and the n + 4
 frames of an item rebuild exactly the stacked observations the policy saw (real Reverb server and
 writers; a scripted Atari-like batched env whose frames encode the step that produced them)."""
+
 import threading
 import types
 
@@ -9,11 +10,11 @@ import pytest
 import reverb
 import tensorflow as tf
 
-from actors.actor import Actor
-from learner.dqn import split_observations
-from learner.networks import NatureCNN
-from proto import rlfleet_pb2
-from replay.server import DQN_TABLE, dqn_signature
+from rlfleet.actors.actor import Actor
+from rlfleet.learner.dqn import split_observations
+from rlfleet.learner.networks import NatureCNN
+from rlfleet.proto import rlfleet_pb2
+from rlfleet.replay.server import DQN_TABLE, dqn_signature
 
 N_STEP, STACK, ENVS, STEPS = 3, 4, 2, 120
 
@@ -21,6 +22,7 @@ N_STEP, STACK, ENVS, STEPS = 3, 4, 2, 120
 class ScriptedFrames:
     """ENVS envs of 84x84 frames; pixel [0, 0] holds a unique frame id, [0, 1] the env. Episodes end
     by termination or (every third one) by truncation after 7-19 steps; stacks start with 3 zero frames."""
+
     single_observation_space = types.SimpleNamespace(shape=(STACK, 84, 84))
 
     def __init__(self, stop: threading.Event):
@@ -76,17 +78,20 @@ def _fid(frame):
 def _bare_actor():
     """A Reverb server with the Atari DQN table, an Actor without a learner (its collection loop alone) writing
     to it, and random-policy weights. Returns (server, actor, weights)."""
-    server = reverb.Server([reverb.Table.queue(DQN_TABLE, 10_000,
-                                               signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))])
+    server = reverb.Server(
+        [reverb.Table.queue(DQN_TABLE, 10_000, signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))]
+    )
     actor = Actor.__new__(Actor)
-    actor.config = rlfleet_pb2.RunConfig(algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS,
-                                         unroll_length=N_STEP, seed=0)
+    actor.config = rlfleet_pb2.RunConfig(
+        algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS, unroll_length=N_STEP, seed=0
+    )
     actor.replay_address, actor.frame_stack = f"localhost:{server.port}", STACK
     actor.stop, actor.lock = threading.Event(), threading.Lock()
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
     actor.replay_epoch, actor._restarts = 0, 0
-    weights = types.SimpleNamespace(latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(),
-                                                "epsilon": np.float32(1.0)}))
+    weights = types.SimpleNamespace(
+        latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(), "epsilon": np.float32(1.0)})
+    )
     return server, actor, weights
 
 
@@ -98,8 +103,9 @@ def test_items_rebuild_the_stacked_observations():
 
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size
-    items = [s for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False,
-                                      unpack_as_table_signature=True)]
+    items = [
+        s for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False, unpack_as_table_signature=True)
+    ]
     assert size > 0.6 * STEPS * ENVS
     starts = set()
     for item in items:
@@ -113,8 +119,7 @@ def test_items_rebuild_the_stacked_observations():
         if not d["done"][:N_STEP].any():  # the bootstrap stack, N_STEP steps later in the same episode
             np.testing.assert_array_equal(bootstrap, venv.seen[_fid(bootstrap[-1])])
             assert bootstrap[-1][0, 1] == obs[-1][0, 1]  # same env
-            assert venv.acted[obs[-1][0, 1]].index(_fid(bootstrap[-1])) == \
-                venv.acted[obs[-1][0, 1]].index(fid) + N_STEP
+            assert venv.acted[obs[-1][0, 1]].index(_fid(bootstrap[-1])) == venv.acted[obs[-1][0, 1]].index(fid) + N_STEP
         assert d["policy_version"][0] == 0
     # Every transition has its item, except the last n of episodes cut by the time limit (no bootstrap
     # observation) and, per env, the last n (windows not complete yet) plus up to 4 more (the items a
@@ -122,7 +127,7 @@ def test_items_rebuild_the_stacked_observations():
     assert venv.truncated_tails and not starts & venv.truncated_tails
     expected = set(venv.seen) - venv.truncated_tails
     assert starts <= expected
-    assert expected - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 4):]}
+    assert expected - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 4) :]}
     server.stop()
 
 
@@ -138,7 +143,8 @@ class NaNAfter(ScriptedFrames):
 
 
 def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
-    from actors.actor import ActorError
+    from rlfleet.actors.actor import ActorError
+
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     with pytest.raises(ActorError, match=r"Scripted-v0 \(env 1 of this actor\) returned a non-finite reward"):

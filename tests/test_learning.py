@@ -1,4 +1,5 @@
 """End to end: `rlfleet up` learns InvertedPendulum-v5 and survives interruption (real processes, loopback)."""
+
 import json
 import signal
 import subprocess
@@ -10,15 +11,44 @@ from conftest import ENV, ROOT
 
 def test_up_learns_inverted_pendulum(tmp_path):
     logdir = tmp_path / "pendulum"
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "InvertedPendulum-v5",
-                          "--total-steps", "100000", "--logdir", logdir, "--envs-per-actor", "8",
-                          "--report-interval", "5"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            "ppo",
+            "--env",
+            "InvertedPendulum-v5",
+            "--total-steps",
+            "100000",
+            "--logdir",
+            logdir,
+            "--envs-per-actor",
+            "8",
+            "--report-interval",
+            "5",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "rlfleet status --learner 127.0.0.1:" in out.stdout
     summary = json.loads((logdir / "summary.json").read_text())
-    for key in ("algo", "env_id", "env_steps", "learner_steps", "wall_seconds", "final_eval_return_mean",
-                "final_eval_episodes", "status_address"):
+    for key in (
+        "algo",
+        "env_id",
+        "env_steps",
+        "learner_steps",
+        "wall_seconds",
+        "final_eval_return_mean",
+        "final_eval_episodes",
+        "status_address",
+    ):
         assert key in summary, key
     assert summary["env_steps"] >= 100000 and summary["learner_steps"] > 0
     assert summary["final_eval_episodes"] == 10
@@ -43,9 +73,31 @@ def test_up_learns_hopper_default_preset(tmp_path):
     (647-961 at 220-240k with today's policy-lag limit).
     """
     logdir = tmp_path / "hopper"
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "Hopper-v5",
-                          "--total-steps", "250000", "--logdir", logdir, "--seed", "3", "--report-interval", "5"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            "ppo",
+            "--env",
+            "Hopper-v5",
+            "--total-steps",
+            "250000",
+            "--logdir",
+            logdir,
+            "--seed",
+            "3",
+            "--report-interval",
+            "5",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = json.loads((logdir / "summary.json").read_text())
     rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
@@ -56,9 +108,28 @@ def test_up_learns_hopper_default_preset(tmp_path):
 
 def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     logdir = tmp_path / "run"
-    args = [sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "InvertedPendulum-v5",
-            "--total-steps", "1000000", "--logdir", logdir, "--envs-per-actor", "4", "--env-backend", "sync",
-            "--set", "batch_env_steps=512", "--report-interval", "1"]
+    args = [
+        sys.executable,
+        "-m",
+        "rlfleet.deploy.cli",
+        "up",
+        "--algo",
+        "ppo",
+        "--env",
+        "InvertedPendulum-v5",
+        "--total-steps",
+        "1000000",
+        "--logdir",
+        logdir,
+        "--envs-per-actor",
+        "4",
+        "--env-backend",
+        "sync",
+        "--set",
+        "batch_env_steps=512",
+        "--report-interval",
+        "1",
+    ]
     up = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 180
     lines = []
@@ -78,8 +149,9 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     # Resume: counters continue from the checkpoint instead of restarting.
     i = args.index("--total-steps") + 1
     args[i] = str(stopped["env_steps"] + 3000)
-    resumed = subprocess.run(args + ["--resume", logdir],
-                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        args + ["--resume", logdir], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     final = json.loads((logdir / "summary.json").read_text())
     assert final["completed"] is True
@@ -94,11 +166,35 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
 def test_a_dead_child_makes_up_fail_loudly(tmp_path):
     """kill -9 of the replay server: `up` exits non-zero with that child's log, and stops the rest."""
     import psutil
+
     logdir = tmp_path / "run"
-    up = subprocess.Popen([sys.executable, "-m", "deploy.cli", "up", "--algo", "ppo", "--env", "InvertedPendulum-v5",
-                           "--total-steps", "1000000", "--logdir", logdir, "--envs-per-actor", "2",
-                           "--env-backend", "sync", "--report-interval", "1"],
-                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            "ppo",
+            "--env",
+            "InvertedPendulum-v5",
+            "--total-steps",
+            "1000000",
+            "--logdir",
+            logdir,
+            "--envs-per-actor",
+            "2",
+            "--env-backend",
+            "sync",
+            "--report-interval",
+            "1",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in up.stdout:
         if "env steps" in line and int(line.split("env steps")[1].split("/")[0].replace(",", "")) > 0:
             break
@@ -112,4 +208,3 @@ def test_a_dead_child_makes_up_fail_loudly(tmp_path):
     assert time.time() - start < 60
     for c in children:  # nothing left running
         assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE
-

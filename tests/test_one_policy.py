@@ -5,17 +5,18 @@ The actors and the evaluator see the weights as they travel (through the `Weight
 the learner computes with its TensorFlow networks on its own normalizer. Any setting that shapes the
 policy but did not travel with the weights (as `obs_clip` once did not) makes these differ.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from actors.envs import EnvSpec
-from actors.policy import epsilon_greedy, mean_env_action, q_values, sample_actions, to_env_action
-from learner.dqn import DQNAgent
-from learner.ppo import BatchPPO
-from learner.presets import make_algo_config
-from proto import arrays as proto_arrays
-from proto import rlfleet_pb2
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.actors.policy import epsilon_greedy, mean_env_action, q_values, sample_actions, to_env_action
+from rlfleet.learner.dqn import DQNAgent
+from rlfleet.learner.ppo import BatchPPO
+from rlfleet.learner.presets import make_algo_config
+from rlfleet.proto import arrays as proto_arrays
+from rlfleet.proto import rlfleet_pb2
 
 
 def _through_the_wire(weights: dict) -> dict:
@@ -39,15 +40,20 @@ def test_ppo_actor_evaluator_and_learner_policies_agree(case):
     settings = dict(
         obs_clip=float(rng.choice([0.5, 1.0, 3.0, 5.0, 10.0, 50.0])),
         policy_hidden=tuple(int(h) for h in rng.integers(4, 64, rng.integers(1, 4))),
-        init_std=float(rng.uniform(0.05, 2.0)), mean_init_factor=float(rng.uniform(0.01, 2.0)),
-        activation=str(rng.choice(["relu", "tanh"])), mean_head=str(rng.choice(["tanh", "linear"])),
-        obs_normalization=bool(rng.random() < 0.75))
-    algo = BatchPPO(spec, make_algo_config("ppo", rng.choice(["default", "paper"]), spec.env_id, settings),
-                    seed=case)
+        init_std=float(rng.uniform(0.05, 2.0)),
+        mean_init_factor=float(rng.uniform(0.01, 2.0)),
+        activation=str(rng.choice(["relu", "tanh"])),
+        mean_head=str(rng.choice(["tanh", "linear"])),
+        obs_normalization=bool(rng.random() < 0.75),
+    )
+    algo = BatchPPO(spec, make_algo_config("ppo", rng.choice(["default", "paper"]), spec.env_id, settings), seed=case)
     _perturb(algo.policy.trainable_variables, rng, 0.3)
     if settings["obs_normalization"]:  # as the learner does: statistics only when normalizing
-        algo.obs_norm.update(rng.normal(rng.uniform(-5, 5, obs_dim), rng.uniform(0.01, 10, obs_dim),
-                                        (int(rng.integers(2, 500)), obs_dim)))
+        algo.obs_norm.update(
+            rng.normal(
+                rng.uniform(-5, 5, obs_dim), rng.uniform(0.01, 10, obs_dim), (int(rng.integers(2, 500)), obs_dim)
+            )
+        )
     raw = rng.normal(0, 1, (64, obs_dim)) * rng.choice([0.1, 1.0, 100.0], (64, obs_dim)) + algo.obs_norm.mean
 
     weights = _through_the_wire(algo.export_weights())
@@ -56,8 +62,9 @@ def test_ppo_actor_evaluator_and_learner_policies_agree(case):
     np.testing.assert_allclose(actor_mean, learner_mean, atol=2e-5)
     np.testing.assert_allclose(actor_log_std, learner_log_std, atol=1e-6)
     lo, hi = np.asarray(low, np.float32), np.asarray(high, np.float32)
-    np.testing.assert_allclose(mean_env_action(weights, raw, lo, hi), to_env_action(learner_mean, lo, hi),
-                               atol=1e-4 * float(np.max(hi - lo)))
+    np.testing.assert_allclose(
+        mean_env_action(weights, raw, lo, hi), to_env_action(learner_mean, lo, hi), atol=1e-4 * float(np.max(hi - lo))
+    )
 
 
 @pytest.mark.parametrize("case", range(6))

@@ -1,12 +1,13 @@
 """BatchPPO learner object without any server: presets, update, checkpoint round trip."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from actors.envs import env_spec
-from actors.policy import policy_mean, sample_actions
-from learner.ppo import BatchPPO
-from learner.presets import make_config
+from rlfleet.actors.envs import env_spec
+from rlfleet.actors.policy import policy_mean, sample_actions
+from rlfleet.learner.ppo import BatchPPO
+from rlfleet.learner.presets import make_config
 
 SPEC = env_spec("InvertedPendulum-v5")
 
@@ -16,13 +17,19 @@ def make_batch(algo, t=16, n=4, seed=0):
     obs = rng.standard_normal((t + 1, n, SPEC.obs_shape[0])).astype(np.float32)
     action, log_prob, mean, log_std = sample_actions(algo.export_weights(), obs.reshape(-1, obs.shape[-1]), rng)
     shape = lambda x: x.reshape(t + 1, n, *x.shape[1:])
-    return dict(observation=obs, action=shape(action), reward=rng.standard_normal((t + 1, n)).astype(np.float32),
-                terminated=rng.random((t + 1, n)) < 0.03, truncated=rng.random((t + 1, n)) < 0.03,
-                final_observation=rng.standard_normal(obs.shape).astype(np.float32),
-                discounted_return=rng.standard_normal((t + 1, n)).astype(np.float32),
-                behaviour_log_prob=shape(log_prob),
-                behaviour_mean=shape(mean), behaviour_log_std=shape(log_std),
-                policy_version=np.zeros((t + 1, n), np.int64))
+    return dict(
+        observation=obs,
+        action=shape(action),
+        reward=rng.standard_normal((t + 1, n)).astype(np.float32),
+        terminated=rng.random((t + 1, n)) < 0.03,
+        truncated=rng.random((t + 1, n)) < 0.03,
+        final_observation=rng.standard_normal(obs.shape).astype(np.float32),
+        discounted_return=rng.standard_normal((t + 1, n)).astype(np.float32),
+        behaviour_log_prob=shape(log_prob),
+        behaviour_mean=shape(mean),
+        behaviour_log_std=shape(log_std),
+        policy_version=np.zeros((t + 1, n), np.int64),
+    )
 
 
 def test_paper_preset_holds_the_reference_values():
@@ -36,7 +43,8 @@ def test_paper_preset_holds_the_reference_values():
         make_config("default", "Hopper-v5", {"policy_objective": "clipped"})
     with pytest.raises(ValueError, match=r"max_importance_weight = 0.0: must be > 0"):
         make_config("default", "Hopper-v5", {"max_importance_weight": 0.0})
-    from learner.presets import make_algo_config
+    from rlfleet.learner.presets import make_algo_config
+
     with pytest.raises(ValueError, match=r"QDAGGER does not use \['lr_schedule'\]"):
         make_algo_config("qdagger", "default", "CartPole-v1", {"lr_schedule": "linear"})
     with pytest.raises(ValueError, match=r"lr_final_fraction = 2.0: must be in \[0, 1\]"):
@@ -54,8 +62,13 @@ def test_update_moves_policy_and_adapts_beta(preset, objective):
     assert metrics["gradient_steps"] == 3 * max(1, min(cfg.num_minibatches, 64))
     assert not np.allclose(before["policy/w0"], after["policy/w0"])
     assert metrics["kl"] > 0 and np.isfinite(metrics["policy_loss"]) and np.isfinite(metrics["value_loss"])
-    expected_beta = (cfg.init_beta * 1.5 if metrics["kl"] > 1.3 * cfg.kl_target else
-                     cfg.init_beta / 1.5 if metrics["kl"] < 0.7 * cfg.kl_target else cfg.init_beta)
+    expected_beta = (
+        cfg.init_beta * 1.5
+        if metrics["kl"] > 1.3 * cfg.kl_target
+        else cfg.init_beta / 1.5
+        if metrics["kl"] < 0.7 * cfg.kl_target
+        else cfg.init_beta
+    )
     if objective == "clip":  # β belongs to the KL-penalty objective: the clip objective leaves it alone
         expected_beta = cfg.init_beta
     assert metrics["beta"] == pytest.approx(expected_beta)
@@ -102,7 +115,7 @@ def test_value_targets_bootstrap_at_truncation_not_at_termination():
     batch = make_batch(algo, t=8, n=3, seed=4)
     batch["terminated"][:] = False
     batch["truncated"][:] = False
-    batch["truncated"][3, 0] = True   # env 0: time limit after step 3
+    batch["truncated"][3, 0] = True  # env 0: time limit after step 3
     batch["terminated"][3, 1] = True  # env 1: terminal state after step 3
     algo.obs_norm.update(batch["observation"].reshape(-1, 4))
     algo.reward_norm.update(batch["reward"].reshape(-1))
@@ -137,5 +150,5 @@ def test_reward_scale_modes(mode):
         np.testing.assert_allclose(got, r)
     else:
         tracked = (r if mode == "rms" else batch["discounted_return"][:-1]).reshape(-1)
-        divisor = np.sqrt(np.mean(tracked ** 2) + 1e-8) if mode == "rms" else np.sqrt(np.var(tracked) + 1e-8)
+        divisor = np.sqrt(np.mean(tracked**2) + 1e-8) if mode == "rms" else np.sqrt(np.var(tracked) + 1e-8)
         np.testing.assert_allclose(got, np.clip(r / divisor, -3.0, 3.0), rtol=1e-4, atol=1e-6)

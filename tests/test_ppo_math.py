@@ -1,25 +1,23 @@
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from learner import ppo_math
-from learner.normalizer import RunningMeanStd
+from rlfleet.learner import ppo_math
+from rlfleet.learner.normalizer import RunningMeanStd
 
 
 def np_log_prob(mean, log_std, x):
     std = np.exp(log_std)
-    return np.sum(-0.5 * ((x - mean) / std) ** 2 - log_std
-                  - 0.5 * np.log(2 * np.pi), axis=-1)
+    return np.sum(-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * np.log(2 * np.pi), axis=-1)
 
 
 def np_kl(mp, lsp, mq, lsq):
     sp, sq = np.exp(lsp), np.exp(lsq)
-    return np.sum(np.log(sq / sp) + (sp ** 2 + (mp - mq) ** 2) / (2 * sq ** 2)
-                  - 0.5, axis=-1)
+    return np.sum(np.log(sq / sp) + (sp**2 + (mp - mq) ** 2) / (2 * sq**2) - 0.5, axis=-1)
 
 
 # ---------------------------------------------------------------- Gaussians
+
 
 def test_log_prob_matches_numpy():
     rng = np.random.default_rng(0)
@@ -28,14 +26,13 @@ def test_log_prob_matches_numpy():
     x = rng.normal(size=(5, 3)).astype(np.float32)
     got = ppo_math.gaussian_log_prob(mean, log_std, x).numpy()
     assert got.shape == (5,)
-    np.testing.assert_allclose(got, np_log_prob(mean, log_std, x), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(got, np_log_prob(mean, log_std, x), rtol=1e-5, atol=1e-5)
 
 
 def test_log_prob_standard_normal_at_zero():
-    got = ppo_math.gaussian_log_prob(np.zeros((1, 2), np.float32),
-                                     np.zeros(2, np.float32),
-                                     np.zeros((1, 2), np.float32)).numpy()
+    got = ppo_math.gaussian_log_prob(
+        np.zeros((1, 2), np.float32), np.zeros(2, np.float32), np.zeros((1, 2), np.float32)
+    ).numpy()
     np.testing.assert_allclose(got, [-np.log(2 * np.pi)], rtol=1e-6)
 
 
@@ -52,8 +49,7 @@ def test_kl_matches_closed_form_numpy():
     lsp, lsq = rng.normal(scale=0.5, size=(2, 7, 4)).astype(np.float32)
     got = ppo_math.gaussian_kl(mp, lsp, mq, lsq).numpy()
     assert got.shape == (7,)
-    np.testing.assert_allclose(got, np_kl(mp, lsp, mq, lsq), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(got, np_kl(mp, lsp, mq, lsq), rtol=1e-5, atol=1e-6)
     assert np.all(got >= 0)
 
 
@@ -84,6 +80,7 @@ def test_kl_monte_carlo():
 
 # ---------------------------------------------------------------- adaptive beta
 
+
 def test_adapt_kl_beta():
     t = 0.01
     assert ppo_math.adapt_kl_beta(1.0, 0.02, t) == pytest.approx(1.5)
@@ -102,27 +99,26 @@ def test_adapt_kl_beta():
 
 # ---------------------------------------------------------------- policy loss
 
+
 def test_kl_cutoff_zero_below_threshold():
     n = 4
     zeros = np.zeros(n, np.float32)
     kl = np.full(n, 0.02, np.float32)  # mean kl == 2 * target exactly
-    loss, info = ppo_math.ppo_kl_penalty_loss(zeros, zeros, zeros, kl,
-                                              beta=1.0, kl_target=0.01)
-    assert float(info['kl_cutoff']) == 0.0
-    np.testing.assert_allclose(float(info['kl_penalty']), 0.02, rtol=1e-6)
+    loss, info = ppo_math.ppo_kl_penalty_loss(zeros, zeros, zeros, kl, beta=1.0, kl_target=0.01)
+    assert float(info["kl_cutoff"]) == 0.0
+    np.testing.assert_allclose(float(info["kl_penalty"]), 0.02, rtol=1e-6)
     np.testing.assert_allclose(float(loss), 0.02, rtol=1e-6)
 
 
 def test_kl_cutoff_above_threshold():
     zeros = np.zeros(4, np.float32)
     kl = np.array([0.02, 0.04, 0.06, 0.08], np.float32)  # mean 0.05
-    loss, info = ppo_math.ppo_kl_penalty_loss(zeros, zeros, zeros, kl,
-                                              beta=2.0, kl_target=0.01)
+    loss, info = ppo_math.ppo_kl_penalty_loss(zeros, zeros, zeros, kl, beta=2.0, kl_target=0.01)
     # 1000 * (0.05 - 0.02)^2 = 0.9 ; penalty 2 * 0.05 = 0.1
-    np.testing.assert_allclose(float(info['kl_cutoff']), 0.9, rtol=1e-4)
-    np.testing.assert_allclose(float(info['kl_penalty']), 0.1, rtol=1e-5)
-    np.testing.assert_allclose(float(info['mean_kl']), 0.05, rtol=1e-5)
-    np.testing.assert_allclose(float(info['surrogate']), 0.0, atol=1e-7)
+    np.testing.assert_allclose(float(info["kl_cutoff"]), 0.9, rtol=1e-4)
+    np.testing.assert_allclose(float(info["kl_penalty"]), 0.1, rtol=1e-5)
+    np.testing.assert_allclose(float(info["mean_kl"]), 0.05, rtol=1e-5)
+    np.testing.assert_allclose(float(info["surrogate"]), 0.0, atol=1e-7)
     np.testing.assert_allclose(float(loss), 1.0, rtol=1e-4)
 
 
@@ -147,8 +143,7 @@ def test_importance_ratio_surrogate_and_gradient():
         logp = ppo_math.gaussian_log_prob(mu_var, ls_new, acts)
         logp_beh = ppo_math.gaussian_log_prob(mu_beh, ls_beh, acts)
         kl = ppo_math.gaussian_kl(mu_beh, ls_beh, mu_var, ls_new)
-        loss, info = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl,
-                                                  beta, target)
+        loss, info = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, beta, target)
     grad = tape.gradient(loss, mu_var).numpy()
 
     # surrogate by hand
@@ -156,23 +151,19 @@ def test_importance_ratio_surrogate_and_gradient():
     lp_beh = np_log_prob(mu_beh, ls_beh, acts)
     ratio = np.exp(lp_new - lp_beh)
     assert not np.allclose(ratio, 1.0)
-    np.testing.assert_allclose(float(info['surrogate']),
-                               -np.mean(ratio * adv), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(float(info['mean_ratio']), ratio.mean(),
-                               rtol=1e-4)
+    np.testing.assert_allclose(float(info["surrogate"]), -np.mean(ratio * adv), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(float(info["mean_ratio"]), ratio.mean(), rtol=1e-4)
     kl_np = np_kl(mu_beh, ls_beh, mu_new, ls_new)
     excess = max(0.0, kl_np.mean() - 2 * target)
     assert excess > 0  # cutoff active, so its gradient is exercised too
-    want_loss = (-np.mean(ratio * adv) + beta * kl_np.mean()
-                 + 1000 * excess ** 2)
+    want_loss = -np.mean(ratio * adv) + beta * kl_np.mean() + 1000 * excess**2
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-4)
 
     # hand-derived gradient w.r.t. the current mean
     var_new = np.exp(2 * ls_new)
-    dlogp = (acts - mu_new) / var_new                  # d logp / d mu
-    dkl = (mu_new - mu_beh) / var_new                  # d kl / d mu
-    want_grad = (-(ratio * adv)[:, None] * dlogp / n
-                 + (beta + 2000 * excess) * dkl / n)
+    dlogp = (acts - mu_new) / var_new  # d logp / d mu
+    dkl = (mu_new - mu_beh) / var_new  # d kl / d mu
+    want_grad = -(ratio * adv)[:, None] * dlogp / n + (beta + 2000 * excess) * dkl / n
     assert np.all(np.isfinite(grad))
     np.testing.assert_allclose(grad, want_grad, rtol=1e-3, atol=1e-5)
 
@@ -185,23 +176,20 @@ def test_ppo_loss_in_tf_function():
         logp = ppo_math.gaussian_log_prob(mu, ls_new, acts)
         logp_beh = ppo_math.gaussian_log_prob(mu_beh, ls_beh, acts)
         kl = ppo_math.gaussian_kl(mu_beh, ls_beh, mu, ls_new)
-        return ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl,
-                                            tf.constant(1.0), 0.01)
+        return ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, tf.constant(1.0), 0.01)
 
     loss_graph, _ = f(tf.constant(mu_new))
     logp = ppo_math.gaussian_log_prob(mu_new, ls_new, acts)
     logp_beh = ppo_math.gaussian_log_prob(mu_beh, ls_beh, acts)
     kl = ppo_math.gaussian_kl(mu_beh, ls_beh, mu_new, ls_new)
-    loss_eager, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl,
-                                                 1.0, 0.01)
+    loss_eager, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, 1.0, 0.01)
     np.testing.assert_allclose(float(loss_graph), float(loss_eager), rtol=1e-5)
 
 
 def test_value_loss():
     v = np.array([1.0, 2.0, 3.0], np.float32)
     r = np.array([1.0, 0.0, 4.0], np.float32)
-    np.testing.assert_allclose(float(ppo_math.value_loss(v, r)),
-                               0.5 * (0 + 4 + 1) / 3, rtol=1e-6)
+    np.testing.assert_allclose(float(ppo_math.value_loss(v, r)), 0.5 * (0 + 4 + 1) / 3, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- returns / GAE
@@ -213,8 +201,7 @@ GAMMA = 0.9
 NO_TRUNC = np.zeros((4, 2), bool)
 # column 0: done after t=1, bootstrap 10 -> R3=13, R2=14.7, R1=2, R0=2.8
 # column 1: done after t=3 (bootstrap ignored) -> 1, 1.9, 2.71, 3.439
-EXPECTED_RETURNS = np.array([[2.8, 3.439], [2.0, 2.71], [14.7, 1.9],
-                             [13.0, 1.0]], np.float32)
+EXPECTED_RETURNS = np.array([[2.8, 3.439], [2.0, 2.71], [14.7, 1.9], [13.0, 1.0]], np.float32)
 
 
 def _next(values, truncated=NO_TRUNC, truncation_values=None):
@@ -226,25 +213,23 @@ def test_discounted_returns_hand_computed():
     nv = _next(np.zeros((4, 2), np.float32))
     got = ppo_math.discounted_returns(REWARDS, nv, DONES, DONES, GAMMA).numpy()
     np.testing.assert_allclose(got, EXPECTED_RETURNS, rtol=1e-6)
-    got_bool = ppo_math.discounted_returns(REWARDS, nv, DONES.astype(bool), DONES.astype(bool),
-                                           GAMMA).numpy()
+    got_bool = ppo_math.discounted_returns(REWARDS, nv, DONES.astype(bool), DONES.astype(bool), GAMMA).numpy()
     np.testing.assert_allclose(got_bool, EXPECTED_RETURNS, rtol=1e-6)
 
 
 def test_gae_lambda_one_is_return_minus_value():
-    values = np.array([[0.5, -1.0], [2.0, 0.3], [1.0, 0.7], [3.0, 0.2]],
-                      np.float32)
+    values = np.array([[0.5, -1.0], [2.0, 0.3], [1.0, 0.7], [3.0, 0.2]], np.float32)
     adv, ret = ppo_math.gae_advantages(REWARDS, values, _next(values), DONES, DONES, GAMMA, 1.0)
-    np.testing.assert_allclose(adv.numpy(), EXPECTED_RETURNS - values,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(adv.numpy(), EXPECTED_RETURNS - values, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret.numpy(), EXPECTED_RETURNS, rtol=1e-5)
 
 
 def test_gae_lambda_zero_is_td_error():
     rng = np.random.default_rng(6)
     values = rng.normal(size=(4, 2)).astype(np.float32)
-    adv, ret = ppo_math.gae_advantages(REWARDS, values, _next(values), DONES.astype(bool),
-                                       DONES.astype(bool), GAMMA, 0.0)
+    adv, ret = ppo_math.gae_advantages(
+        REWARDS, values, _next(values), DONES.astype(bool), DONES.astype(bool), GAMMA, 0.0
+    )
     next_v = np.concatenate([values[1:], BOOT[None]], axis=0)
     td = REWARDS + GAMMA * (1 - DONES) * next_v - values
     np.testing.assert_allclose(adv.numpy(), td, rtol=1e-5, atol=1e-6)
@@ -300,21 +285,19 @@ def test_normalize_advantages():
 
 # ---------------------------------------------------------------- RunningMeanStd
 
+
 def test_running_mean_std_matches_numpy_stream():
     rng = np.random.default_rng(7)
     rms = RunningMeanStd((3,))
     seen = []
     for size in (1, 5, 1, 17, 2, 100, 1, 33):
-        batch = rng.normal(loc=[1.0, -2.0, 5.0], scale=[0.5, 3.0, 1.0],
-                           size=(size, 3))
+        batch = rng.normal(loc=[1.0, -2.0, 5.0], scale=[0.5, 3.0, 1.0], size=(size, 3))
         rms.update(batch)
         seen.append(batch)
         allx = np.concatenate(seen)
         assert rms.count == float(len(allx))
-        np.testing.assert_allclose(rms.mean, allx.mean(0), rtol=1e-10,
-                                   atol=1e-12)
-        np.testing.assert_allclose(rms.var, allx.var(0), rtol=1e-10,
-                                   atol=1e-12)
+        np.testing.assert_allclose(rms.mean, allx.mean(0), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(rms.var, allx.var(0), rtol=1e-10, atol=1e-12)
     assert rms.mean.dtype == np.float64 and rms.var.dtype == np.float64
     np.testing.assert_allclose(rms.std, np.sqrt(allx.var(0) + 1e-8))
 
@@ -336,8 +319,7 @@ def test_reward_mode_only_scales():
     r = rng.normal(loc=3.0, scale=2.0, size=50)
     rms.update(r)
     x = np.array([1.0, -2.0, 4.0])
-    np.testing.assert_allclose(rms.normalize(x), x / np.sqrt(r.var() + r.mean() ** 2 + 1e-8),
-                               rtol=1e-6)
+    np.testing.assert_allclose(rms.normalize(x), x / np.sqrt(r.var() + r.mean() ** 2 + 1e-8), rtol=1e-6)
     assert rms.normalize(np.array([1e6]))[0] == 10.0
     constant = RunningMeanStd((), center=False, clip=10.0)
     constant.update(np.ones(100))
@@ -349,7 +331,7 @@ def test_nan_input_raises_and_keeps_state():
     rms.update(np.array([[1.0, 2.0], [3.0, 4.0]]))
     before = rms.state_dict()
     for bad in (np.array([[np.nan, 1.0]]), np.array([[1.0, np.inf]])):
-        with pytest.raises(ValueError, match='non-finite'):
+        with pytest.raises(ValueError, match="non-finite"):
             rms.update(bad)
     after = rms.state_dict()
     for k in before:
@@ -358,7 +340,7 @@ def test_nan_input_raises_and_keeps_state():
 
 def test_shape_mismatch_raises():
     rms = RunningMeanStd((3,))
-    with pytest.raises(ValueError, match=r'\(3,\).*\(4, 2\)'):
+    with pytest.raises(ValueError, match=r"\(3,\).*\(4, 2\)"):
         rms.update(np.zeros((4, 2)))
 
 
@@ -367,7 +349,7 @@ def test_state_dict_round_trip():
     rms = RunningMeanStd((2,), clip=5.0)
     rms.update(rng.normal(size=(10, 2)))
     sd = rms.state_dict()
-    assert sd['count'].dtype == np.float64 and sd['count'].shape == ()
+    assert sd["count"].dtype == np.float64 and sd["count"].shape == ()
     other = RunningMeanStd((2,), clip=5.0)
     other.load_state_dict(sd)
     assert other.count == rms.count
@@ -380,11 +362,12 @@ def test_state_dict_round_trip():
     rms.update(y)
     other.update(y)
     np.testing.assert_allclose(other.mean, rms.mean)
-    with pytest.raises(ValueError, match='mean'):
+    with pytest.raises(ValueError, match="mean"):
         RunningMeanStd((3,)).load_state_dict(sd)
 
 
 # ---------------------------------------------------------------- clip objective / decoupled proximal policy
+
 
 def test_ppo_clip_loss_hand_computed_and_weighted():
     log_prob = np.log(np.array([1.5, 0.5, 1.1, 0.7], np.float32))  # ratios to the proximal policy

@@ -1,15 +1,16 @@
 """QDagger agent without any server: phases, the distillation coefficient and learning-rate schedule."""
+
 import math
 
 import numpy as np
 import pytest
-
-from actors.envs import env_spec
-from learner.dqn import make_q_network
-from learner.presets import make_algo_config
-from learner.qdagger import OFFLINE, ONLINE, QDaggerAgent
-from learner.teacher import Teacher
 from test_dqn_learner import make_batch
+
+from rlfleet.actors.envs import env_spec
+from rlfleet.learner.dqn import make_q_network
+from rlfleet.learner.presets import make_algo_config
+from rlfleet.learner.qdagger import OFFLINE, ONLINE, QDaggerAgent
+from rlfleet.learner.teacher import Teacher
 
 SPEC = env_spec("CartPole-v1")
 

@@ -1,5 +1,6 @@
 """DQN teachers and QDagger students through the whole cluster (real processes, loopback), teacher
 directories, and Reverb replay checkpoints."""
+
 import json
 import shutil
 import subprocess
@@ -9,16 +10,22 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-
-from actors.envs import env_spec
 from conftest import ENV, ROOT
-from learner.teacher import TeacherError, check_teacher_dir, load_teacher
-from replay.checkpoints import latest_checkpoint, open_teacher_replay
+
+from rlfleet.actors.envs import env_spec
+from rlfleet.learner.teacher import TeacherError, check_teacher_dir, load_teacher
+from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
 
 def _up(*args, timeout=900):
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", *map(str, args)],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "up", *map(str, args)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -65,8 +72,20 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
 
 def test_qdagger_student_reaches_the_teacher_with_far_fewer_env_steps(cartpole_teacher, tmp_path):
     logdir = tmp_path / "student"
-    out = _up("--algo", "qdagger", "--env", "CartPole-v1", "--teacher", cartpole_teacher, "--total-steps", 12000,
-              "--logdir", logdir, "--report-interval", 2)
+    out = _up(
+        "--algo",
+        "qdagger",
+        "--env",
+        "CartPole-v1",
+        "--teacher",
+        cartpole_teacher,
+        "--total-steps",
+        12000,
+        "--logdir",
+        logdir,
+        "--report-interval",
+        2,
+    )
     assert "offline_pretraining" in out.stdout and "online" in out.stdout
     summary = json.loads((logdir / "summary.json").read_text())
     teacher_return = summary["teacher_eval_return_mean"]
@@ -87,11 +106,13 @@ def test_qdagger_student_reaches_the_teacher_with_far_fewer_env_steps(cartpole_t
 
 def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(tmp_path):
     """A DQN-style table (SampleToInsertRatio) checkpointed, then reopened as a teacher's replay."""
-    limiter = reverb.rate_limiters.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=10,
-                                                       error_buffer=100.0)
+    limiter = reverb.rate_limiters.SampleToInsertRatio(
+        samples_per_insert=1.0, min_size_to_sample=10, error_buffer=100.0
+    )
     table = reverb.Table("dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000, limiter)
     root = tmp_path / "replay"
-    from replay.checkpoints import checkpointer
+    from rlfleet.replay.checkpoints import checkpointer
+
     server = reverb.Server([table], checkpointer=checkpointer(str(root)))
     client = reverb.Client(f"localhost:{server.port}")
     values = np.arange(60, dtype=np.float32)
@@ -102,9 +123,14 @@ def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(t
     client.checkpoint()
     server.stop()
     work = tmp_path / "teacher_copy"
-    new_server = reverb.Server([reverb.Table("dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
-                                             1000, reverb.rate_limiters.MinSize(1))],
-                               checkpointer=checkpointer(open_teacher_replay(str(root), str(work))))
+    new_server = reverb.Server(
+        [
+            reverb.Table(
+                "dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000, reverb.rate_limiters.MinSize(1)
+            )
+        ],
+        checkpointer=checkpointer(open_teacher_replay(str(root), str(work))),
+    )
     new_client = reverb.Client(f"localhost:{new_server.port}")
     assert new_client.server_info()["dqn_replay"].current_size == len(values)
     # 2000 samples: far beyond the ~150 that the checkpointed limiter (1 per insert, ±100) allows.
@@ -124,14 +150,52 @@ def test_unusable_teachers_fail_fast(cartpole_teacher, tmp_path):
     shutil.copytree(cartpole_teacher, copy, ignore=shutil.ignore_patterns("replay"))
     with pytest.raises(TeacherError, match="no Reverb replay checkpoint"):
         check_teacher_dir(str(copy), spec)
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "qdagger", "--env", "CartPole-v1",
-                          "--teacher", copy, "--total-steps", "1000", "--logdir", tmp_path / "s"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            "qdagger",
+            "--env",
+            "CartPole-v1",
+            "--teacher",
+            copy,
+            "--total-steps",
+            "1000",
+            "--logdir",
+            tmp_path / "s",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "no Reverb replay checkpoint" in out.stderr
     assert not (tmp_path / "s").exists()  # nothing started
-    out = subprocess.run([sys.executable, "-m", "deploy.cli", "up", "--algo", "qdagger", "--env", "CartPole-v1",
-                          "--total-steps", "1000", "--logdir", tmp_path / "s"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.deploy.cli",
+            "up",
+            "--algo",
+            "qdagger",
+            "--env",
+            "CartPole-v1",
+            "--total-steps",
+            "1000",
+            "--logdir",
+            tmp_path / "s",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "needs --teacher DIR" in out.stderr
 
 
@@ -139,16 +203,39 @@ def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
     """A few thousand Atari steps through the cluster (AtariVectorEnv actors, Nature CNN, frame-sharing replay),
     ending in a teacher directory that QDagger loads and continues from."""
     teacher = tmp_path / "pong-dqn"
-    small = ["--set", "min_replay_size=500", "--set", "replay_size=5000", "--set", "eval_episodes=1",
-             "--envs-per-actor", 4]
+    small = [
+        "--set",
+        "min_replay_size=500",
+        "--set",
+        "replay_size=5000",
+        "--set",
+        "eval_episodes=1",
+        "--envs-per-actor",
+        4,
+    ]
     _up("--algo", "dqn", "--env", "ALE/Pong-v5", "--total-steps", 2000, "--logdir", teacher, *small)
     summary = json.loads((teacher / "summary.json").read_text())
     assert summary["env_steps"] >= 2000 and summary["learner_steps"] > 0
     assert -21 <= summary["final_eval_return_mean"] <= 21
     assert latest_checkpoint(str(teacher / "replay")) is not None
     student = tmp_path / "pong-qdagger"
-    out = _up("--algo", "qdagger", "--env", "ALE/Pong-v5", "--teacher", teacher, "--offline-steps", 20,
-              "--total-steps", 500, "--logdir", student, "--set", "random_eval_episodes=1", *small)
+    out = _up(
+        "--algo",
+        "qdagger",
+        "--env",
+        "ALE/Pong-v5",
+        "--teacher",
+        teacher,
+        "--offline-steps",
+        20,
+        "--total-steps",
+        500,
+        "--logdir",
+        student,
+        "--set",
+        "random_eval_episodes=1",
+        *small,
+    )
     assert "offline_pretraining" in out.stdout or "online" in out.stdout
     summary = json.loads((student / "summary.json").read_text())
     assert summary["algo"] == "qdagger" and summary["env_steps"] >= 500

@@ -4,14 +4,15 @@ Real processes on loopback; certificates are made by the openssl command line
 for each test run. An actor that lacks the token (or the client certificate)
 is refused with a clear error, and nothing of it reaches the learner or replay.
 """
+
 import subprocess
 
-import pytest
-
 import conftest
+import pytest
 from conftest import rlfleet, wait_for
-from deploy.status import StatusError, get_status
-from proto.security import ClientSecurity
+
+from rlfleet.deploy.status import StatusError, get_status
+from rlfleet.proto.security import ClientSecurity
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
@@ -25,22 +26,53 @@ def certs(tmp_path_factory):
     """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
     d = tmp_path_factory.mktemp("certs")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=rlfleet test CA",
-             cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
-                      ("client", "extendedKeyUsage=clientAuth")):
+    _openssl(
+        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=rlfleet test CA", cwd=d
+    )
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
         (d / f"{name}.ext").write_text(ext + "\n")
         _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=d,
+        )
     return d
 
 
 def _start(procs, tmp_path, free_port, *learner_security):
     replay_port, learner_port = free_port(), free_port()
     replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
-    learner = procs.start("learner", "learner", *DQN, "--replay", f"127.0.0.1:{replay_port}", "--logdir",
-                          tmp_path / "run", "--port", learner_port, "--total-steps", 10 ** 7, *learner_security)
+    learner = procs.start(
+        "learner",
+        "learner",
+        *DQN,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        tmp_path / "run",
+        "--port",
+        learner_port,
+        "--total-steps",
+        10**7,
+        *learner_security,
+    )
     return replay, learner, f"127.0.0.1:{learner_port}"
 
 
@@ -65,19 +97,37 @@ def test_token_required(procs, tmp_path, free_port, monkeypatch):
     # The right token from the environment ($RLFLEET_TOKEN), as docker-compose passes it.
     monkeypatch.setitem(conftest.ENV, "RLFLEET_TOKEN", "s3cret")
     actor = procs.start("actor", "actor", "--learner", address)
-    st = wait_for(lambda: (s := get_status(address, 5, good)) and s["actors"] and _inserts(s) > 0 and s,
-                  120, "the actor with the token to join", [learner, actor])
+    st = wait_for(
+        lambda: (s := get_status(address, 5, good)) and s["actors"] and _inserts(s) > 0 and s,
+        120,
+        "the actor with the token to join",
+        [learner, actor],
+    )
     assert st["actors"][0]["address"] == "127.0.0.1"
     assert rlfleet("status", "--learner", address, "--json").returncode == 0  # token from the environment
 
 
 def test_mutual_tls(procs, tmp_path, free_port, certs):
-    replay, learner, address = _start(procs, tmp_path, free_port, "--tls-cert", certs / "server.pem",
-                                      "--tls-key", certs / "server.key", "--tls-client-ca", certs / "ca.pem",
-                                      "--token", "s3cret")
+    replay, learner, address = _start(
+        procs,
+        tmp_path,
+        free_port,
+        "--tls-cert",
+        certs / "server.pem",
+        "--tls-key",
+        certs / "server.key",
+        "--tls-client-ca",
+        certs / "ca.pem",
+        "--token",
+        "s3cret",
+    )
     client = ("--tls-ca", certs / "ca.pem", "--tls-cert", certs / "client.pem", "--tls-key", certs / "client.key")
-    wait_for(lambda: rlfleet("health", "--learner", address, *client).returncode == 0, 180, "the TLS learner",
-             [replay, learner])
+    wait_for(
+        lambda: rlfleet("health", "--learner", address, *client).returncode == 0,
+        180,
+        "the TLS learner",
+        [replay, learner],
+    )
     # Plaintext, and TLS without a client certificate, are refused at the handshake.
     for args in ((), ("--tls-ca", certs / "ca.pem")):
         out = rlfleet("actor", "--learner", address, "--token", "s3cret", "--connect-timeout", 10, *args, timeout=120)
@@ -90,7 +140,16 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     actor = procs.start("actor", "actor", "--learner", address, *client, "--token", "s3cret")
     # (The actor reports its policy version in heartbeats, once a second: in-process CartPole envs fill the
     # 300-item warm-up before the first one, so learning can start before status shows the version.)
-    st = wait_for(lambda: (s := get_status(address, 5, secure)) and s["actors"] and s["learner_steps"] > 0
-                  and s["actors"][0]["policy_version"] >= 0 and s,
-                  180, "the TLS actor to join with weights and learning to start", [learner, actor])
+    st = wait_for(
+        lambda: (
+            (s := get_status(address, 5, secure))
+            and s["actors"]
+            and s["learner_steps"] > 0
+            and s["actors"][0]["policy_version"] >= 0
+            and s
+        ),
+        180,
+        "the TLS actor to join with weights and learning to start",
+        [learner, actor],
+    )
     assert st["actors"][0]["host"]

@@ -1,25 +1,51 @@
 """Replay, learner and actor as real processes talking over loopback sockets."""
+
 import json
 import socket
 
 import numpy as np
 import pytest
 import reverb
-
 from conftest import rlfleet, wait_for
-from deploy.status import get_status
+
+from rlfleet.deploy.status import get_status
 
 ENV_ID = "InvertedPendulum-v5"
-SMALL = ["--set", "envs_per_actor=2", "--set", "unroll_length=16", "--set", "batch_env_steps=256",
-         "--set", "epochs=2", "--set", "num_minibatches=2"]
+SMALL = [
+    "--set",
+    "envs_per_actor=2",
+    "--set",
+    "unroll_length=16",
+    "--set",
+    "batch_env_steps=256",
+    "--set",
+    "epochs=2",
+    "--set",
+    "num_minibatches=2",
+]
 
 
 def start_replay_and_learner(procs, free_port, tmp_path, learner_extra=()):
     replay_port, learner_port = free_port(), free_port()
     replay = procs.start("replay", "replay", "--env", ENV_ID, "--port", replay_port, *SMALL)
-    learner = procs.start("learner", "learner", "--env", ENV_ID, "--replay", f"127.0.0.1:{replay_port}",
-                          "--logdir", tmp_path / "run", "--port", learner_port, "--report-interval", "1",
-                          *SMALL, "--set", "eval_every_updates=1000", *learner_extra)
+    learner = procs.start(
+        "learner",
+        "learner",
+        "--env",
+        ENV_ID,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        tmp_path / "run",
+        "--port",
+        learner_port,
+        "--report-interval",
+        "1",
+        *SMALL,
+        "--set",
+        "eval_every_updates=1000",
+        *learner_extra,
+    )
     address = f"127.0.0.1:{learner_port}"
 
     def ready():
@@ -27,6 +53,7 @@ def start_replay_and_learner(procs, free_port, tmp_path, learner_extra=()):
             return get_status(address, 1)
         except Exception:
             return None
+
     status = wait_for(ready, 120, "learner status", [replay, learner])
     return replay, learner, address, replay_port, status
 
@@ -37,9 +64,17 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     assert st["replay"][0]["table"] == "ppo_trajectories" and st["replay"][0]["size"] == 0
 
     actor = procs.start("actor", "actor", "--learner", address, "--env-backend", "sync")
-    st = wait_for(lambda: (s := get_status(address, 2))["weights_version"] >= 3 and s["actors"]
-                  and s["actors"][0]["policy_version"] >= 1 and s,
-                  180, "three learner updates seen by the actor", [replay, learner, actor])
+    st = wait_for(
+        lambda: (
+            (s := get_status(address, 2))["weights_version"] >= 3
+            and s["actors"]
+            and s["actors"][0]["policy_version"] >= 1
+            and s
+        ),
+        180,
+        "three learner updates seen by the actor",
+        [replay, learner, actor],
+    )
     assert st["phase"] == "training" and st["algo"] == "ppo" and st["env_id"] == ENV_ID
     assert st["learner_steps"] >= 3 * 2 * 2 and st["consumed_env_steps"] >= 3 * 256
     [a] = st["actors"]
@@ -53,24 +88,49 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     # The CLI shows the same, for people and for scripts.
     out = rlfleet("status", "--learner", address, "--json")
     assert out.returncode == 0, out.stderr
+
     def strict(constant):
         raise AssertionError(f"status --json printed {constant}, which is not JSON")
+
     as_json = json.loads(out.stdout, parse_constant=strict)
-    for field in ("algo", "env_id", "phase", "learner_steps", "env_steps", "weights_version",
-                  "episode_return_mean", "eval_return_mean", "env_steps_per_second",
-                  "learner_steps_per_second", "uptime_seconds", "actors", "replay", "distillation_coefficient"):
+    for field in (
+        "algo",
+        "env_id",
+        "phase",
+        "learner_steps",
+        "env_steps",
+        "weights_version",
+        "episode_return_mean",
+        "eval_return_mean",
+        "env_steps_per_second",
+        "learner_steps_per_second",
+        "uptime_seconds",
+        "actors",
+        "replay",
+        "distillation_coefficient",
+    ):
         assert field in as_json, field
     assert as_json["actors"][0]["num_envs"] == 2
     table_out = rlfleet("status", "--learner", address)
-    assert table_out.returncode == 0 and "ppo_trajectories" in table_out.stdout and "InvertedPendulum" in table_out.stdout
+    assert (
+        table_out.returncode == 0 and "ppo_trajectories" in table_out.stdout and "InvertedPendulum" in table_out.stdout
+    )
 
     # Malformed trajectories are rejected at insert with an error naming the problem.
     client = reverb.Client(f"127.0.0.1:{replay_port}")
-    good = dict(observation=np.zeros((2, 4), np.float32), action=np.zeros((2, 1), np.float32),
-                reward=np.zeros(2, np.float32), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool),
-                final_observation=np.zeros((2, 4), np.float32), discounted_return=np.zeros(2, np.float32),
-                behaviour_log_prob=np.zeros(2, np.float32), behaviour_mean=np.zeros((2, 1), np.float32),
-                behaviour_log_std=np.zeros((2, 1), np.float32), policy_version=np.zeros(2, np.int64))
+    good = dict(
+        observation=np.zeros((2, 4), np.float32),
+        action=np.zeros((2, 1), np.float32),
+        reward=np.zeros(2, np.float32),
+        terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool),
+        final_observation=np.zeros((2, 4), np.float32),
+        discounted_return=np.zeros(2, np.float32),
+        behaviour_log_prob=np.zeros(2, np.float32),
+        behaviour_mean=np.zeros((2, 1), np.float32),
+        behaviour_log_std=np.zeros((2, 1), np.float32),
+        policy_version=np.zeros(2, np.int64),
+    )
     bad_shape = dict(good, observation=np.zeros((2, 5), np.float32))
     bad_dtype = dict(good, reward=np.zeros(2, np.float64))
     for bad, word in ((bad_shape, "observation"), (bad_dtype, "reward")):
@@ -84,8 +144,12 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
 
     # ... and the cluster keeps serving and training.
     version = get_status(address, 2)["weights_version"]
-    wait_for(lambda: get_status(address, 2)["weights_version"] > version + 1, 120,
-             "updates after the malformed inserts", [replay, learner, actor])
+    wait_for(
+        lambda: get_status(address, 2)["weights_version"] > version + 1,
+        120,
+        "updates after the malformed inserts",
+        [replay, learner, actor],
+    )
 
     # SIGTERM: the learner checkpoints and exits cleanly.
     assert learner.stop() == 0
@@ -98,7 +162,18 @@ def test_learner_refuses_mismatched_replay(procs, free_port, tmp_path):
     replay_port = free_port()
     replay = procs.start("replay", "replay", "--env", ENV_ID, "--port", replay_port, *SMALL)
     wait_for(lambda: "serving" in replay.output(), 60, "replay start", [replay])
-    out = rlfleet("learner", "--env", ENV_ID, "--replay", f"127.0.0.1:{replay_port}", "--logdir",
-                  tmp_path / "run", *SMALL, "--set", "unroll_length=8", timeout=120)
+    out = rlfleet(
+        "learner",
+        "--env",
+        ENV_ID,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        tmp_path / "run",
+        *SMALL,
+        "--set",
+        "unroll_length=8",
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "signature does not match" in out.stderr and "same --algo, --env, --config and --set" in out.stderr
