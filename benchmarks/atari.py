@@ -57,8 +57,8 @@ def _dir_bytes(path: str) -> int:
 def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dict:
     """Agent steps/s written to Reverb by one real actor process, and replay bytes per transition."""
     import psutil
+    from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
-    from benchmarks.local_cluster import LocalCluster
     from rlfleet.deploy.status import get_status
     from rlfleet.replay.checkpoints import checkpoint_replay
 

@@ -26,10 +26,9 @@ import subprocess
 import sys
 
 import numpy as np
+import report as report_lib  # benchmarks/report.py (this script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from benchmarks import report as report_lib  # noqa: E402
 
 
 def _up(args: list[str], logdir: str) -> None:

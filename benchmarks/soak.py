@@ -24,8 +24,7 @@ import time
 
 import numpy as np
 import psutil
-
-from benchmarks.local_cluster import LocalCluster  # noqa: E402
+from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
 
 def main() -> None:

@@ -113,7 +113,7 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
 
 def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
     """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
-    from benchmarks.local_cluster import LocalCluster
+    from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "max_policy_lag=-1"]
     with LocalCluster(["--env", env_id, *sets]) as cluster:

@@ -63,9 +63,12 @@ def _check_algo(algo: str) -> None:
         _fail(f"--algo {algo}: not available in this version (available: {', '.join(ALGOS)}).")
 
 
-def _check_teacher_args(algo: str, teacher: str | None, offline_steps: int | None, overrides: dict) -> None:
-    """--teacher belongs to (and is required by) qdagger; --offline-steps becomes the offline_steps setting."""
-    if algo == "qdagger" and not teacher:
+def _check_teacher_args(
+    algo: str, teacher: str | None, offline_steps: int | None, overrides: dict, need_teacher: bool = True
+) -> None:
+    """--teacher belongs to (and, when `need_teacher`, is required by) qdagger; --offline-steps becomes the
+    offline_steps setting."""
+    if algo == "qdagger" and need_teacher and not teacher:
         _fail(
             "--algo qdagger needs --teacher DIR: the run directory of a finished `rlfleet up --algo dqn` run "
             "on the same env."
@@ -176,7 +179,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     except ValueError as e:
         _fail(str(e))
     base = dataclasses.asdict(make_algo_config(algo, preset, env_id))
-    click.echo(f"# {algo} on {env_id}, preset {preset!r}, with per-env overrides; * = set by --config-file/--set")
+    click.echo(
+        f"# {algo} on {env_id}: preset {preset!r} with its per-env overrides; * = changed from that by "
+        "--config-file, --set or an option (--envs-per-actor, --offline-steps)"
+    )
     docs = describe(type(cfg))
     values = dataclasses.asdict(cfg)
     width = max(len(k) for k in values)
@@ -188,7 +194,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 @main.command()
 @common
 @click.option(
-    "--total-steps", type=int, default=None, help="Env steps to train for (agent steps: 4 frames each on Atari)."
+    "--total-steps",
+    type=int,
+    default=None,
+    help="Env steps to train for (agent steps: 4 frames each on Atari). Required, except with --show-config.",
 )
 @click.option(
     "--logdir",
@@ -267,14 +276,14 @@ def up(
     overrides = _parse_overrides(overrides, config_file)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
+    _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
     if show_config:
         _show_config(algo, preset, env_id, overrides)
         return
     if total_steps is None:
-        _fail("Missing option '--total-steps' (env steps to train for).")
+        _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
     from rlfleet.deploy.launcher import LaunchError, launch
 
-    _check_teacher_args(algo, teacher, offline_steps, overrides)
     logdir = _logdir(logdir, resume)
     if total_steps <= 0 or num_actors <= 0:
         _fail("--total-steps and --actors must be positive.")

@@ -13,7 +13,9 @@ exploration: with BatchPPO's std 0.35 Hopper-v5 settled on standing still,
 about 200, in every seed), the clipped objective (Schulman et al. 2017) with
 gradients clipped to norm 0.5, unscaled rewards (with rewards ÷ their RMS
 Hopper reached about 1,000 at 300k env steps in two seeds, unscaled 2,889 and
-967), GAE λ 0.95, Adam 3e-4, an update every 2048 env steps in 32 minibatches
+967), GAE λ 0.95, Adam 3e-4 annealed linearly to 0 at --total-steps (as CleanRL; with a
+constant step size InvertedPendulum-v5 held 1,000 from 200k to 750k env steps and then collapsed to
+190 at 1M as the std shrank to 0.05), an update every 2048 env steps in 32 minibatches
 × 10 epochs, observations normalised and clipped to ±5. These are the
 Stable-Baselines3 / CleanRL PPO defaults in the places where they differ from
 BatchPPO's; the async-specific parts (decoupled proximal policy, policy-lag
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import io
 import json
-import re
+import textwrap
+import tokenize
 
 from rlfleet.actors.policy import ACTIVATIONS, MEAN_HEADS
 
@@ -49,7 +53,7 @@ class PPOConfig:
     init_std: float = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
     mean_init_factor: float = 1e-4  # variance-scaling factor of the mean head's initial weights
     learning_rate: float = 3e-4  # Adam step size, policy and value (per gradient step)
-    lr_schedule: str = "constant"  # constant, or linear: annealed to 0 at the run's --total-steps
+    lr_schedule: str = "linear"  # linear: annealed to 0 at the run's --total-steps (CleanRL), or constant
     epochs: int = 10  # passes over each update batch
     num_minibatches: int = 32  # gradient steps per epoch (the batch is split into this many)
     batch_env_steps: int = 2048  # env steps per update (0: trigger by episodes only)
@@ -89,6 +93,7 @@ _BATCHPPO = dict(
     policy_objective="kl_penalty",
     max_grad_norm=0.0,
     reward_scale="rms",
+    lr_schedule="constant",
     max_policy_lag=2,
     learning_rate=1e-4,
     epochs=25,
@@ -373,16 +378,29 @@ ALGOS = ("ppo", "dqn", "qdagger")
 def describe(cls) -> dict[str, str]:
     """Each field of the config dataclass `cls` -> the one-line description on its declaration.
 
-    The description is the comment that ends the field's line (a subclass's wins over its base's); a
-    field without one maps to "" (tests/test_bad_input.py fails on that).
+    The description is the comment that ends the field's declaration (tokenized, so a '#' inside a default
+    string is not one; noqa/type:/fmt: pragmas are skipped); a subclass's wins over its base's. A field
+    without one maps to "" (tests/test_show_config.py fails on that).
     """
     found = {}
     for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            for line in inspect.getsource(klass).splitlines():
-                m = re.match(r"\s+(\w+): [^=#]+=[^#]*#\s*(.+)$", line)
-                if m:
-                    found[m.group(1)] = m.group(2).strip()
+        if not dataclasses.is_dataclass(klass):
+            continue
+        own = klass.__dict__.get("__annotations__", {})
+        source = textwrap.dedent(inspect.getsource(klass))
+        line = []  # the tokens of the current logical line
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NEWLINE:
+                code = [t for t in line if t.type != tokenize.COMMENT]
+                notes = [t.string.lstrip("#").strip() for t in line if t.type == tokenize.COMMENT]
+                notes = [n for n in notes if n and not n.startswith(("noqa", "type:", "fmt:"))]
+                if len(code) > 1 and code[0].string in own and code[1].string == ":" and notes:
+                    found[code[0].string] = notes[-1]
+                line = []
+            elif tok.type == tokenize.NL and all(t.type == tokenize.COMMENT for t in line):
+                line = []  # a blank or comment-only line belongs to no declaration
+            elif tok.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL):
+                line.append(tok)
     return {f.name: found.get(f.name, "") for f in dataclasses.fields(cls)}
 
 

@@ -210,7 +210,7 @@ def test_no_settotalmass_warning_from_any_halfcheetah_start():
     import sys
 
     code = (
-        "from actors.envs import make_batched_env, make_env\n"
+        "from rlfleet.actors.envs import make_batched_env, make_env\n"
         "import mujoco\n"
         "if __name__ == '__main__':\n"
         "    for backend in ('async', 'sync'):\n"

@@ -11,8 +11,37 @@ from rlfleet.learner import presets
 @pytest.mark.parametrize("cls", [presets.PPOConfig, presets.DQNConfig, presets.QDaggerConfig])
 def test_every_setting_has_a_description(cls):
     docs = presets.describe(cls)
-    assert set(docs) == {f.name for f in dataclasses.fields(cls)}
     assert not [k for k, v in docs.items() if len(v) < 10], "settings without a one-line description"
+
+
+@dataclasses.dataclass
+class _Base:
+    colour: str = "#fff"  # colour of the thing (hex)
+    kept: int = 1  # inherited text
+    size: int = 2  # the base's text
+
+
+@dataclasses.dataclass
+class _Declared(_Base):
+    # a comment line of its own describes nothing
+    size: int = 3  # the subclass's text
+    pragma: int = 3  # noqa: E501
+    wrapped: tuple = (
+        1,
+        2,
+    )  # a default over several lines
+    bare: int = 4
+
+
+def test_describe_reads_the_comment_that_ends_each_declaration():
+    assert presets.describe(_Declared) == {
+        "colour": "colour of the thing (hex)",  # the '#' in the string is not a comment
+        "kept": "inherited text",
+        "size": "the subclass's text",
+        "pragma": "",
+        "wrapped": "a default over several lines",
+        "bare": "",
+    }
 
 
 def test_show_config_prints_the_resolved_settings(tmp_path):
@@ -30,3 +59,13 @@ def test_show_config_prints_the_resolved_settings(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was started
     bad = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "learnig_rate=1", "--show-config")
     assert bad.returncode == 2 and "unknown DQN setting(s) ['learnig_rate']" in bad.stderr
+    # Options that become settings are resolved in too (QDagger needs no --teacher just to show its settings).
+    student = rlfleet("up", "--algo", "qdagger", "--env", "CartPole-v1", "--offline-steps", "500", "--show-config")
+    assert student.returncode == 0, student.stderr
+    assert [line.split()[1:3] for line in student.stdout.splitlines() if line.startswith("offline_steps ")] == [
+        ["*", "500"]
+    ]
+    # Without --show-config, --total-steps is still required.
+    run = rlfleet("up", "--algo", "ppo", "--env", "Hopper-v5", "--logdir", tmp_path / "run")
+    assert run.returncode == 2 and "Missing option '--total-steps'" in run.stderr
+    assert not (tmp_path / "run").exists()
