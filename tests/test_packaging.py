@@ -69,6 +69,8 @@ def test_install_next_to_proto_plus_and_uninstall(tmp_path):
     _run(
         python,
         "-c",
-        check_proto_plus + "; import importlib.util as u; assert u.find_spec('rlfleet.proto') is None",
+        check_proto_plus + "; import importlib.metadata as m\n"
+        "try:\n    m.distribution('rlfleet')\nexcept m.PackageNotFoundError:\n    pass\n"
+        "else:\n    raise SystemExit('rlfleet is still installed')",
         cwd=tmp_path,
     )
