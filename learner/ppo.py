@@ -238,8 +238,9 @@ class BatchPPO:
             batch: replay fields (see `rlfleet.replay.server.ppo_signature`) with leading
                 shape [T+1, N]; step T only provides the bootstrap observation.
             progress: fraction of the run's env-step budget done, in [0, 1]; with
-                `lr_schedule` "linear" the step size is learning_rate × (1 − progress)
-                (annealed to 0 at the budget, as CleanRL's PPO does).
+                `lr_schedule` "linear" the step size is
+                learning_rate × (1 − (1 − lr_final_fraction) × progress) (with a fraction of 0,
+                annealed to 0 at the budget, as CleanRL's PPO does).
         Returns:
             metrics: policy_loss, value_loss, kl (mean KL(proximal‖new): from
             the policy before this update to the one after it), beta (the KL penalty's, after adaptation; init_beta
@@ -249,7 +250,8 @@ class BatchPPO:
             gradient_steps.
         """
         c = self.config
-        lr = c.learning_rate * (1.0 - min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 1.0)
+        done = min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 0.0
+        lr = c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * done)
         for opt in (self.policy_opt, self.value_opt):
             opt.learning_rate.assign(lr)
         obs = batch["observation"]

@@ -53,7 +53,8 @@ class PPOConfig:
     init_std: float = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
     mean_init_factor: float = 1e-4  # variance-scaling factor of the mean head's initial weights
     learning_rate: float = 3e-4  # Adam step size, policy and value (per gradient step)
-    lr_schedule: str = "linear"  # linear: annealed to 0 at the run's --total-steps (CleanRL), or constant
+    lr_schedule: str = "linear"  # linear: annealed to lr_final_fraction × learning_rate at --total-steps, or constant
+    lr_final_fraction: float = 0.0  # linear schedule: the learning rate at the budget, as a fraction (0: CleanRL)
     epochs: int = 10  # passes over each update batch
     num_minibatches: int = 32  # gradient steps per epoch (the batch is split into this many)
     batch_env_steps: int = 2048  # env steps per update (0: trigger by episodes only)

@@ -76,6 +76,17 @@ def test_update_moves_policy_and_adapts_beta(preset, objective):
     np.testing.assert_allclose(after["obs_norm/mean"], batch["observation"][:-1].reshape(-1, 4).mean(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "schedule,final,progress,expected",
+    [("linear", 0.0, 0.5, 1.5e-4), ("linear", 0.0, 1.0, 0.0), ("linear", 0.2, 1.0, 6e-5), ("constant", 0.2, 0.9, 3e-4)],
+)
+def test_learning_rate_schedule(schedule, final, progress, expected):
+    cfg = make_config("default", SPEC.env_id, {"epochs": 1, "lr_schedule": schedule, "lr_final_fraction": final})
+    algo = BatchPPO(SPEC, cfg, seed=0)
+    metrics = algo.update(make_batch(algo), progress)
+    assert metrics["learning_rate"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_checkpoint_round_trip(tmp_path):
     cfg = make_config("default", SPEC.env_id, {"epochs": 2})
     algo = BatchPPO(SPEC, cfg, seed=0)
