@@ -11,7 +11,6 @@ Every `unroll_length` steps it creates an item of the last T+1 steps.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import signal
@@ -22,8 +21,8 @@ import grpc
 import numpy as np
 import reverb
 
-from rlfleet.actors.envs import make_batched_env, resolve_backend, truncation_observations
-from rlfleet.actors.policy import epsilon_greedy, sample_actions, to_env_action
+from rlfleet import algorithms
+from rlfleet.actors.envs import make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
@@ -45,8 +44,10 @@ class ActorError(RuntimeError):
     """An actor setup problem with a message that says how to fix it."""
 
 
-class _ReplayLost(Exception):
-    """The replay server went away and came back (a restart): the open writers are dead."""
+class ReplayLost(Exception):
+    """The replay server went away and came back (a restart): the open writers are dead. `Actor.wait_written`
+    raises it; a writer function (`rlfleet.algorithms.Algorithm.collect`) lets it through, and the actor
+    opens new writers and resets its envs."""
 
 
 class _WeightsSubscriber(threading.Thread):
@@ -63,9 +64,9 @@ class _WeightsSubscriber(threading.Thread):
         backoff = 0.5
         while not self.stop.is_set():
             try:
-                min_version = self.latest[0] + 1 if self.latest else 0
+                first = self.latest[0] + 1 if self.latest else 0
                 for msg in self.stub.StreamWeights(
-                    rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_version=min_version)
+                    rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
                     self.latest = proto_arrays.from_proto(msg)
                     self.ready.set()
@@ -143,9 +144,6 @@ class Actor:
         self.replay_address = replay_address or self.config.replay_address
         self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
         self.net = net = json.loads(self.config.network_json)
-        if self.config.algo == "ppo":
-            self.low = np.asarray(net["action_low"], np.float32)
-            self.high = np.asarray(net["action_high"], np.float32)
         self.obs_shape = tuple(net.get("obs_shape") or [net["obs_dim"]])
         self.frame_stack = int(net.get("frame_stack", 1))
         self.stop = threading.Event()
@@ -217,15 +215,15 @@ class Actor:
             self._heartbeats_failed += 1
             log.warning("heartbeat failed: %s", e.code())
 
-    def _wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:
+    def wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:
         """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping.
 
         Raises:
-            _ReplayLost: the replay server restarted since `epoch` (a writer never recovers from that).
+            ReplayLost: the replay server restarted since `epoch` (a writer never recovers from that).
         """
         while True:
             if self.replay_epoch != epoch:
-                raise _ReplayLost()
+                raise ReplayLost()
             try:
                 writer.flush(block_until_num_items=in_flight, timeout_ms=500)
                 return True
@@ -256,12 +254,12 @@ class Actor:
                 f"-> {self.replay_address}",
                 flush=True,
             )
-            collect = self._collect_dqn if cfg.algo in ("dqn", "qdagger") else self._collect
+            collect = algorithms.get(cfg.algo).part("collect")
             while not self.stop.is_set():
                 try:
-                    collect(venv, weights, self.replay_epoch)
+                    collect(self, venv, weights, self.replay_epoch)
                     break
-                except _ReplayLost:
+                except ReplayLost:
                     self._restarts += 1
                     print(
                         f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
@@ -295,7 +293,7 @@ class Actor:
                 "nothing was written to replay."
             )
 
-    def _start(self, venv):
+    def start_episodes(self, venv):
         """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""
         cfg = self.config
         self._episode_return = np.zeros(cfg.num_envs, np.float64)
@@ -304,7 +302,7 @@ class Actor:
         obs, _ = venv.reset(seed=[seed + i for i in range(cfg.num_envs)])
         return np.random.default_rng(seed), obs
 
-    def _check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:
+    def check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:
         """Raises ActorError when the env returned a NaN/inf observation or reward (None: not checked), before
         it is written: replay and the learner only ever see finite data (what was collected before stays)."""
         bad_obs = (
@@ -320,7 +318,7 @@ class Actor:
                 "env (or its wrappers); the replay and the learner keep everything collected so far."
             )
 
-    def _count_steps(self, reward, done) -> None:
+    def count_steps(self, reward, done) -> None:
         """Counts one batch step; queues the returns of finished episodes for the next heartbeat."""
         self._episode_return += reward
         self._episode_length += 1
@@ -331,146 +329,3 @@ class Actor:
                 self.pending_lengths.extend(self._episode_length[done].tolist())
             self._episode_return[done] = 0.0
             self._episode_length[done] = 0
-
-    def _collect(self, venv, weights: _WeightsSubscriber, epoch: int) -> None:
-        """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps.
-
-        Terminations and truncations are written apart: at a time limit the
-        step also carries the episode's true last observation
-        (`final_observation`), which the learner bootstraps from
-        (`rlfleet.replay.server.ppo_signature`).
-        """
-        cfg = self.config
-        t, b = cfg.unroll_length, cfg.num_envs
-        rng, obs = self._start(venv)
-        discount = float(self.net.get("discount", 0.99))
-        discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
-        client = reverb.Client(self.replay_address)
-        appended = 0
-        writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
-        try:
-            while not self.stop.is_set():
-                version, arrays = weights.latest
-                self.policy_version = version
-                action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
-                next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, self.low, self.high))
-                final_obs = truncation_observations(next_obs, terminated, truncated, info)
-                self._check_finite(next_obs, reward)
-                self._check_finite(final_obs)  # the true last observations at truncations
-                done = np.logical_or(terminated, truncated)
-                discounted_return = discount * discounted_return + reward
-                writer.append(
-                    dict(
-                        observation=np.asarray(obs, np.float32),
-                        action=action,
-                        reward=np.asarray(reward, np.float32),
-                        terminated=np.asarray(terminated, bool),
-                        truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
-                        final_observation=final_obs,
-                        discounted_return=discounted_return.astype(np.float32),
-                        behaviour_log_prob=log_prob,
-                        behaviour_mean=mean,
-                        behaviour_log_std=log_std,
-                        policy_version=np.full(b, version, np.int64),
-                    )
-                )
-                appended += 1
-                if appended > t and (appended - 1) % t == 0:
-                    writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
-                    if not self._wait_written(writer, epoch):
-                        break
-                obs = next_obs
-                discounted_return[done] = 0.0
-                self._count_steps(reward, done)
-        finally:
-            writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
-
-    def _collect_dqn(self, venv, weights: _WeightsSubscriber, epoch: int) -> None:
-        """DQN / QDagger: one writer per env; every step, an item of that env's last n+1 steps.
-
-        Each step stores only the newest frame of its observation (S =
-        frame_stack frames per observation: 4 for Atari, 1 for vectors); an
-        item references the n + S frames its first and bootstrap observations
-        need (`rlfleet.replay.server.dqn_signature`). At each episode start the S − 1
-        older frames of the first stack are written as padding steps, on which
-        no item starts. An episode cut by a time limit (truncated, not
-        terminated) gives no items to its last n steps: their n-step targets
-        would need the bootstrap observation the reset replaced, and treating
-        the cut as terminal would teach that good states end episodes.
-        Consecutive items reference the same Reverb chunks, so every frame is
-        stored about once. The table's `SampleToInsertRatio` rate limiter
-        blocks inserts when actors run ahead of the learner's replay ratio.
-        """
-        cfg = self.config
-        n, b, stack = cfg.unroll_length, cfg.num_envs, self.frame_stack
-        rng, obs = self._start(venv)
-        client = reverb.Client(self.replay_address)
-        writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b)]
-        real = [collections.deque(maxlen=n + stack) for _ in range(b)]  # False for padding steps
-        zero_action, zero_reward = np.int32(0), np.float32(0.0)
-
-        def append(i: int, step: dict, is_real: bool) -> None:
-            """Appends to writer i, then makes the item whose first step is n steps back, if that one is real."""
-            writers[i].append(step)
-            real[i].append(is_real)
-            if len(real[i]) == n + stack and real[i][-(n + 1)]:
-                writers[i].create_item(
-                    cfg.table,
-                    1.0,
-                    {
-                        k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :]
-                        for k, col in writers[i].history.items()
-                    },
-                )
-
-        def pad(i: int, first_obs: np.ndarray) -> None:
-            for k in range(stack - 1):
-                append(
-                    i,
-                    dict(
-                        observation=first_obs[k],
-                        action=zero_action,
-                        reward=zero_reward,
-                        done=False,
-                        policy_version=np.int64(-1),
-                    ),
-                    False,
-                )
-
-        for i in range(b):
-            pad(i, obs[i])
-        try:
-            while not self.stop.is_set():
-                version, arrays = weights.latest
-                self.policy_version = version
-                action = epsilon_greedy(arrays, obs, rng)
-                next_obs, reward, terminated, truncated, _ = venv.step(action)
-                self._check_finite(next_obs, reward)
-                done = np.logical_or(terminated, truncated)
-                frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
-                for i in range(b):
-                    append(
-                        i,
-                        dict(
-                            observation=frames[i],
-                            action=action[i],
-                            reward=np.float32(reward[i]),
-                            done=done[i],
-                            policy_version=np.int64(version),
-                        ),
-                        True,
-                    )
-                    if truncated[i] and not terminated[i]:
-                        # A time limit is not a terminal state, but the observation to bootstrap from is
-                        # gone (the env reset): the last n steps, whose n-step windows reach it, get no item.
-                        for k in range(1, n + 1):
-                            real[i][-k] = False
-                    if done[i]:  # next_obs[i] starts the next episode
-                        pad(i, next_obs[i])
-                if not all(self._wait_written(w, epoch, in_flight=4) for w in writers):
-                    break
-                obs = next_obs
-                self._count_steps(reward, done)
-        finally:
-            for writer in writers:
-                writer.close()  # no flush: at shutdown the rate limiter may block inserts for good

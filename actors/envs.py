@@ -238,18 +238,26 @@ def env_spec(env_id: str) -> EnvSpec:
 
 
 def require_action_kind(spec: EnvSpec, algo: str) -> None:
-    """Raises EnvError when `algo`'s action kind (ppo: continuous Box; dqn, qdagger: discrete) does not fit `spec`."""
-    if algo == "ppo" and spec.action_kind != "continuous":
+    """Raises EnvError when the registered algorithm `algo`'s action space (`Algorithm.action_space`:
+    continuous Box or discrete) does not fit `spec`; UnknownAlgorithmError (a ValueError) for an unknown
+    `algo`."""
+    from rlfleet import algorithms
+
+    alg = algorithms.get(algo)
+    if alg.action_space == spec.action_kind:
+        return
+    fitting = [a.name for a in map(algorithms.get, algorithms.names()) if a.action_space == spec.action_kind]
+    if spec.action_kind == "discrete":
         raise EnvError(
-            f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but "
-            f"--algo {algo} (BatchPPO) needs continuous Box actions. Use a MuJoCo env such "
-            "as HalfCheetah-v5, or --algo dqn for discrete actions."
+            f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but --algo {algo} "
+            f"({alg.summary}) needs continuous Box actions. Use a MuJoCo env such as HalfCheetah-v5, or "
+            f"--algo {' / '.join(fitting) or '(none registered)'} for discrete actions."
         )
-    if algo in ("dqn", "qdagger") and spec.action_kind != "discrete":
-        raise EnvError(
-            f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but "
-            f"--algo {algo} needs discrete actions. Use e.g. CartPole-v1, or --algo ppo for continuous actions."
-        )
+    raise EnvError(
+        f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but --algo {algo} "
+        f"({alg.summary}) needs discrete actions. Use e.g. CartPole-v1, or --algo "
+        f"{' / '.join(fitting) or '(none registered)'} for continuous actions."
+    )
 
 
 def _is_classic_control(env_id: str) -> bool:

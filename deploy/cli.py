@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from rlfleet.learner.presets import ALGOS
+from rlfleet import algorithms
 
 
 def _fail(message: str) -> None:
@@ -58,23 +58,31 @@ def _parse_overrides(items: tuple[str, ...], config_file: str | None = None) -> 
     return out
 
 
-def _check_algo(algo: str) -> None:
-    if algo not in ALGOS:
-        _fail(f"--algo {algo}: not available in this version (available: {', '.join(ALGOS)}).")
+def _check_algo(algo: str) -> algorithms.Algorithm:
+    """The registered algorithm `algo`; exits with the list of registered ones if there is none."""
+    try:
+        return algorithms.get(algo)
+    except (ValueError, ImportError) as e:
+        _fail(str(e))
 
 
 def _check_teacher_args(
     algo: str, teacher: str | None, offline_steps: int | None, overrides: dict, need_teacher: bool = True
 ) -> None:
-    """--teacher belongs to (and, when `need_teacher`, is required by) qdagger; --offline-steps becomes the
-    offline_steps setting."""
-    if algo == "qdagger" and need_teacher and not teacher:
+    """--teacher belongs to (and, when `need_teacher`, is required by) algorithms with a teacher (QDagger);
+    --offline-steps becomes the offline_steps setting of algorithms that have it."""
+    alg = _check_algo(algo)
+    with_teacher = [a for a in algorithms.names() if algorithms.get(a).uses_teacher]
+    if alg.uses_teacher and need_teacher and not teacher:
         _fail(
-            "--algo qdagger needs --teacher DIR: the run directory of a finished `rlfleet up --algo dqn` run "
-            "on the same env."
+            f"--algo {algo} needs --teacher DIR: the run directory of a finished run it can learn from "
+            "(for qdagger: an `rlfleet up --algo dqn` run on the same env)."
         )
-    if algo != "qdagger" and (teacher or offline_steps is not None):
-        _fail("--teacher and --offline-steps are QDagger settings; use them with --algo qdagger.")
+    if not alg.uses_teacher and teacher:
+        _fail(f"--teacher is for algorithms that learn from a teacher ({', '.join(with_teacher)}), not {algo}.")
+    has_offline = "offline_steps" in {f.name for f in dataclasses.fields(alg.part("config_class"))}
+    if offline_steps is not None and not has_offline:
+        _fail(f"--offline-steps is a setting of {', '.join(with_teacher)}, not of {algo}.")
     if offline_steps is not None:
         if offline_steps < 0:
             _fail(f"--offline-steps {offline_steps}: must be >= 0.")
@@ -92,8 +100,7 @@ _common = [
         "--algo",
         default="ppo",
         show_default=True,
-        help="Algorithm: ppo (BatchPPO, continuous actions), dqn (discrete actions; also trains "
-        "teachers) or qdagger (a DQN student reincarnated from --teacher).",
+        help=f"Algorithm: {algorithms.describe_all()}. More register through $RLFLEET_PLUGINS (README, Architecture).",
     ),
     click.option(
         "--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5."
@@ -345,7 +352,7 @@ def replay_cmd(
 ):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
-    _check_algo(algo)
+    alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
     from rlfleet.learner.presets import make_algo_config
     from rlfleet.replay.server import serve, tables_for
@@ -355,11 +362,11 @@ def replay_cmd(
         require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides, config_file))
         tables = tables_for(algo, spec, cfg, queue_items)
-        if algo == "ppo" and teacher:
-            _fail("--teacher is for qdagger replay; PPO's queue is on-policy.")
-        if algo == "ppo" and checkpoint_dir:
+        if teacher and not alg.uses_teacher:
+            _fail(f"--teacher serves a teacher's replay to an algorithm that learns from one; {algo} does not.")
+        if checkpoint_dir and not alg.keeps_replay and not teacher:
             click.echo(
-                "rlfleet replay: PPO's queue is on-policy and is not checkpointed; --checkpoint-dir is ignored.",
+                f"rlfleet replay: {algo}'s replay is not kept (an on-policy queue); --checkpoint-dir is ignored.",
                 err=True,
             )
             checkpoint_dir = None

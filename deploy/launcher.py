@@ -20,11 +20,11 @@ import time
 
 import portpicker
 
+from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import check_run_dir, run_identity
-from rlfleet.learner.teacher import check_teacher_dir
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
@@ -107,11 +107,21 @@ def progress_line(st: dict, total_steps: int) -> str:
     return (
         f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
         f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
-        f"policy v{st['weights_version']} | return {_fmt(st['episode_return_mean'])} | "
+        f"policy v{st['policy_version']} | return {_fmt(st['episode_return_mean'])} | "
         f"eval {_fmt(st['eval_return_mean'])}"
         + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")
-        + (f" | distillation {st['distillation_coefficient']:.2f}" if st["algo"] == "qdagger" else "")
+        + "".join(f" | {k.replace('_', ' ')} {v:.3g}" for k, v in _progress_values(st).items())
     )
+
+
+def _progress_values(st: dict) -> dict:
+    """The algorithm's status values its definition shows in progress rows (`Algorithm.progress_keys`)."""
+    try:
+        keys = algorithms.get(st["algo"]).progress_keys
+    except ValueError:
+        return {}
+    values = st.get("algorithm_values") or {}
+    return {k: values[k] for k in keys if k in values}
 
 
 def launch(
@@ -136,19 +146,20 @@ def launch(
     and the replay server is announced to actors at that address too). With $RLFLEET_TOKEN set, the
     learner requires that token and the actors and the progress rows send it.
 
-    DQN and QDagger replay servers keep Reverb checkpoints in LOGDIR/replay (so
-    the finished run can be a QDagger teacher, and --resume restores its
-    replay); QDagger also runs a second replay server with the teacher's
-    replay, restored read-only.
+    The replay server of an algorithm that keeps its replay (`Algorithm.keeps_replay`: DQN, QDagger)
+    keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
+    restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
+    the teacher's replay, restored read-only.
     Raises:
         LaunchError: bad env/preset/teacher (before anything starts), or a child died.
     """
     try:
+        algorithm = algorithms.get(algo)
         spec = env_spec(env_id)
         require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
-            check_teacher_dir(teacher, spec)
+            algorithm.part("check_teacher")(teacher, spec)
         check_run_dir(logdir, resume, run_identity(algo, env_id, preset, cfg.to_json(), teacher))
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
@@ -180,7 +191,6 @@ def launch(
     os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
     teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
-    value_based = algo in ("dqn", "qdagger")
     learner_port = learner_port or portpicker.pick_unused_port()
     learner_address = f"{LOOPBACK if bind in ('0.0.0.0', '::') else bind}:{learner_port}"
     security = ClientSecurity(token=token_from_env(None))
@@ -193,7 +203,7 @@ def launch(
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         replay_args = ["replay", *common, "--port", replay_address.split(":")[1]]
-        if value_based:
+        if algorithm.keeps_replay:
             replay_args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
         replay = _Child("replay", replay_args, logdir)
         children.append(replay)
@@ -320,4 +330,4 @@ def launch(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for c in reversed(children):
-            c.stop(30 if c.name == "learner" else 300 if c.name == "replay" and value_based else 10)
+            c.stop(30 if c.name == "learner" else 300 if c.name == "replay" and algorithm.keeps_replay else 10)

@@ -75,7 +75,9 @@ def _to_dict(msg) -> dict:
         for f in desc.fields:
             if f.name not in obj:
                 continue
-            if f.message_type is not None and f.label == f.LABEL_REPEATED:
+            if f.message_type is not None and f.message_type.GetOptions().map_entry:  # algorithm_values
+                obj[f.name] = {k: float(v) for k, v in obj[f.name].items()}  # "NaN" -> nan
+            elif f.message_type is not None and f.label == f.LABEL_REPEATED:
                 for sub in obj[f.name]:
                     fix(sub, f.message_type)
             elif f.type in (f.TYPE_INT64, f.TYPE_UINT64):
@@ -103,6 +105,11 @@ def to_json_ready(st: dict) -> dict:
     return clean(st)
 
 
+def _value(x: float) -> str:
+    """A status value of unknown scale: 1 decimal from 1 up (returns), 3 significant digits below (β, λ)."""
+    return _num(x, "{:,.1f}" if abs(x) >= 1 else "{:.3g}")
+
+
 def _num(x, fmt="{:,.0f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
@@ -113,17 +120,14 @@ def format_status(st: dict) -> str:
         f"algo {st['algo']}  env {st['env_id']}  phase {st['phase']}  uptime {_num(st['uptime_seconds'])} s",
         f"env steps {_num(st['env_steps'])} ({_num(st['env_steps_per_second'])}/s)   "
         f"learner steps {_num(st['learner_steps'])} ({_num(st['learner_steps_per_second'], '{:,.1f}')}/s)   "
-        f"weights version {st['weights_version']}",
+        f"policy version {st['policy_version']}",
         f"episode return (recent) {_num(st['episode_return_mean'], '{:,.1f}')}   "
         f"eval return {_num(st['eval_return_mean'], '{:,.1f}')}   "
         f"dropped env steps (policy lag) {_num(st.get('dropped_env_steps', 0))}",
     ]
-    if st["algo"] == "qdagger":
-        lines.append(
-            f"distillation coefficient {st['distillation_coefficient']:.3f}   "
-            f"teacher eval return {_num(st.get('teacher_eval_return_mean'), '{:,.1f}')}   "
-            f"random policy return {_num(st.get('random_eval_return_mean'), '{:,.1f}')}"
-        )
+    values = st.get("algorithm_values") or {}
+    if values:  # the algorithm's own values (QDagger: distillation coefficient, teacher and random returns)
+        lines.append("   ".join(f"{k.replace('_', ' ')} {_value(v)}" for k, v in sorted(values.items())))
     lines.append("")
     lines.append(
         f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}"

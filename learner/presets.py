@@ -153,12 +153,17 @@ RANGES = {
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
     "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
-# Settings an algorithm inherits but does not use: giving one is an error, not a silent no-op.
-IGNORED = {"qdagger": {"lr_schedule", "lr_final_fraction"}}
 
 
-def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_id: str, overrides: dict | None):
-    """Preset values, then per-env overrides, then `overrides`, checked against `cls`'s fields."""
+def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = None):
+    """`algorithm`'s settings (`rlfleet.algorithms.Algorithm`): its preset's values, then its per-env
+    overrides, then `overrides`, checked against its config dataclass (names, types, choices, ranges).
+
+    Raises:
+        ValueError: naming the setting, what is wrong and the fix.
+    """
+    cls, name = algorithm.part("config_class"), algorithm.name
+    presets, env_overrides = algorithm.part("presets"), algorithm.part("env_overrides")
     if preset not in presets:
         raise ValueError(f"unknown --config preset {preset!r} for {name}; choose one of {sorted(presets)}.")
     per_env = env_overrides.get((preset, env_id))
@@ -182,12 +187,10 @@ def _build(cls, name: str, presets: dict, env_overrides: dict, preset: str, env_
             raise ValueError(
                 f"{name.upper()} setting {k} = {v!r}: must be {RANGES[k][1]}; fix it in --set or the --config-file."
             )
-    ignored = sorted(set(overrides or {}) & IGNORED.get(name, set()))
-    if ignored:
-        raise ValueError(
-            f"{name.upper()} does not use {ignored} (its learning rate follows the distillation "
-            "coefficient: learning_rate → learning_rate_final); remove them."
-        )
+    unused = sorted(set(overrides or {}) & set(algorithm.unused_settings))
+    if unused:
+        reason = f" ({algorithm.unused_reason})" if algorithm.unused_reason else ""
+        raise ValueError(f"{name.upper()} does not use {unused}{reason}; remove them.")
     return cls(**values)
 
 
@@ -224,7 +227,7 @@ def make_config(preset: str, env_id: str, overrides: dict | None = None) -> PPOC
     Raises:
         ValueError: unknown preset, or an override key that is not a PPOConfig field.
     """
-    return _build(PPOConfig, "ppo", PRESETS, ENV_OVERRIDES, preset, env_id, overrides)
+    return make_algo_config("ppo", preset, env_id, overrides)
 
 
 @dataclasses.dataclass
@@ -373,8 +376,6 @@ QDAGGER_ENV_OVERRIDES = {
     ("default", "ALE/*"): _ATARI,
 }
 
-ALGOS = ("ppo", "dqn", "qdagger")
-
 
 def describe(cls) -> dict[str, str]:
     """Each field of the config dataclass `cls` -> the one-line description on its declaration.
@@ -406,16 +407,11 @@ def describe(cls) -> dict[str, str]:
 
 
 def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None = None):
-    """`PPOConfig` (ppo), `DQNConfig` (dqn) or `QDaggerConfig` (qdagger): preset, then per-env
-    overrides, then `overrides`.
+    """The settings of a run of the registered algorithm `algo` (`rlfleet.algorithms.Algorithm.make_config`).
 
     Raises:
-        ValueError: unknown algorithm, preset or setting name.
+        ValueError: unknown algorithm (UnknownAlgorithmError), preset or setting.
     """
-    if algo == "ppo":
-        return make_config(preset, env_id, overrides)
-    if algo == "dqn":
-        return _build(DQNConfig, "dqn", DQN_PRESETS, DQN_ENV_OVERRIDES, preset, env_id, overrides)
-    if algo == "qdagger":
-        return _build(QDaggerConfig, "qdagger", QDAGGER_PRESETS, QDAGGER_ENV_OVERRIDES, preset, env_id, overrides)
-    raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}.")
+    from rlfleet import algorithms
+
+    return algorithms.get(algo).make_config(preset, env_id, overrides)

@@ -206,3 +206,18 @@ class QDaggerAgent(DQNAgent):
             "teacher_eval_return_mean": self.teacher_return,
             "random_eval_return_mean": self.random_return,
         }
+
+
+def make_agent(
+    spec: EnvSpec, config: QDaggerConfig, seed: int, total_steps: int = 0, *, teacher: str, teacher_replay: str
+) -> QDaggerAgent:
+    """The QDagger learner for the registry (`rlfleet.algorithms.qdagger`): loads the teacher run directory
+    `teacher` (its Q-network) and reads its replay from `teacher_replay` (host:port). Its schedules follow
+    the distillation coefficient, so `total_steps` is not used.
+
+    Raises:
+        TeacherError (a ValueError): `teacher` is not a usable teacher for `spec`.
+    """
+    from rlfleet.learner.teacher import load_teacher
+
+    return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)

@@ -1,30 +1,23 @@
-"""The run directory's identity: refuses to mix runs in one directory.
+"""The run directory: its identity (refuses to mix runs in one directory) and the files the learner writes.
+
+Layout of RUN/: run.json (algo, env, preset, full config: `run_identity`), checkpoints/ (TensorFlow
+checkpoints, each with a progress record beside it: `write_progress`), metrics.jsonl and tb/ (one row per
+report interval: `MetricsLog`), summary.json (the run's end: `write_json`), logs/ (`rlfleet up`), replay/
+(Reverb checkpoints of algorithms that keep their replay).
 
 `rlfleet up` calls `check_run_dir` before it starts any process, and the learner calls it again (it may be
-started on its own), so a wrong --resume fails before anything runs. No TensorFlow import here.
+started on its own), so a wrong --resume fails before anything runs. TensorFlow is imported only by
+`MetricsLog`.
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import math
 import os
 
-# What a setting that a run.json does not record meant when that run started: the behaviour before the
-# setting existed (issue 9 added them). A resumed run must keep it, or its checkpoint would be restored
-# into another network or trained by another rule.
-LEGACY_SETTINGS = {
-    "ppo": dict(
-        activation="relu",
-        mean_head="tanh",
-        policy_objective="kl_penalty",
-        reward_scale="rms",
-        max_grad_norm=0.0,
-        obs_normalization=True,
-        lr_schedule="constant",
-    ),
-    "dqn": dict(double_q=False, lr_schedule="constant", lr_final_fraction=0.0),
-    "qdagger": dict(double_q=False),
-}
+from rlfleet import algorithms
 
 
 class RunDirError(ValueError):
@@ -63,7 +56,11 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
                 "(time limits treated as terminal, no decoupled proximal objective); its "
                 "checkpoint cannot be continued by this version. Start a new run."
             )
-        recorded = {**LEGACY_SETTINGS.get(before.get("algo"), {}), **before.get("config", {})}
+        # A setting that run.json does not record means what the run did before the setting existed
+        # (`Algorithm.legacy_settings`): a resumed run must keep it, or its checkpoint would be restored
+        # into another network or trained by another rule.
+        legacy = algorithms.get(before["algo"]).legacy_settings if before.get("algo") in algorithms.names() else {}
+        recorded = {**legacy, **before.get("config", {})}
         diffs += [
             f"{k}: {v!r} -> {run['config'].get(k)!r}"
             for k, v in recorded.items()
@@ -79,3 +76,82 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         raise RunDirError(
             f"--resume {resume}: no checkpoint found in {resume}/checkpoints; pass the --logdir of an earlier run."
         )
+
+
+PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time
+
+
+def write_json(path: str, value: dict) -> None:
+    """Writes `value` to `path` as indented JSON, atomically (a reader never sees half a file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2)
+    os.replace(tmp, path)
+
+
+def progress_path(checkpoint: str) -> str:
+    """The progress record's path beside the checkpoint prefix `checkpoint` (e.g. RUN/checkpoints/ckpt-3)."""
+    return checkpoint + PROGRESS_SUFFIX
+
+
+def write_progress(checkpoint: str, progress: dict) -> None:
+    """Writes `progress` beside `checkpoint` (see `read_progress`), atomically; called before the checkpoint
+    itself, so a latest checkpoint never lacks its record."""
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)  # before the first checkpoint makes it
+    tmp = progress_path(checkpoint) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(progress, f)
+    os.replace(tmp, progress_path(checkpoint))
+
+
+def read_progress(checkpoint: str | None) -> dict:
+    """What `write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
+    time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
+    steps}}; ids from 0 and no time for a new run (None) and for checkpoints written before it existed."""
+    if checkpoint is None:
+        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
+    try:
+        with open(progress_path(checkpoint)) as f:
+            p = json.load(f)
+    except FileNotFoundError:
+        return read_progress(None)
+    return dict(
+        next_actor_id=int(p["next_actor_id"]),
+        wall_seconds=float(p["wall_seconds"]),
+        actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()},
+    )
+
+
+def prune_progress(directory: str, kept_checkpoints: list[str]) -> None:
+    """Removes the progress records in `directory` whose checkpoints are no longer kept."""
+    kept = {progress_path(c) for c in kept_checkpoints}
+    for old in glob.glob(os.path.join(directory, "*" + PROGRESS_SUFFIX)):
+        if old not in kept:
+            os.remove(old)
+
+
+class MetricsLog:
+    """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes) and
+    RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps)."""
+
+    def __init__(self, logdir: str):
+        import tensorflow as tf
+
+        self._tf = tf
+        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
+        self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
+
+    def write(self, row: dict) -> None:
+        """Appends `row` (it must hold "env_steps"; "time" is not plotted)."""
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        self.file.flush()
+        with self.writer.as_default(step=row["env_steps"]):
+            for k, v in row.items():
+                if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v):
+                    self._tf.summary.scalar(k, v)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        self.writer.close()

@@ -1,11 +1,17 @@
-"""The learner process: algorithm updates on replay data plus the Learner gRPC service.
+"""The learner process: the training loop of one algorithm, its checkpoints and status.
+
+The learner is split by job: the algorithm's update rule is its `Agent` (`rlfleet.learner.agents`, made
+by the registry: `rlfleet.algorithms`), the actors' book is an `ActorRegistry`
+(`rlfleet.learner.actor_registry`), the run directory's files are written by `rlfleet.learner.run_dir`,
+and the gRPC face is `rlfleet.learner.servicer`. This module holds the training loop and what ties them.
 
 Threads:
 - main: reads batches from the replay queue, updates, publishes weights,
   evaluates, checkpoints and writes metrics; stops at `total_steps` env steps.
 - sampler: pulls items out of Reverb into a small local queue; reconnects when
   the replay server restarts.
-- replay-status: reads the replay tables' counters once a second for status.
+- housekeeping: once a second, reads the replay tables' counters for status and removes actors whose
+  heartbeats stopped from the actor registry.
 - gRPC workers: RegisterActor, StreamWeights, Heartbeat, GetStatus, health.
 All state shared with the gRPC threads is guarded by `Learner.lock`.
 """
@@ -13,7 +19,6 @@ All state shared with the gRPC threads is guarded by `Learner.lock`.
 from __future__ import annotations
 
 import collections
-import glob
 import json
 import logging
 import math
@@ -31,10 +36,21 @@ import reverb
 import tensorflow as tf
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
-from rlfleet.learner.agents import Agent, PPOAgent
+from rlfleet.learner.actor_registry import ActorRegistry
+from rlfleet.learner.agents import Agent
 from rlfleet.learner.presets import make_algo_config
-from rlfleet.learner.run_dir import check_run_dir, run_identity
+from rlfleet.learner.run_dir import (
+    MetricsLog,
+    check_run_dir,
+    prune_progress,
+    read_progress,
+    run_identity,
+    write_json,
+    write_progress,
+)
+from rlfleet.learner.servicer import LearnerServicer, WeightsBroadcast
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc, security
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
@@ -45,35 +61,17 @@ log = logging.getLogger("rlfleet.learner")
 ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
 RECENT_EPISODES = 100  # episode_return_mean is over this many recent training episodes
-PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time
 
 
 class LearnerError(RuntimeError):
     """A learner setup problem with a message that says how to fix it."""
 
 
-class _Servicer(rlfleet_pb2_grpc.LearnerServicer):
-    def __init__(self, learner: "Learner"):
-        self.learner = learner
-
-    def RegisterActor(self, request, context):
-        return self.learner.register_actor(request, context)
-
-    def StreamWeights(self, request, context):
-        return self.learner.stream_weights(request, context)
-
-    def Heartbeat(self, request, context):
-        return self.learner.heartbeat(request, context)
-
-    def GetStatus(self, request, context):
-        return self.learner.status_proto()
-
-
 class Learner:
-    """Learner service for one algorithm (BatchPPO, DQN or QDagger).
+    """Learner service for one registered algorithm (`rlfleet.algorithms`).
 
     Args:
-        algo: "ppo" (continuous actions), "dqn" or "qdagger" (discrete actions).
+        algo: a registered algorithm (`rlfleet.algorithms`: ppo, dqn, qdagger, or a plugin's).
         env_id: gymnasium id.
         replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
@@ -128,12 +126,14 @@ class Learner:
         self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
         self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
         os.makedirs(logdir, exist_ok=True)
-        if algo == "qdagger" and not (teacher and teacher_replay):
+        self.algorithm = algorithms.get(algo)
+        if self.algorithm.uses_teacher and not (teacher and teacher_replay):
             raise LearnerError(
-                "--algo qdagger needs --teacher DIR (a finished DQN run directory) and "
+                f"--algo {algo} needs --teacher DIR (the run directory it learns from) and "
                 "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
             )
-        run = run_identity(algo, env_id, preset, self.config.to_json(), teacher if algo == "qdagger" else None)
+        teacher = teacher if self.algorithm.uses_teacher else None
+        run = run_identity(algo, env_id, preset, self.config.to_json(), teacher)
         self.teacher_replay = teacher_replay
         check_run_dir(logdir, resume, run)
 
@@ -150,15 +150,18 @@ class Learner:
             for k in (
                 "learner_steps",
                 "env_steps",
-                "weights_version",
+                "policy_version",
                 "consumed_env_steps",
                 "dropped_env_steps",
                 "updates",
             )
         }
-        self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **self.counters)
+        # Checkpoints name the policy version's variable "weights_version" (its name before issue 10), so
+        # that runs checkpointed before can be resumed.
+        saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
+        self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **saved)
         self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
-        progress = _read_progress(None)
+        progress = read_progress(None)
         if resume:
             latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
             if latest is None:  # check_run_dir saw the index file, but the files it names are gone
@@ -168,33 +171,29 @@ class Learner:
                 )
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
-            progress = _read_progress(latest)
+            progress = read_progress(latest)
             self.agent.on_resume(int(self.counters["env_steps"].numpy()))
             print(f"rlfleet learner: resumed from {latest}", flush=True)
-        with open(os.path.join(logdir, "run.json"), "w") as f:
-            json.dump(run, f, indent=2)
+        write_json(os.path.join(logdir, "run.json"), run)
 
         self.lock = threading.Lock()
-        self.weights_cond = threading.Condition(self.lock)
         self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
         self.phase = "waiting_for_actors"
         self.start_time = time.time()
-        self.base_env_steps = int(self.counters["env_steps"].numpy())  # restored
-        self.actors: dict[int, dict] = {}
-        self.departed_env_steps = 0
-        # Actors not in self.actors whose env steps up to some point are already counted: those that timed
-        # out, and after --resume those connected when the restored checkpoint was taken. When one of them
-        # rejoins (same process, same id) it is counted from that point, so its steps in between are not lost.
-        self.counted_actor_steps: dict[int, int] = progress["actor_env_steps"]
-        self.next_actor_id = progress["next_actor_id"]
+        self.registry = ActorRegistry(
+            actor_timeout_s,
+            base_env_steps=int(self.counters["env_steps"].numpy()),  # restored
+            next_actor_id=progress["next_actor_id"],
+            away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
+        )
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
         self.earlier_wall_s = progress["wall_seconds"]
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.last_metrics: dict = {}
         self.rates = {"env_steps_per_second": 0.0, "learner_steps_per_second": 0.0}
-        self.weights_msg = None
+        self.weights = WeightsBroadcast()
         self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
         self._sampler_error: Exception | None = None
         self._replay_status: list[dict] = []
@@ -203,7 +202,7 @@ class Learner:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS, interceptors=interceptors
         )
-        rlfleet_pb2_grpc.add_LearnerServicer_to_server(_Servicer(self), self.server)
+        rlfleet_pb2_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
@@ -220,103 +219,53 @@ class Learner:
             )
         self.address = f"{bind}:{self.port}"
 
-    # ----- gRPC handlers (called on worker threads) -----
+    # ----- called by the servicer (gRPC worker threads) -----
 
-    def register_actor(self, request, context):
-        c = self.config
-        if request.num_envs and request.num_envs != c.envs_per_actor:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"actor asked for {request.num_envs} envs but this run's replay items hold "
-                f"{c.envs_per_actor} envs per actor; start the actor without --num-envs "
-                f"or with --num-envs {c.envs_per_actor}.",
-            )
+    def admit_actor(self, host: str, address: str) -> int:
+        """Registers a new actor; returns its id."""
         with self.lock:
-            actor_id = self.next_actor_id
-            self.next_actor_id += 1
-            self.actors[actor_id] = dict(
-                host=request.host or _peer_ip(context.peer()),
-                address=_peer_ip(context.peer()),
-                num_envs=c.envs_per_actor,
-                policy_version=-1,
-                env_steps=0,
-                steps_before=0,
-                last_seen=time.time(),
-            )
-        log.info("actor %d registered from %s", actor_id, request.host)
-        return rlfleet_pb2.RegisterActorResponse(
-            actor_id=actor_id,
-            config=rlfleet_pb2.RunConfig(
-                algo=self.algo,
-                env_id=self.env_id,
-                replay_address=self.replay_for_actors,
-                table=self.agent.table,
-                num_envs=c.envs_per_actor,
-                unroll_length=self.agent.unroll_length,
-                seed=self.seed + 1000 * (actor_id + 1),
-                network_json=json.dumps(self.agent.actor_network()),
-                env_backend=self.env_backend,
-            ),
+            actor_id = self.registry.register(host, address, self.config.envs_per_actor, time.time())
+        log.info("actor %d registered from %s", actor_id, host)
+        return actor_id
+
+    def run_config(self, actor_id: int) -> rlfleet_pb2.RunConfig:
+        """What actor `actor_id` needs to start collecting (its env seeds follow from its id)."""
+        return rlfleet_pb2.RunConfig(
+            algo=self.algo,
+            env_id=self.env_id,
+            replay_address=self.replay_for_actors,
+            table=self.agent.table,
+            num_envs=self.config.envs_per_actor,
+            unroll_length=self.agent.unroll_length,
+            seed=self.seed + 1000 * (actor_id + 1),
+            network_json=json.dumps(self.agent.actor_network()),
+            env_backend=self.env_backend,
         )
 
-    def stream_weights(self, request, context):
-        sent = request.min_version - 1
-        while context.is_active():
-            with self.weights_cond:
-                if self.weights_msg is not None and sent > self.weights_msg.version:
-                    sent = -1  # the actor holds a newer version than ours: we restarted from a checkpoint
-                self.weights_cond.wait_for(
-                    lambda sent=sent: (
-                        self.stop_event.is_set() or (self.weights_msg is not None and self.weights_msg.version > sent)
-                    ),
-                    timeout=1.0,
-                )
-                if self.stop_event.is_set():
-                    return
-                msg = self.weights_msg
-            if msg is not None and msg.version > sent:
-                sent = msg.version
-                yield msg
-
-    def heartbeat(self, request, context):
+    def record_heartbeat(self, request: rlfleet_pb2.HeartbeatRequest, address: str) -> bool:
+        """Books a heartbeat (re-admitting an actor that was away) and its finished episodes; returns whether
+        the actor must stop (the run is over)."""
         with self.lock:
-            a = self.actors.get(request.actor_id)
-            if a is None:
-                # Timed out earlier, or registered with a learner that has since restarted from a
-                # checkpoint: count from where the count left it (its last heartbeat before the timeout, or
-                # the checkpoint), so that the steps it took while away are counted too.
-                before = min(self.counted_actor_steps.pop(request.actor_id, request.env_steps), request.env_steps)
-                a = self.actors[request.actor_id] = dict(
-                    host=request.host,
-                    address=_peer_ip(context.peer()),
-                    num_envs=request.num_envs,
-                    policy_version=-1,
-                    env_steps=request.env_steps,
-                    steps_before=before,
-                    last_seen=0.0,
-                )
-                self.next_actor_id = max(self.next_actor_id, request.actor_id + 1)
-                log.info("actor %d (%s) rejoined", request.actor_id, request.host)
-            a.update(env_steps=request.env_steps, policy_version=request.policy_version, last_seen=time.time())
+            rejoined = self.registry.heartbeat(
+                request.actor_id,
+                request.env_steps,
+                request.policy_version,
+                time.time(),
+                host=request.host,
+                address=address,
+                num_envs=request.num_envs,
+            )
             self.recent_returns.extend(request.episode_returns)
-            return rlfleet_pb2.HeartbeatResponse(stop=self.run_over)
+            stop = self.run_over
+        if rejoined:
+            log.info("actor %d (%s) rejoined", request.actor_id, request.host)
+        return stop
 
     def _env_steps_locked(self) -> int:
-        now = time.time()
-        for actor_id, a in list(self.actors.items()):
-            if now - a["last_seen"] > self.actor_timeout_s:
-                self.departed_env_steps += a["env_steps"] - a["steps_before"]
-                self.counted_actor_steps[actor_id] = a["env_steps"]
-                del self.actors[actor_id]
-                log.info("actor %d left the status list (no heartbeat for %.0fs)", actor_id, self.actor_timeout_s)
-        reported = (
-            self.base_env_steps
-            + self.departed_env_steps
-            + sum(a["env_steps"] - a["steps_before"] for a in self.actors.values())
-        )
-        # Heartbeats lag by up to a second; the learner has at least seen what it consumed or dropped.
+        """The run's env steps: as the actors reported them, and at least what the learner consumed or
+        dropped (heartbeats lag by up to a second)."""
         seen = int(self.counters["consumed_env_steps"].numpy()) + int(self.counters["dropped_env_steps"].numpy())
-        return max(reported, seen)
+        return max(self.registry.env_steps(), seen)
 
     def status_dict(self) -> dict:
         """The fields of the `Status` message (proto/rlfleet.proto), as plain Python values."""
@@ -327,18 +276,7 @@ class Learner:
             dropped = int(self.counters["dropped_env_steps"].numpy())
             env_steps = max(self._env_steps_locked(), consumed + dropped)
             now = time.time()
-            actors = [
-                dict(
-                    actor_id=i,
-                    host=a["host"],
-                    address=a["address"],
-                    num_envs=a["num_envs"],
-                    policy_version=a["policy_version"],
-                    env_steps=a["env_steps"],
-                    seconds_since_heartbeat=round(now - a["last_seen"], 3),
-                )
-                for i, a in sorted(self.actors.items())
-            ]
+            actors = self.registry.snapshot(now)
             recent = list(self.recent_returns)
             out = dict(
                 algo=self.algo,
@@ -346,7 +284,8 @@ class Learner:
                 phase=self.phase,
                 learner_steps=int(self.counters["learner_steps"].numpy()),
                 env_steps=env_steps,
-                weights_version=int(self.counters["weights_version"].numpy()),
+                policy_version=int(self.counters["policy_version"].numpy()),
+                weights_version=int(self.counters["policy_version"].numpy()),  # the same (an older name)
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
                 eval_return_mean=self.eval_return_mean,
                 uptime_seconds=now - self.start_time,
@@ -360,9 +299,11 @@ class Learner:
                 **self.rates,
             )
             extras = self.agent.status_extras()
-            if self.phase not in ("training", "waiting_for_actors"):
-                extras.pop("phase", None)  # evaluating / stopping / done describe the run's end
+            phase = extras.pop("phase", None)  # an algorithm's own phase (QDagger: offline_pretraining, online)
+            if phase and self.phase in ("training", "waiting_for_actors"):
+                out["phase"] = phase  # evaluating / stopping / done describe the run's end
             out.update(extras)
+            out["algorithm_values"] = {k: float(v) for k, v in extras.items()}
         out["replay"] = list(self._replay_status)
         return out
 
@@ -374,13 +315,18 @@ class Learner:
             tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_replay, timeout_s=3)]
         self._replay_status = tables
 
-    def _replay_status_loop(self) -> None:
+    def _housekeeping_loop(self) -> None:
         while not self.stop_event.wait(1.0):
             self._refresh_replay_status()
+            with self.lock:
+                self.registry.evict_stale(time.time())
 
     def status_proto(self) -> rlfleet_pb2.Status:
         d = self.status_dict()
-        msg = rlfleet_pb2.Status(**{k: v for k, v in d.items() if k not in ("actors", "replay")})
+        # Scalar fields of the message; an algorithm's own values beyond them travel in algorithm_values only.
+        scalars = {k for k in rlfleet_pb2.Status.DESCRIPTOR.fields_by_name} - {"actors", "replay", "algorithm_values"}
+        msg = rlfleet_pb2.Status(**{k: v for k, v in d.items() if k in scalars})
+        msg.algorithm_values.update(d["algorithm_values"])
         for a in d["actors"]:
             msg.actors.add(**a)
         for t in d["replay"]:
@@ -390,10 +336,8 @@ class Learner:
     # ----- main loop -----
 
     def _publish_weights(self) -> None:
-        msg = proto_arrays.to_proto(int(self.counters["weights_version"].numpy()), self.agent.export_weights())
-        with self.weights_cond:
-            self.weights_msg = msg
-            self.weights_cond.notify_all()
+        version = int(self.counters["policy_version"].numpy())
+        self.weights.publish(proto_arrays.to_proto(version, self.agent.export_weights()))
 
     def _sampler(self) -> None:
         """Feeds `_sample_queue` from the replay server; when the server goes away (restart, crash) it
@@ -466,7 +410,7 @@ class Learner:
                 "--algo, --env, --config and --set values (for a teacher's replay: the same n_step)."
             )
 
-    def _log_metrics(self, writer, metrics_file, last: dict) -> dict:
+    def _log_metrics(self, metrics: MetricsLog, last: dict) -> dict:
         now = time.time()
         st = self.status_dict()
         dt = max(now - last["time"], 1e-6)
@@ -474,18 +418,15 @@ class Learner:
             "env_steps_per_second": (st["env_steps"] - last["env_steps"]) / dt,
             "learner_steps_per_second": (st["learner_steps"] - last["learner_steps"]) / dt,
         }
-        extras = {
-            k: st[k]
-            for k in ("teacher_eval_return_mean", "random_eval_return_mean", "distillation_coefficient")
-            if self.algo == "qdagger"
-        }
+        extras = st["algorithm_values"]  # e.g. QDagger's distillation coefficient
         row = dict(
             time=now,
             wall_seconds=self._wall_seconds(now),
             phase=st["phase"],
             env_steps=st["env_steps"],
             learner_steps=st["learner_steps"],
-            weights_version=st["weights_version"],
+            policy_version=st["policy_version"],
+            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
             **extras,
             episode_return_mean=st["episode_return_mean"],
             eval_return_mean=st["eval_return_mean"],
@@ -495,15 +436,7 @@ class Learner:
             **self.rates,
             **{k: v for k, v in self.last_metrics.items() if k not in extras},
         )
-        metrics_file.write(
-            json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}) + "\n"
-        )
-        metrics_file.flush()
-        with writer.as_default(step=st["env_steps"]):
-            for k, v in row.items():
-                if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v):
-                    tf.summary.scalar(k, v)
-        writer.flush()
+        metrics.write(row)
         return dict(time=now, env_steps=st["env_steps"], learner_steps=st["learner_steps"])
 
     def _evaluate(self, episodes: int) -> list[float]:
@@ -516,24 +449,21 @@ class Learner:
     def _save(self) -> str:
         with self.lock:
             self.counters["env_steps"].assign(self._env_steps_locked())
-            progress = dict(
-                next_actor_id=self.next_actor_id,
-                wall_seconds=self._wall_seconds(time.time()),
-                actor_env_steps={str(i): a["env_steps"] for i, a in self.actors.items()},
-            )
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
-            progress["actor_env_steps"].update({str(i): n for i, n in self.counted_actor_steps.items()})
+            book = self.registry.progress()
+            progress = dict(
+                next_actor_id=book["next_actor_id"],
+                wall_seconds=self._wall_seconds(time.time()),
+                actor_env_steps={str(i): n for i, n in book["actor_env_steps"].items()},
+            )
         self.agent.sync_to_checkpoint()
         # The record goes down before the checkpoint index names the new checkpoint, so a crash right after
         # the save never leaves a latest checkpoint without its record. The manager numbers checkpoints by
         # the (restored) save counter plus one.
         number = int(self.ckpt.save_counter.numpy()) + 1
-        _write_progress(os.path.join(self.ckpt_manager.directory, f"ckpt-{number}"), progress)
+        write_progress(os.path.join(self.ckpt_manager.directory, f"ckpt-{number}"), progress)
         path = self.ckpt_manager.save(checkpoint_number=number)
-        kept = {_progress_path(c) for c in self.ckpt_manager.checkpoints}
-        for old in glob.glob(os.path.join(self.ckpt_manager.directory, "*" + PROGRESS_SUFFIX)):
-            if old not in kept:
-                os.remove(old)
+        prune_progress(self.ckpt_manager.directory, self.ckpt_manager.checkpoints)
         return path
 
     def _checkpoint_replay(self) -> str | None:
@@ -567,7 +497,7 @@ class Learner:
         """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
         self._check_replay()
         self._refresh_replay_status()
-        status_thread = threading.Thread(target=self._replay_status_loop, daemon=True, name="replay-status")
+        status_thread = threading.Thread(target=self._housekeeping_loop, daemon=True, name="housekeeping")
         status_thread.start()
         if self.agent.ready_for_actors():
             self._publish_weights()
@@ -580,8 +510,7 @@ class Learner:
                 signal.signal(sig, lambda *_: self.stop_event.set())
         self.agent.on_start()
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
-        writer = tf.summary.create_file_writer(os.path.join(self.logdir, "tb"))
-        metrics_file = open(os.path.join(self.logdir, "metrics.jsonl"), "a")
+        metrics = MetricsLog(self.logdir)
         c = self.config
         last = dict(
             time=time.time(), env_steps=self._env_steps(), learner_steps=int(self.counters["learner_steps"].numpy())
@@ -591,7 +520,7 @@ class Learner:
         try:
             while not self.stop_event.is_set():
                 if time.time() - last["time"] >= self.report_interval_s:
-                    last = self._log_metrics(writer, metrics_file, last)
+                    last = self._log_metrics(metrics, last)
                 env_steps = self._env_steps()
                 if self.total_steps and env_steps >= self.total_steps:
                     completed = True
@@ -609,7 +538,7 @@ class Learner:
                     continue
                 with self.lock:
                     self.phase = "training"
-                result = self.agent.consume(sample, int(self.counters["weights_version"].numpy()), env_steps)
+                result = self.agent.consume(sample, int(self.counters["policy_version"].numpy()), env_steps)
                 if result.metrics:
                     self.last_metrics = result.metrics
                 for name, value in (
@@ -621,7 +550,7 @@ class Learner:
                         self.counters[name].assign_add(value)
                 if result.updated:
                     self.counters["updates"].assign_add(1)
-                    self.counters["weights_version"].assign_add(1)
+                    self.counters["policy_version"].assign_add(1)
                     self._publish_weights()
                 scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
                 if result.evaluate or scheduled:
@@ -651,15 +580,16 @@ class Learner:
             else:
                 summary.update(final_eval_return_mean=None, final_eval_episodes=0)
             path = self._save()
-            if completed and self.algo in ("dqn", "qdagger"):  # the run directory becomes a teacher
+            if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
                 summary["replay_checkpoint_dir"] = self._checkpoint_replay()
-            last = self._log_metrics(writer, metrics_file, last)
+            last = self._log_metrics(metrics, last)
             self._refresh_replay_status()
             st = self.status_dict()
             summary.update(
                 env_steps=st["env_steps"],
                 learner_steps=st["learner_steps"],
-                weights_version=st["weights_version"],
+                policy_version=st["policy_version"],
+                weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
                 consumed_env_steps=st["consumed_env_steps"],
                 dropped_env_steps=st["dropped_env_steps"],
                 replay=st["replay"],
@@ -667,8 +597,7 @@ class Learner:
                 checkpoint=path,
                 config=json.loads(c.to_json()),
             )
-            with open(os.path.join(self.logdir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
+            write_json(os.path.join(self.logdir, "summary.json"), summary)
             with self.lock:
                 self.phase = "done"
             print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
@@ -677,51 +606,11 @@ class Learner:
             return summary
         finally:
             self.stop_event.set()
-            with self.weights_cond:
-                self.weights_cond.notify_all()
+            self.weights.close()
             self.health.enter_graceful_shutdown()
             self.server.stop(grace=1.0).wait()
             status_thread.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits
-            metrics_file.close()
-            writer.close()
-
-
-def _peer_ip(peer: str) -> str:
-    """The IP address in a gRPC peer string ("ipv4:10.0.0.2:5432" or "ipv6:[::1]:5432")."""
-    kind, _, rest = peer.partition(":")
-    host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else peer
-    return host.strip("[]")
-
-
-def _progress_path(checkpoint: str) -> str:
-    return checkpoint + PROGRESS_SUFFIX
-
-
-def _write_progress(checkpoint: str, progress: dict) -> None:
-    """Writes `progress` beside `checkpoint` (see `_read_progress`)."""
-    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)  # before the first checkpoint makes it
-    tmp = _progress_path(checkpoint) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(progress, f)
-    os.replace(tmp, _progress_path(checkpoint))
-
-
-def _read_progress(checkpoint: str | None) -> dict:
-    """What `_write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
-    time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
-    steps}}; ids from 0 and no time for a new run (None) and for checkpoints written before it existed."""
-    if checkpoint is None:
-        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
-    try:
-        with open(_progress_path(checkpoint)) as f:
-            p = json.load(f)
-    except FileNotFoundError:
-        return _read_progress(None)
-    return dict(
-        next_actor_id=int(p["next_actor_id"]),
-        wall_seconds=float(p["wall_seconds"]),
-        actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()},
-    )
+            metrics.close()
 
 
 def make_agent(
@@ -733,20 +622,14 @@ def make_agent(
     teacher_replay: str | None = None,
     total_steps: int = 0,
 ) -> Agent:
-    """The algorithm object for `algo` ("ppo", "dqn" or "qdagger"; QDagger loads `teacher`).
+    """The learner-side object of the registered algorithm `algo` (`rlfleet.algorithms.Algorithm.agent`).
 
-    `total_steps` is the run's env-step budget (0: none), for schedules that end with the run.
+    `total_steps` is the run's env-step budget (0: none), for schedules that end with the run; `teacher`
+    and `teacher_replay` go to algorithms that use a teacher.
 
     Raises:
-        TeacherError: QDagger's `teacher` is not a usable teacher for `spec`.
+        UnknownAlgorithmError (a ValueError): no such algorithm; TeacherError: a teacher that does not fit.
     """
-    if algo == "ppo":
-        return PPOAgent(spec, config, seed, total_steps)
-    if algo == "dqn":
-        from rlfleet.learner.dqn import DQNAgent
-
-        return DQNAgent(spec, config, seed, total_steps)
-    from rlfleet.learner.qdagger import QDaggerAgent
-    from rlfleet.learner.teacher import load_teacher
-
-    return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)
+    alg = algorithms.get(algo)
+    extra = dict(teacher=teacher, teacher_replay=teacher_replay) if alg.uses_teacher else {}
+    return alg.part("agent")(spec, config, seed, total_steps, **extra)

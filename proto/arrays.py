@@ -15,9 +15,9 @@ GRPC_OPTIONS = [
 ]
 
 
-def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
+def to_proto(policy_version: int, arrays: dict) -> rlfleet_pb2.Weights:
     """Packs {name: ndarray} into a `Weights` message of the given policy version."""
-    msg = rlfleet_pb2.Weights(version=version)
+    msg = rlfleet_pb2.Weights(policy_version=policy_version)
     for name, a in sorted(arrays.items()):
         a = np.ascontiguousarray(a)
         msg.arrays.add(name=name, shape=list(a.shape), dtype=a.dtype.str, data=a.tobytes())
@@ -25,6 +25,6 @@ def to_proto(version: int, arrays: dict) -> rlfleet_pb2.Weights:
 
 
 def from_proto(msg: rlfleet_pb2.Weights) -> tuple[int, dict]:
-    """Unpacks a `Weights` message into (version, {name: ndarray})."""
+    """Unpacks a `Weights` message into (policy version, {name: ndarray})."""
     arrays = {a.name: np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(tuple(a.shape)) for a in msg.arrays}
-    return msg.version, arrays
+    return msg.policy_version, arrays

@@ -141,10 +141,25 @@ def dqn_tables(
 
 
 def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
-    """Replay tables of `algo` ("ppo"; "dqn" and "qdagger" share the DQN table) for an env spec and its config."""
-    if algo == "ppo":
-        items = queue_items or ppo_queue_items(config)
-        return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
+    """Replay tables of the registered algorithm `algo` for an env spec and its config
+    (`rlfleet.algorithms.Algorithm.tables`).
+
+    Raises:
+        UnknownAlgorithmError (a ValueError): no such algorithm; ValueError: bad sizes.
+    """
+    from rlfleet import algorithms
+
+    return algorithms.get(algo).part("tables")(spec, config, queue_items)
+
+
+def ppo_tables_for(spec, config, queue_items: int | None = None) -> list:
+    """PPO's tables for an env spec and a `PPOConfig` (queue capacity: `queue_items`, else one update batch)."""
+    items = queue_items or ppo_queue_items(config)
+    return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
+
+
+def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
+    """DQN's (and QDagger's) table for an env spec and a `DQNConfig` (`queue_items` does not apply)."""
     return dqn_tables(
         spec.frame_shape,
         tf.as_dtype(spec.obs_dtype),

@@ -148,7 +148,7 @@ def test_actor_machine_attaches_and_rejoins(machines, tmp_path):
         )
         a = actor_at(joined, ACTOR_IP)
         assert a["num_envs"] > 0 and a["host"]
-        assert a["policy_version"] >= before["weights_version"]  # it acts with current weights, not stale ones
+        assert a["policy_version"] >= before["policy_version"]  # it acts with current weights, not stale ones
         assert len(joined["actors"]) == 2
 
         # Killed without warning, it leaves the status list after the heartbeat timeout; training goes on.
@@ -172,7 +172,7 @@ def test_actor_machine_attaches_and_rejoins(machines, tmp_path):
         )
         r = actor_at(rejoined, ACTOR_IP)
         assert r["actor_id"] != a["actor_id"]
-        assert r["policy_version"] >= gone["weights_version"]
+        assert r["policy_version"] >= gone["policy_version"]
         later = wait_for(
             lambda: (s := status()) and s["learner_steps"] > rejoined["learner_steps"] + 50 and s,
             120,

@@ -125,7 +125,7 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
         "collection and learning to continue",
         [c["learner"], c["actors"][1]],
     )
-    assert later["actors"][0]["policy_version"] > st["weights_version"]
+    assert later["actors"][0]["policy_version"] > st["policy_version"]
 
 
 def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
@@ -158,7 +158,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     # Counters continue from the checkpoint (taken after `before`), not from zero.
     assert first["learner_steps"] >= before["learner_steps"], (first, before)
     assert first["env_steps"] >= before["env_steps"]
-    assert first["weights_version"] >= before["weights_version"]
+    assert first["policy_version"] >= before["policy_version"]
     # The same actor processes (not restarted) rejoin by themselves and act with the new learner's weights.
     assert all(a.proc.poll() is None for a in c["actors"])
     evaluations = []  # every evaluation return the restarted learner reports while we wait
@@ -172,7 +172,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
         return (
             len(s["actors"]) == 2
             and s["learner_steps"] > first["learner_steps"] + 100
-            and min(a["policy_version"] for a in s["actors"]) > first["weights_version"]
+            and min(a["policy_version"] for a in s["actors"]) > first["policy_version"]
             and s["env_steps"] > first["env_steps"]
             and evaluations
             and s

@@ -11,6 +11,7 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.actors.actor import Actor
+from rlfleet.actors.writers import collect_transitions
 from rlfleet.learner.dqn import split_observations
 from rlfleet.learner.networks import NatureCNN
 from rlfleet.proto import rlfleet_pb2
@@ -99,7 +100,7 @@ def test_items_rebuild_the_stacked_observations():
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     venv = ScriptedFrames(actor.stop)
-    actor._collect_dqn(venv, weights, 0)
+    collect_transitions(actor, venv, weights, 0)
 
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size
@@ -148,7 +149,7 @@ def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     with pytest.raises(ActorError, match=r"Scripted-v0 \(env 1 of this actor\) returned a non-finite reward"):
-        actor._collect_dqn(NaNAfter(actor.stop), weights, 0)
+        collect_transitions(actor, NaNAfter(actor.stop), weights, 0)
     assert actor.env_steps == 29 * ENVS  # the bad step was not counted
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size

@@ -144,7 +144,7 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert "--resume" in rest
     assert list((logdir / "checkpoints").glob("ckpt-*.index"))
     stopped = json.loads((logdir / "summary.json").read_text())
-    assert stopped["completed"] is False and stopped["weights_version"] >= 3
+    assert stopped["completed"] is False and stopped["policy_version"] >= 3
 
     # Resume: counters continue from the checkpoint instead of restarting.
     i = args.index("--total-steps") + 1
@@ -155,7 +155,7 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     final = json.loads((logdir / "summary.json").read_text())
     assert final["completed"] is True
-    assert final["weights_version"] > stopped["weights_version"]
+    assert final["policy_version"] > stopped["policy_version"]
     assert final["learner_steps"] > stopped["learner_steps"]
     assert final["env_steps"] >= stopped["env_steps"] + 3000
     # Wall time continues too: metrics rows of both processes count the run's training time.

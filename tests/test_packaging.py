@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 
 from conftest import ROOT
@@ -30,7 +31,9 @@ def test_install_next_to_proto_plus_and_uninstall(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src)
-    for part in ("proto", "actors", "learner", "replay", "deploy"):
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        folders = tomllib.load(f)["tool"]["setuptools"]["package-dir"].values()  # rlfleet.<part> -> folder
+    for part in folders:
         shutil.copytree(os.path.join(ROOT, part), src / part, ignore=shutil.ignore_patterns("__pycache__"))
     _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheels, src)
     wheel = glob.glob(str(wheels / "rlfleet-*.whl"))

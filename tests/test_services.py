@@ -60,13 +60,13 @@ def start_replay_and_learner(procs, free_port, tmp_path, learner_extra=()):
 
 def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     replay, learner, address, replay_port, st = start_replay_and_learner(procs, free_port, tmp_path)
-    assert st["phase"] == "waiting_for_actors" and st["weights_version"] == 0 and st["actors"] == []
+    assert st["phase"] == "waiting_for_actors" and st["policy_version"] == 0 and st["actors"] == []
     assert st["replay"][0]["table"] == "ppo_trajectories" and st["replay"][0]["size"] == 0
 
     actor = procs.start("actor", "actor", "--learner", address, "--env-backend", "sync")
     st = wait_for(
         lambda: (
-            (s := get_status(address, 2))["weights_version"] >= 3
+            (s := get_status(address, 2))["policy_version"] >= 3
             and s["actors"]
             and s["actors"][0]["policy_version"] >= 1
             and s
@@ -99,7 +99,9 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
         "phase",
         "learner_steps",
         "env_steps",
+        "policy_version",
         "weights_version",
+        "algorithm_values",
         "episode_return_mean",
         "eval_return_mean",
         "env_steps_per_second",
@@ -111,6 +113,8 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     ):
         assert field in as_json, field
     assert as_json["actors"][0]["num_envs"] == 2
+    # One name, the policy version; weights_version (its older name) stays for readers written before it.
+    assert as_json["weights_version"] == as_json["policy_version"] >= 3
     table_out = rlfleet("status", "--learner", address)
     assert (
         table_out.returncode == 0 and "ppo_trajectories" in table_out.stdout and "InvertedPendulum" in table_out.stdout
@@ -143,9 +147,9 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
             assert "signature" in str(err.value).lower() or word in str(err.value), str(err.value)
 
     # ... and the cluster keeps serving and training.
-    version = get_status(address, 2)["weights_version"]
+    version = get_status(address, 2)["policy_version"]
     wait_for(
-        lambda: get_status(address, 2)["weights_version"] > version + 1,
+        lambda: get_status(address, 2)["policy_version"] > version + 1,
         120,
         "updates after the malformed inserts",
         [replay, learner, actor],
@@ -155,7 +159,7 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     assert learner.stop() == 0
     assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows and rows[-1]["weights_version"] >= 3
+    assert rows and rows[-1]["policy_version"] >= 3 and rows[-1]["weights_version"] == rows[-1]["policy_version"]
 
 
 def test_learner_refuses_mismatched_replay(procs, free_port, tmp_path):

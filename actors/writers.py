@@ -1,0 +1,172 @@
+"""The built-in actor-side writers (`rlfleet.algorithms.Algorithm.collect`).
+
+A writer is a function `collect(actor, venv, weights, epoch)` that steps the batched env `venv` with the
+behaviour policy and writes items into the run's replay table until `actor.stop` is set. What it gets:
+- `actor` (`rlfleet.actors.actor.Actor`): `config` (the run's `RunConfig`: table, num_envs,
+  unroll_length, seed), `net` (the learner's `Agent.actor_network()` dict), `replay_address`, `stop`
+  (a threading.Event), and the helpers `start_episodes(venv) -> (rng, first observations)`,
+  `check_finite(obs, reward=None)` (raises ActorError on NaN/inf env output, before it is written),
+  `wait_written(writer, epoch, in_flight)` (rate-limiter backpressure; raises ReplayLost after a replay
+  restart), `count_steps(reward, done)` (env-step and episode-return bookkeeping); set
+  `actor.policy_version` to the version acted with.
+- `weights.latest`: (policy version, {name: numpy array}) as the learner's `Agent.export_weights()` made
+  it; the actor swaps new versions in between steps.
+- `epoch`: pass it to `wait_written`.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import reverb
+
+from rlfleet.actors.envs import truncation_observations
+from rlfleet.actors.policy import epsilon_greedy, sample_actions, to_env_action
+
+
+def collect_trajectories(actor, venv, weights, epoch: int) -> None:
+    """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps.
+
+    Terminations and truncations are written apart: at a time limit the
+    step also carries the episode's true last observation
+    (`final_observation`), which the learner bootstraps from
+    (`rlfleet.replay.server.ppo_signature`).
+    """
+    cfg = actor.config
+    t, b = cfg.unroll_length, cfg.num_envs
+    rng, obs = actor.start_episodes(venv)
+    discount = float(actor.net.get("discount", 0.99))
+    low = np.asarray(actor.net["action_low"], np.float32)
+    high = np.asarray(actor.net["action_high"], np.float32)
+    discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
+    client = reverb.Client(actor.replay_address)
+    appended = 0
+    writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
+    try:
+        while not actor.stop.is_set():
+            version, arrays = weights.latest
+            actor.policy_version = version
+            action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
+            next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, low, high))
+            final_obs = truncation_observations(next_obs, terminated, truncated, info)
+            actor.check_finite(next_obs, reward)
+            actor.check_finite(final_obs)  # the true last observations at truncations
+            done = np.logical_or(terminated, truncated)
+            discounted_return = discount * discounted_return + reward
+            writer.append(
+                dict(
+                    observation=np.asarray(obs, np.float32),
+                    action=action,
+                    reward=np.asarray(reward, np.float32),
+                    terminated=np.asarray(terminated, bool),
+                    truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+                    final_observation=final_obs,
+                    discounted_return=discounted_return.astype(np.float32),
+                    behaviour_log_prob=log_prob,
+                    behaviour_mean=mean,
+                    behaviour_log_std=log_std,
+                    policy_version=np.full(b, version, np.int64),
+                )
+            )
+            appended += 1
+            if appended > t and (appended - 1) % t == 0:
+                writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
+                if not actor.wait_written(writer, epoch):
+                    break
+            obs = next_obs
+            discounted_return[done] = 0.0
+            actor.count_steps(reward, done)
+    finally:
+        writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
+
+
+def collect_transitions(actor, venv, weights, epoch: int) -> None:
+    """DQN / QDagger: one writer per env; every step, an item of that env's last n+1 steps.
+
+    Each step stores only the newest frame of its observation (S =
+    frame_stack frames per observation: 4 for Atari, 1 for vectors); an
+    item references the n + S frames its first and bootstrap observations
+    need (`rlfleet.replay.server.dqn_signature`). At each episode start the S − 1
+    older frames of the first stack are written as padding steps, on which
+    no item starts. An episode cut by a time limit (truncated, not
+    terminated) gives no items to its last n steps: their n-step targets
+    would need the bootstrap observation the reset replaced, and treating
+    the cut as terminal would teach that good states end episodes.
+    Consecutive items reference the same Reverb chunks, so every frame is
+    stored about once. The table's `SampleToInsertRatio` rate limiter
+    blocks inserts when actors run ahead of the learner's replay ratio.
+    """
+    cfg = actor.config
+    n, b, stack = cfg.unroll_length, cfg.num_envs, actor.frame_stack
+    rng, obs = actor.start_episodes(venv)
+    client = reverb.Client(actor.replay_address)
+    writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b)]
+    real = [collections.deque(maxlen=n + stack) for _ in range(b)]  # False for padding steps
+    zero_action, zero_reward = np.int32(0), np.float32(0.0)
+
+    def append(i: int, step: dict, is_real: bool) -> None:
+        """Appends to writer i, then makes the item whose first step is n steps back, if that one is real."""
+        writers[i].append(step)
+        real[i].append(is_real)
+        if len(real[i]) == n + stack and real[i][-(n + 1)]:
+            writers[i].create_item(
+                cfg.table,
+                1.0,
+                {
+                    k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :]
+                    for k, col in writers[i].history.items()
+                },
+            )
+
+    def pad(i: int, first_obs: np.ndarray) -> None:
+        for k in range(stack - 1):
+            append(
+                i,
+                dict(
+                    observation=first_obs[k],
+                    action=zero_action,
+                    reward=zero_reward,
+                    done=False,
+                    policy_version=np.int64(-1),
+                ),
+                False,
+            )
+
+    for i in range(b):
+        pad(i, obs[i])
+    try:
+        while not actor.stop.is_set():
+            version, arrays = weights.latest
+            actor.policy_version = version
+            action = epsilon_greedy(arrays, obs, rng)
+            next_obs, reward, terminated, truncated, _ = venv.step(action)
+            actor.check_finite(next_obs, reward)
+            done = np.logical_or(terminated, truncated)
+            frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
+            for i in range(b):
+                append(
+                    i,
+                    dict(
+                        observation=frames[i],
+                        action=action[i],
+                        reward=np.float32(reward[i]),
+                        done=done[i],
+                        policy_version=np.int64(version),
+                    ),
+                    True,
+                )
+                if truncated[i] and not terminated[i]:
+                    # A time limit is not a terminal state, but the observation to bootstrap from is
+                    # gone (the env reset): the last n steps, whose n-step windows reach it, get no item.
+                    for k in range(1, n + 1):
+                        real[i][-k] = False
+                if done[i]:  # next_obs[i] starts the next episode
+                    pad(i, next_obs[i])
+            if not all(actor.wait_written(w, epoch, in_flight=4) for w in writers):
+                break
+            obs = next_obs
+            actor.count_steps(reward, done)
+    finally:
+        for writer in writers:
+            writer.close()  # no flush: at shutdown the rate limiter may block inserts for good

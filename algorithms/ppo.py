@@ -1,0 +1,34 @@
+"""BatchPPO (Hafner et al. 2017) with PPO-clip as the default objective: continuous actions.
+
+Parts: `rlfleet.learner.presets.PPOConfig` (settings, presets `default` and `paper`),
+`rlfleet.replay.server.ppo_tables` (one FIFO queue of T+1-step batch items),
+`rlfleet.actors.writers.collect_trajectories` (Gaussian behaviour policy, one writer per actor),
+`rlfleet.learner.agents.PPOAgent` (the update and evaluation).
+"""
+
+from rlfleet.algorithms import Algorithm, register
+
+PPO = register(
+    Algorithm(
+        name="ppo",
+        summary="BatchPPO, continuous actions",
+        action_space="continuous",
+        config_class="rlfleet.learner.presets:PPOConfig",
+        presets="rlfleet.learner.presets:PRESETS",
+        env_overrides="rlfleet.learner.presets:ENV_OVERRIDES",
+        tables="rlfleet.replay.server:ppo_tables_for",
+        collect="rlfleet.actors.writers:collect_trajectories",
+        agent="rlfleet.learner.agents:PPOAgent",
+        # Runs started before issue 9 had no field for these; this is what they did.
+        legacy_settings=dict(
+            activation="relu",
+            mean_head="tanh",
+            policy_objective="kl_penalty",
+            reward_scale="rms",
+            max_grad_norm=0.0,
+            obs_normalization=True,
+            lr_schedule="constant",
+            lr_final_fraction=0.0,
+        ),
+    )
+)

@@ -1,0 +1,65 @@
+"""The learner's actor registry without any server: ids, counting, timeouts, rejoining, checkpoint records."""
+
+from rlfleet.learner.actor_registry import ActorRegistry
+
+
+def test_counting_does_not_evict_and_eviction_keeps_the_steps():
+    book = ActorRegistry(timeout_s=3)
+    a, b = book.register("h1", "10.0.0.1", 8, now=0.0), book.register("h2", "10.0.0.2", 8, now=0.0)
+    assert (a, b) == (0, 1)
+    book.heartbeat(a, 100, 2, now=1.0)
+    book.heartbeat(b, 50, 1, now=1.0)
+    # Long after the timeout, counting still sees both and changes nothing.
+    assert book.env_steps() == 150 and sorted(book.actors) == [0, 1]
+    assert book.env_steps() == 150 and len(book.snapshot(now=100.0)) == 2
+    book.heartbeat(a, 120, 3, now=9.0)
+    assert book.evict_stale(now=10.0) == [b]  # b's last heartbeat is 9 s old, a's 1 s
+    assert book.env_steps() == 170  # b's 50 steps stay counted
+    [row] = book.snapshot(now=10.0)
+    assert row == dict(
+        actor_id=0,
+        host="h1",
+        address="10.0.0.1",
+        num_envs=8,
+        policy_version=3,
+        env_steps=120,
+        seconds_since_heartbeat=1.0,
+    )
+
+
+def test_an_actor_that_comes_back_is_counted_from_where_it_left():
+    book = ActorRegistry(timeout_s=3)
+    a = book.register("h1", "10.0.0.1", 8, now=0.0)
+    book.heartbeat(a, 100, 1, now=1.0)
+    book.evict_stale(now=10.0)
+    assert book.actors == {} and book.env_steps() == 100
+    # It was paused, not dead: it comes back with its id and its own cumulative count.
+    assert book.heartbeat(a, 180, 4, now=11.0, host="h1", address="10.0.0.1", num_envs=8) is True
+    assert book.env_steps() == 180  # the 80 steps it took while away count once
+    assert book.heartbeat(a, 190, 4, now=12.0) is False
+    assert book.env_steps() == 190
+    # A newcomer never takes the id of an actor that may still come back.
+    book.evict_stale(now=20.0)
+    assert book.register("h3", "10.0.0.3", 8, now=20.0) == 1
+
+
+def test_checkpoint_record_round_trip():
+    book = ActorRegistry(timeout_s=3)
+    a, b = book.register("h1", "x", 8, now=0.0), book.register("h2", "y", 8, now=0.0)
+    book.heartbeat(a, 100, 1, now=1.0)
+    book.heartbeat(b, 40, 1, now=1.0)
+    book.evict_stale(now=2.5)  # nobody is stale yet
+    book.heartbeat(a, 110, 1, now=5.0)
+    book.evict_stale(now=6.0)  # b is away
+    record = book.progress()
+    assert record == dict(next_actor_id=2, actor_env_steps={0: 110, 1: 40})
+    # A restarted learner continues from the checkpoint's count (taken at 150 env steps).
+    restored = ActorRegistry(
+        3, base_env_steps=150, next_actor_id=record["next_actor_id"], away=record["actor_env_steps"]
+    )
+    assert restored.env_steps() == 150
+    restored.heartbeat(a, 130, 2, now=0.0)  # 20 steps after the checkpoint
+    assert restored.env_steps() == 170
+    assert restored.register("h9", "z", 8, now=0.0) == 2  # ids 0 and 1 stay reserved for the old actors
+    restored.heartbeat(b, 40, 2, now=0.0)  # b never moved: nothing new to count
+    assert restored.env_steps() == 170
