@@ -11,11 +11,11 @@ Every `unroll_length` steps it creates an item of the last T+1 steps.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import socket
 import threading
+import typing
 
 import grpc
 import numpy as np
@@ -50,13 +50,22 @@ class ReplayLost(Exception):
     opens new writers and resets its envs."""
 
 
+class Policy(typing.NamedTuple):
+    """A published behaviour policy: its version, its weights ({name: numpy array}, the learner's
+    `Agent.export_weights()`) and its exploration (the `Exploration` message: `.epsilon`)."""
+
+    version: int
+    arrays: dict
+    exploration: rlfleet_pb2.Exploration
+
+
 class _WeightsSubscriber(threading.Thread):
-    """Keeps the latest (version, arrays) from the learner's StreamWeights RPC; reconnects with backoff."""
+    """Keeps the latest `Policy` from the learner's StreamWeights RPC; reconnects with backoff."""
 
     def __init__(self, stub, actor_id: int, stop: threading.Event):
         super().__init__(daemon=True, name="weights")
         self.stub, self.actor_id, self.stop = stub, actor_id, stop
-        self.latest: tuple[int, dict] | None = None
+        self.latest: Policy | None = None
         self.error: str | None = None  # a failure that retrying cannot fix
         self.ready = threading.Event()
 
@@ -68,7 +77,7 @@ class _WeightsSubscriber(threading.Thread):
                 for msg in self.stub.StreamWeights(
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
-                    self.latest = proto_arrays.from_proto(msg)
+                    self.latest = Policy(*proto_arrays.from_proto(msg), msg.exploration)
                     self.ready.set()
                     backoff = 0.5
                     if self.stop.is_set():
@@ -143,9 +152,9 @@ class Actor:
         self.actor_id, self.config = resp.actor_id, resp.config
         self.replay_address = replay_address or self.config.replay_address
         self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
-        self.net = net = json.loads(self.config.network_json)
-        self.obs_shape = tuple(net.get("obs_shape") or [net["obs_dim"]])
-        self.frame_stack = int(net.get("frame_stack", 1))
+        self.net = self.config.network  # rlfleet_pb2.NetworkSpec
+        self.obs_shape = tuple(self.net.observation_shape)
+        self.frame_stack = self.net.frame_stack or 1
         self.stop = threading.Event()
         self.env_steps = 0
         self.policy_version = -1
@@ -281,10 +290,10 @@ class Actor:
         space = venv.single_action_space
         here = dict(observation_shape=tuple(venv.single_observation_space.shape))
         there = dict(observation_shape=self.obs_shape)
-        if "num_actions" in net:
-            here["actions"], there["actions"] = int(getattr(space, "n", -1)), int(net["num_actions"])
-        if "action_dim" in net:
-            here["action_dim"], there["action_dim"] = int(np.prod(space.shape or (0,))), int(net["action_dim"])
+        if net.num_actions:
+            here["actions"], there["actions"] = int(getattr(space, "n", -1)), net.num_actions
+        if net.action_dim:
+            here["action_dim"], there["action_dim"] = int(np.prod(space.shape or (0,))), net.action_dim
         diff = [f"{k} {here[k]} here, {there[k]} at the learner" for k in here if here[k] != there[k]]
         if diff:
             raise ActorError(

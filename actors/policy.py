@@ -93,9 +93,6 @@ def to_env_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.n
     return (low + (a + 1.0) * 0.5 * (high - low)).astype(np.float32)
 
 
-EPSILON = "epsilon"  # DQN: the actors' current exploration rate, pushed with the weights
-
-
 CONV_STRIDES = (4, 2, 1)  # Nature CNN (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units
 
 
@@ -149,17 +146,17 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
     return _nature_cnn_q(tf.constant(obs), *_cnn_weights[1]).numpy()
 
 
-def epsilon_greedy(arrays: dict, obs: np.ndarray, rng: np.random.Generator, epsilon: float | None = None):
+def epsilon_greedy(arrays: dict, obs: np.ndarray, rng: np.random.Generator, epsilon: float):
     """DQN behaviour policy: argmax_a Q(s, a) with probability 1 − ε, else a uniform action.
 
     Args:
-        arrays: Q-network weights (see `q_values`) and `epsilon` (used when `epsilon` is None).
+        arrays: Q-network weights (see `q_values`).
         obs: [B, obs_dim] observations (uint8 [B, S, 84, 84] frames for the CNN).
+        epsilon: ε in [0, 1] (actors: the `Exploration` the learner published with the weights).
     Returns:
         int32 [B] actions.
     """
     q = q_values(arrays, obs)
-    eps = float(arrays[EPSILON]) if epsilon is None else epsilon
     greedy = q.argmax(-1)
-    explore = rng.random(len(greedy)) < eps
+    explore = rng.random(len(greedy)) < epsilon
     return np.where(explore, rng.integers(0, q.shape[-1], len(greedy)), greedy).astype(np.int32)

@@ -3,14 +3,16 @@
 A writer is a function `collect(actor, venv, weights, epoch)` that steps the batched env `venv` with the
 behaviour policy and writes items into the run's replay table until `actor.stop` is set. What it gets:
 - `actor` (`rlfleet.actors.actor.Actor`): `config` (the run's `RunConfig`: table, num_envs,
-  unroll_length, seed), `net` (the learner's `Agent.actor_network()` dict), `replay_address`, `stop`
+  unroll_length, seed), `net` (the `NetworkSpec` message the learner's `Agent.actor_network()` filled),
+  `replay_address`, `stop`
   (a threading.Event), and the helpers `start_episodes(venv) -> (rng, first observations)`,
   `check_finite(obs, reward=None)` (raises ActorError on NaN/inf env output, before it is written),
   `wait_written(writer, epoch, in_flight)` (rate-limiter backpressure; raises ReplayLost after a replay
   restart), `count_steps(reward, done)` (env-step and episode-return bookkeeping); set
   `actor.policy_version` to the version acted with.
-- `weights.latest`: (policy version, {name: numpy array}) as the learner's `Agent.export_weights()` made
-  it; the actor swaps new versions in between steps.
+- `weights.latest`: the latest `rlfleet.actors.actor.Policy` (version, arrays: {name: numpy array} as the
+  learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
+  `Agent.exploration()` filled); the actor swaps new versions in between steps.
 - `epoch`: pass it to `wait_written`.
 """
 
@@ -36,16 +38,16 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     cfg = actor.config
     t, b = cfg.unroll_length, cfg.num_envs
     rng, obs = actor.start_episodes(venv)
-    discount = float(actor.net.get("discount", 0.99))
-    low = np.asarray(actor.net["action_low"], np.float32)
-    high = np.asarray(actor.net["action_high"], np.float32)
+    discount = actor.net.discount
+    low = np.asarray(actor.net.action_low, np.float32)
+    high = np.asarray(actor.net.action_high, np.float32)
     discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
     client = reverb.Client(actor.replay_address)
     appended = 0
     writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
     try:
         while not actor.stop.is_set():
-            version, arrays = weights.latest
+            version, arrays, _ = weights.latest
             actor.policy_version = version
             action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
             next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, low, high))
@@ -137,9 +139,9 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
         pad(i, obs[i])
     try:
         while not actor.stop.is_set():
-            version, arrays = weights.latest
+            version, arrays, exploration = weights.latest
             actor.policy_version = version
-            action = epsilon_greedy(arrays, obs, rng)
+            action = epsilon_greedy(arrays, obs, rng, exploration.epsilon)
             next_obs, reward, terminated, truncated, _ = venv.step(action)
             actor.check_finite(next_obs, reward)
             done = np.logical_or(terminated, truncated)

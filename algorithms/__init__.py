@@ -209,5 +209,10 @@ def _resolve(ref: Ref):
 
 
 def describe_all() -> str:
-    """ "name (summary)" of every registered algorithm, for --help."""
+    """Every registered algorithm as "name (summary)", for --help (a plugin that fails to import is left
+    out here; using it names the error)."""
+    try:
+        load_plugins()
+    except ImportError:
+        pass
     return "; ".join(f"{a.name} ({a.summary})" for a in _REGISTRY.values())

@@ -1,4 +1,5 @@
-"""The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `replay-checkpoint`."""
+"""The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `health`, `settings`,
+`replay-checkpoint`."""
 
 from __future__ import annotations
 
@@ -98,19 +99,21 @@ def main():
 _common = [
     click.option(
         "--algo",
-        default="ppo",
-        show_default=True,
-        help=f"Algorithm: {algorithms.describe_all()}. More register through $RLFLEET_PLUGINS (README, Architecture).",
+        default=None,
+        help=f"Algorithm (default: ppo): {algorithms.describe_all()}. More register through $RLFLEET_PLUGINS "
+        "(README, Architecture).",
     ),
     click.option(
-        "--env", "env_id", required=True, help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5."
+        "--env",
+        "env_id",
+        default=None,
+        help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5 (required, unless --run-config).",
     ),
     click.option(
         "--config",
         "preset",
-        default="default",
-        show_default=True,
-        help="Hyperparameter preset: default or paper (BatchPPO reference values).",
+        default=None,
+        help="Hyperparameter preset (default: default): default, or paper (BatchPPO reference values).",
     ),
     click.option(
         "--set",
@@ -126,7 +129,46 @@ _common = [
         help="TOML file of preset overrides, one `key = value` per line (e.g. learning_rate = 1e-4); "
         "--set values win over it.",
     ),
+    click.option(
+        "--run-config",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="A run's resolved settings in place of --algo/--env/--config/--set/--config-file: a run.json, or "
+        "a file from `rlfleet settings --out` (`up` gives RUN/settings.json to every process it starts).",
+    ),
 ]
+
+
+@dataclasses.dataclass
+class Settings:
+    """A command's algorithm, env, preset and overrides, from its options or its --run-config file."""
+
+    algo: str
+    env_id: str
+    preset: str
+    overrides: dict
+    teacher: str | None = None  # recorded in the --run-config file
+
+
+def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Settings:
+    """Resolves the common options (exits with a message on a conflict or a bad file)."""
+    if run_config:
+        given = [n for n, v in (("--algo", algo), ("--env", env_id), ("--config", preset)) if v is not None]
+        given += ["--set"] * bool(overrides) + ["--config-file"] * bool(config_file)
+        if given:
+            _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(given))}.")
+        from rlfleet.learner.run_dir import RunDirError, read_run_settings
+
+        try:
+            r = read_run_settings(run_config)
+        except RunDirError as e:
+            _fail(str(e))
+        return Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
+    if env_id is None:
+        _fail("Missing option '--env' (a gymnasium env id; or give a whole configuration with --run-config).")
+    algo = algo or "ppo"
+    _check_algo(algo)
+    return Settings(algo, env_id, preset or "default", _parse_overrides(overrides, config_file))
 
 
 def common(f):
@@ -276,11 +318,12 @@ def up(
     teacher,
     offline_steps,
     show_config,
+    run_config,
 ):
     """Run replay, learner and actors as local processes until --total-steps env steps."""
     _quiet_tf()
-    _check_algo(algo)
-    overrides = _parse_overrides(overrides, config_file)
+    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, teacher or s.teacher
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
     _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
@@ -348,10 +391,22 @@ def up(
     "that a replay server that crashes restarts with at most this much replay lost.",
 )
 def replay_cmd(
-    algo, env_id, preset, overrides, config_file, port, queue_items, checkpoint_dir, teacher, checkpoint_interval
+    algo,
+    env_id,
+    preset,
+    overrides,
+    config_file,
+    run_config,
+    port,
+    queue_items,
+    checkpoint_dir,
+    teacher,
+    checkpoint_interval,
 ):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
+    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
     from rlfleet.learner.presets import make_algo_config
@@ -360,7 +415,7 @@ def replay_cmd(
     try:
         spec = env_spec(env_id)
         require_action_kind(spec, algo)
-        cfg = make_algo_config(algo, preset, env_id, _parse_overrides(overrides, config_file))
+        cfg = make_algo_config(algo, preset, env_id, overrides)
         tables = tables_for(algo, spec, cfg, queue_items)
         if teacher and not alg.uses_teacher:
             _fail(f"--teacher serves a teacher's replay to an algorithm that learns from one; {algo} does not.")
@@ -375,6 +430,33 @@ def replay_cmd(
         )
     except (EnvError, ValueError) as e:
         _fail(str(e))
+
+
+@main.command("settings")
+@common
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None, help="Write the settings file here (default: print it)."
+)
+def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
+    """Resolve --algo/--env/--config/--set/--config-file into one settings file (JSON: algo, env_id, preset,
+    config) that `replay`, `learner` and `up` read with --run-config, so that every process of a cluster
+    (docker-compose's services) runs with the same settings."""
+    _quiet_tf()
+    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.learner.run_dir import run_identity, write_json
+
+    try:
+        cfg = make_algo_config(s.algo, s.preset, s.env_id, s.overrides)
+    except ValueError as e:
+        _fail(str(e))
+    run = run_identity(s.algo, s.env_id, s.preset, cfg.to_json(), s.teacher)
+    if out is None:
+        click.echo(json.dumps(run, indent=2))
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    write_json(out, run)
+    click.echo(f"rlfleet settings: wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
 
 
 @main.command("replay-checkpoint")
@@ -491,6 +573,7 @@ def learner_cmd(
     preset,
     overrides,
     config_file,
+    run_config,
     replay_address,
     replay_for_actors,
     logdir,
@@ -514,10 +597,10 @@ def learner_cmd(
     tls_client_ca,
     token,
 ):
-    """Run the learner service (BatchPPO, DQN or QDagger) against a running replay server."""
+    """Run the learner service of an algorithm against a running replay server."""
     _quiet_tf()
-    _check_algo(algo)
-    overrides = _parse_overrides(overrides, config_file)
+    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, teacher or s.teacher
     _check_teacher_args(algo, teacher, offline_steps, overrides)
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")

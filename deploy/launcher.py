@@ -24,7 +24,7 @@ from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.learner.presets import make_algo_config
-from rlfleet.learner.run_dir import check_run_dir, run_identity
+from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, write_json
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
@@ -160,7 +160,8 @@ def launch(
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
             algorithm.part("check_teacher")(teacher, spec)
-        check_run_dir(logdir, resume, run_identity(algo, env_id, preset, cfg.to_json(), teacher))
+        run = run_identity(algo, env_id, preset, cfg.to_json(), teacher)
+        check_run_dir(logdir, resume, run)
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
     resume_cmd = " ".join(
@@ -194,8 +195,11 @@ def launch(
     learner_port = learner_port or portpicker.pick_unused_port()
     learner_address = f"{LOOPBACK if bind in ('0.0.0.0', '::') else bind}:{learner_port}"
     security = ClientSecurity(token=token_from_env(None))
-    sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    common = ["--algo", algo, "--env", env_id, "--config", preset, *sets]
+    # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
+    os.makedirs(logdir, exist_ok=True)
+    settings_path = os.path.join(logdir, SETTINGS_FILE)
+    write_json(settings_path, run)
+    common = ["--run-config", settings_path]
     children: list[_Child] = []
     actors: list[_Child] = []
     # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or

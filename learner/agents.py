@@ -55,11 +55,17 @@ class Agent(abc.ABC):
 
     @abc.abstractmethod
     def actor_network(self) -> dict:
-        """JSON-able facts actors need besides the weights (dims, action bounds)."""
+        """What actors need besides the weights, as fields of the `NetworkSpec` message (proto/rlfleet.proto):
+        observation_shape, num_actions or action_dim and action bounds, ...; another key fails at start."""
 
     @abc.abstractmethod
     def export_weights(self) -> dict:
         """Named numpy arrays for the actors' policy (normalizer statistics included)."""
+
+    def exploration(self) -> dict:
+        """The behaviour policy's exploration for the weights published now, as fields of the `Exploration`
+        message (e.g. {"epsilon": 0.05}); {} for none (PPO samples from its policy)."""
+        return {}
 
     @abc.abstractmethod
     def checkpoint_items(self) -> dict:
@@ -84,7 +90,9 @@ class Agent(abc.ABC):
         """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
 
     def status_extras(self) -> dict:
-        """Algorithm-specific status fields (e.g. kl_beta)."""
+        """The algorithm's own status values {name: float} (status `algorithm_values`, metrics.jsonl,
+        summary.json; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
+        while training (QDagger: offline_pretraining, online)."""
         return {}
 
     def on_resume(self, env_steps: int) -> None:
@@ -120,7 +128,7 @@ class PPOAgent(Agent):
 
     def actor_network(self) -> dict:
         return dict(
-            obs_dim=self.spec.obs_shape[0],
+            observation_shape=list(self.spec.obs_shape),
             action_dim=self.spec.action_dim,
             action_low=self.spec.action_low,
             action_high=self.spec.action_high,

@@ -9,12 +9,10 @@ with the run's env steps and is pushed with the weights.
 
 from __future__ import annotations
 
-import numpy as np
 import reverb
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.actors.policy import EPSILON
 from rlfleet.learner import dqn_math
 from rlfleet.learner.agents import Agent, StepResult
 from rlfleet.learner.evaluation import evaluate_dqn
@@ -109,14 +107,17 @@ class DQNAgent(Agent):
     def actor_network(self) -> dict:
         s = self.spec
         return dict(
-            obs_shape=list(s.obs_shape),
+            observation_shape=list(s.obs_shape),
             frame_stack=s.frame_stack,
             num_actions=s.action_dim,
             network="nature_cnn" if s.frame_stack > 1 else "mlp",
         )
 
     def export_weights(self) -> dict:
-        return {EPSILON: np.asarray(self.epsilon, np.float32), **export_q(self.q)}
+        return export_q(self.q)
+
+    def exploration(self) -> dict:
+        return {"epsilon": float(self.epsilon)}
 
     def checkpoint_items(self) -> dict:
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)

@@ -12,6 +12,7 @@ started on its own), so a wrong --resume fails before anything runs. TensorFlow 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -76,6 +77,53 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         raise RunDirError(
             f"--resume {resume}: no checkpoint found in {resume}/checkpoints; pass the --logdir of an earlier run."
         )
+
+
+SETTINGS_FILE = "settings.json"  # RUN/settings.json: the resolved settings `up` gives every process
+
+
+def read_run_settings(path: str) -> dict:
+    """A run's resolved settings from `path`: a run.json, or a settings file (`rlfleet settings --out`,
+    `rlfleet up` writes RUN/settings.json), both {"algo", "env_id", "preset", "config": {setting: value}}
+    and for algorithms with a teacher "teacher". Settings that the file does not record take the value
+    they had before they existed (`Algorithm.legacy_settings`), else the preset's.
+
+    Returns:
+        dict(algo, env_id, preset, overrides, teacher): `overrides` are the settings that differ from the
+        preset and its per-env overrides (what --set would give), so that
+        `make_algo_config(algo, preset, env_id, overrides)` rebuilds the recorded config.
+    Raises:
+        RunDirError: unreadable file, missing keys, unknown algorithm, or settings the algorithm refuses.
+    """
+    from rlfleet.learner.presets import make_algo_config
+
+    try:
+        with open(path) as f:
+            run = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunDirError(f"--run-config {path}: cannot read it ({e}); pass a run.json or a settings file.") from None
+    missing = [k for k in ("algo", "env_id", "preset", "config") if not isinstance(run, dict) or k not in run]
+    if missing:
+        raise RunDirError(
+            f"--run-config {path}: no {', '.join(missing)}; a settings file holds algo, env_id, preset and "
+            "config (write one with `rlfleet settings --out FILE`)."
+        )
+    try:
+        algorithm = algorithms.get(run["algo"])
+        base = dataclasses.asdict(make_algo_config(run["algo"], run["preset"], run["env_id"]))
+        recorded = {**{k: v for k, v in algorithm.legacy_settings.items() if k in base}, **run["config"]}
+        overrides = {k: v for k, v in recorded.items() if base.get(k, object()) != _plain(v, base.get(k))}
+        make_algo_config(run["algo"], run["preset"], run["env_id"], overrides)  # every value checked
+    except ValueError as e:
+        raise RunDirError(f"--run-config {path}: {e}") from None
+    return dict(
+        algo=run["algo"], env_id=run["env_id"], preset=run["preset"], overrides=overrides, teacher=run.get("teacher")
+    )
+
+
+def _plain(value, like):
+    """A JSON value as the config holds it (lists as tuples where the config has a tuple)."""
+    return tuple(value) if isinstance(value, list) and isinstance(like, tuple) else value
 
 
 PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time

@@ -138,6 +138,13 @@ class Learner:
         check_run_dir(logdir, resume, run)
 
         self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
+        try:
+            self.network_spec = rlfleet_pb2.NetworkSpec(**self.agent.actor_network())
+        except (ValueError, TypeError) as e:
+            raise LearnerError(
+                f"algorithm {algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
+                "fields of NetworkSpec in proto/rlfleet.proto."
+            ) from None
         if getattr(self.config, "lr_schedule", "constant") == "linear" and not total_steps:
             print(
                 "rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
@@ -238,7 +245,7 @@ class Learner:
             num_envs=self.config.envs_per_actor,
             unroll_length=self.agent.unroll_length,
             seed=self.seed + 1000 * (actor_id + 1),
-            network_json=json.dumps(self.agent.actor_network()),
+            network=self.network_spec,
             env_backend=self.env_backend,
         )
 
@@ -337,7 +344,8 @@ class Learner:
 
     def _publish_weights(self) -> None:
         version = int(self.counters["policy_version"].numpy())
-        self.weights.publish(proto_arrays.to_proto(version, self.agent.export_weights()))
+        msg = proto_arrays.to_proto(version, self.agent.export_weights(), self.agent.exploration())
+        self.weights.publish(msg)
 
     def _sampler(self) -> None:
         """Feeds `_sample_queue` from the replay server; when the server goes away (restart, crash) it

@@ -15,9 +15,17 @@ GRPC_OPTIONS = [
 ]
 
 
-def to_proto(policy_version: int, arrays: dict) -> rlfleet_pb2.Weights:
-    """Packs {name: ndarray} into a `Weights` message of the given policy version."""
-    msg = rlfleet_pb2.Weights(policy_version=policy_version)
+def to_proto(policy_version: int, arrays: dict, exploration: dict | None = None) -> rlfleet_pb2.Weights:
+    """Packs {name: ndarray} into a `Weights` message of the given policy version, with the behaviour
+    policy's `exploration` ({field of the `Exploration` message: value}, e.g. {"epsilon": 0.1}).
+
+    Raises:
+        ValueError: an `exploration` key that the `Exploration` message does not have.
+    """
+    try:
+        msg = rlfleet_pb2.Weights(policy_version=policy_version, exploration=exploration or {})
+    except ValueError as e:
+        raise ValueError(f"exploration {exploration}: {e} (the fields of Exploration in proto/rlfleet.proto)") from None
     for name, a in sorted(arrays.items()):
         a = np.ascontiguousarray(a)
         msg.arrays.add(name=name, shape=list(a.shape), dtype=a.dtype.str, data=a.tobytes())

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlfleet/proto/rlfleet.proto\x12\x07rlfleet\"F\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"J\n\x14RegisterActorRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12\x12\n\nactor_name\x18\x03 \x01(\t\"\xb2\x01\n\tRunConfig\x12\x0c\n\x04\x61lgo\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x16\n\x0ereplay_address\x18\x03 \x01(\t\x12\r\n\x05table\x18\x04 \x01(\t\x12\x10\n\x08num_envs\x18\x05 \x01(\x05\x12\x15\n\runroll_length\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x14\n\x0cnetwork_json\x18\x08 \x01(\t\x12\x13\n\x0b\x65nv_backend\x18\t \x01(\t\"M\n\x15RegisterActorResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\"\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x12.rlfleet.RunConfig\"D\n\x14StreamWeightsRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x1a\n\x12min_policy_version\x18\x02 \x01(\x03\"F\n\x07Weights\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12#\n\x06\x61rrays\x18\x02 \x03(\x0b\x32\x13.rlfleet.NamedArray\"\xa1\x01\n\x10HeartbeatRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x04 \x03(\x02\x12\x17\n\x0f\x65pisode_lengths\x18\x05 \x03(\x03\x12\x10\n\x08num_envs\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\"!\n\x11HeartbeatResponse\x12\x0c\n\x04stop\x18\x01 \x01(\x08\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\x0b\x41\x63torStatus\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x11\n\tenv_steps\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\"d\n\x11ReplayTableStatus\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x10\n\x08max_size\x18\x03 \x01(\x03\x12\x0f\n\x07inserts\x18\x04 \x01(\x03\x12\x0f\n\x07samples\x18\x05 \x01(\x03\"\x96\x05\n\x06Status\x12\x0c\n\x04\x61lgo\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x15\n\rlearner_steps\x18\x04 \x01(\x03\x12\x11\n\tenv_steps\x18\x05 \x01(\x03\x12\x17\n\x0fweights_version\x18\x06 \x01(\x03\x12\x1b\n\x13\x65pisode_return_mean\x18\x07 \x01(\x01\x12\x18\n\x10\x65val_return_mean\x18\x08 \x01(\x01\x12\x1c\n\x14\x65nv_steps_per_second\x18\t \x01(\x01\x12 \n\x18learner_steps_per_second\x18\n \x01(\x01\x12\x16\n\x0euptime_seconds\x18\x0b \x01(\x01\x12$\n\x06\x61\x63tors\x18\x0c \x03(\x0b\x32\x14.rlfleet.ActorStatus\x12*\n\x06replay\x18\r \x03(\x0b\x32\x1a.rlfleet.ReplayTableStatus\x12 \n\x18\x64istillation_coefficient\x18\x0e \x01(\x01\x12\x19\n\x11\x64ropped_env_steps\x18\x0f \x01(\x03\x12\x1a\n\x12\x63onsumed_env_steps\x18\x10 \x01(\x03\x12\x0f\n\x07kl_beta\x18\x11 \x01(\x01\x12 \n\x18teacher_eval_return_mean\x18\x12 \x01(\x01\x12\x1f\n\x17random_eval_return_mean\x18\x13 \x01(\x01\x12>\n\x10\x61lgorithm_values\x18\x14 \x03(\x0b\x32$.rlfleet.Status.AlgorithmValuesEntry\x12\x16\n\x0epolicy_version\x18\x15 \x01(\x03\x1a\x36\n\x14\x41lgorithmValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9a\x02\n\x07Learner\x12N\n\rRegisterActor\x12\x1d.rlfleet.RegisterActorRequest\x1a\x1e.rlfleet.RegisterActorResponse\x12\x42\n\rStreamWeights\x12\x1d.rlfleet.StreamWeightsRequest\x1a\x10.rlfleet.Weights0\x01\x12\x42\n\tHeartbeat\x12\x19.rlfleet.HeartbeatRequest\x1a\x1a.rlfleet.HeartbeatResponse\x12\x37\n\tGetStatus\x12\x19.rlfleet.GetStatusRequest\x1a\x0f.rlfleet.Statusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlfleet/proto/rlfleet.proto\x12\x07rlfleet\"F\n\nNamedArray\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"J\n\x14RegisterActorRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12\x12\n\nactor_name\x18\x03 \x01(\t\"\xc9\x01\n\x0bNetworkSpec\x12\x19\n\x11observation_shape\x18\x01 \x03(\x03\x12\x13\n\x0b\x66rame_stack\x18\x02 \x01(\x05\x12\x13\n\x0bnum_actions\x18\x03 \x01(\x05\x12\x12\n\naction_dim\x18\x04 \x01(\x05\x12\x12\n\naction_low\x18\x05 \x03(\x02\x12\x13\n\x0b\x61\x63tion_high\x18\x06 \x03(\x02\x12\x0f\n\x07network\x18\x07 \x01(\t\x12\x15\n\rpolicy_hidden\x18\x08 \x03(\x05\x12\x10\n\x08\x64iscount\x18\t \x01(\x01\"\xd7\x01\n\tRunConfig\x12\x0c\n\x04\x61lgo\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x16\n\x0ereplay_address\x18\x03 \x01(\t\x12\r\n\x05table\x18\x04 \x01(\t\x12\x10\n\x08num_envs\x18\x05 \x01(\x05\x12\x15\n\runroll_length\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x13\n\x0b\x65nv_backend\x18\t \x01(\t\x12%\n\x07network\x18\n \x01(\x0b\x32\x14.rlfleet.NetworkSpecJ\x04\x08\x08\x10\tR\x0cnetwork_json\"M\n\x15RegisterActorResponse\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\"\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x12.rlfleet.RunConfig\"D\n\x14StreamWeightsRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x1a\n\x12min_policy_version\x18\x02 \x01(\x03\"\x1e\n\x0b\x45xploration\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\"q\n\x07Weights\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12#\n\x06\x61rrays\x18\x02 \x03(\x0b\x32\x13.rlfleet.NamedArray\x12)\n\x0b\x65xploration\x18\x03 \x01(\x0b\x32\x14.rlfleet.Exploration\"\xa1\x01\n\x10HeartbeatRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x11\n\tenv_steps\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x04 \x03(\x02\x12\x17\n\x0f\x65pisode_lengths\x18\x05 \x03(\x03\x12\x10\n\x08num_envs\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\"!\n\x11HeartbeatResponse\x12\x0c\n\x04stop\x18\x01 \x01(\x08\"\x12\n\x10GetStatusRequest\"\x9c\x01\n\x0b\x41\x63torStatus\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x11\n\tenv_steps\x18\x05 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\x06 \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\"d\n\x11ReplayTableStatus\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x10\n\x08max_size\x18\x03 \x01(\x03\x12\x0f\n\x07inserts\x18\x04 \x01(\x03\x12\x0f\n\x07samples\x18\x05 \x01(\x03\"\x96\x05\n\x06Status\x12\x0c\n\x04\x61lgo\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x15\n\rlearner_steps\x18\x04 \x01(\x03\x12\x11\n\tenv_steps\x18\x05 \x01(\x03\x12\x17\n\x0fweights_version\x18\x06 \x01(\x03\x12\x1b\n\x13\x65pisode_return_mean\x18\x07 \x01(\x01\x12\x18\n\x10\x65val_return_mean\x18\x08 \x01(\x01\x12\x1c\n\x14\x65nv_steps_per_second\x18\t \x01(\x01\x12 \n\x18learner_steps_per_second\x18\n \x01(\x01\x12\x16\n\x0euptime_seconds\x18\x0b \x01(\x01\x12$\n\x06\x61\x63tors\x18\x0c \x03(\x0b\x32\x14.rlfleet.ActorStatus\x12*\n\x06replay\x18\r \x03(\x0b\x32\x1a.rlfleet.ReplayTableStatus\x12 \n\x18\x64istillation_coefficient\x18\x0e \x01(\x01\x12\x19\n\x11\x64ropped_env_steps\x18\x0f \x01(\x03\x12\x1a\n\x12\x63onsumed_env_steps\x18\x10 \x01(\x03\x12\x0f\n\x07kl_beta\x18\x11 \x01(\x01\x12 \n\x18teacher_eval_return_mean\x18\x12 \x01(\x01\x12\x1f\n\x17random_eval_return_mean\x18\x13 \x01(\x01\x12>\n\x10\x61lgorithm_values\x18\x14 \x03(\x0b\x32$.rlfleet.Status.AlgorithmValuesEntry\x12\x16\n\x0epolicy_version\x18\x15 \x01(\x03\x1a\x36\n\x14\x41lgorithmValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x9a\x02\n\x07Learner\x12N\n\rRegisterActor\x12\x1d.rlfleet.RegisterActorRequest\x1a\x1e.rlfleet.RegisterActorResponse\x12\x42\n\rStreamWeights\x12\x1d.rlfleet.StreamWeightsRequest\x1a\x10.rlfleet.Weights0\x01\x12\x42\n\tHeartbeat\x12\x19.rlfleet.HeartbeatRequest\x1a\x1a.rlfleet.HeartbeatResponse\x12\x37\n\tGetStatus\x12\x19.rlfleet.GetStatusRequest\x1a\x0f.rlfleet.Statusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -27,28 +27,32 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_NAMEDARRAY']._serialized_end=110
   _globals['_REGISTERACTORREQUEST']._serialized_start=112
   _globals['_REGISTERACTORREQUEST']._serialized_end=186
-  _globals['_RUNCONFIG']._serialized_start=189
-  _globals['_RUNCONFIG']._serialized_end=367
-  _globals['_REGISTERACTORRESPONSE']._serialized_start=369
-  _globals['_REGISTERACTORRESPONSE']._serialized_end=446
-  _globals['_STREAMWEIGHTSREQUEST']._serialized_start=448
-  _globals['_STREAMWEIGHTSREQUEST']._serialized_end=516
-  _globals['_WEIGHTS']._serialized_start=518
-  _globals['_WEIGHTS']._serialized_end=588
-  _globals['_HEARTBEATREQUEST']._serialized_start=591
-  _globals['_HEARTBEATREQUEST']._serialized_end=752
-  _globals['_HEARTBEATRESPONSE']._serialized_start=754
-  _globals['_HEARTBEATRESPONSE']._serialized_end=787
-  _globals['_GETSTATUSREQUEST']._serialized_start=789
-  _globals['_GETSTATUSREQUEST']._serialized_end=807
-  _globals['_ACTORSTATUS']._serialized_start=810
-  _globals['_ACTORSTATUS']._serialized_end=966
-  _globals['_REPLAYTABLESTATUS']._serialized_start=968
-  _globals['_REPLAYTABLESTATUS']._serialized_end=1068
-  _globals['_STATUS']._serialized_start=1071
-  _globals['_STATUS']._serialized_end=1733
-  _globals['_STATUS_ALGORITHMVALUESENTRY']._serialized_start=1679
-  _globals['_STATUS_ALGORITHMVALUESENTRY']._serialized_end=1733
-  _globals['_LEARNER']._serialized_start=1736
-  _globals['_LEARNER']._serialized_end=2018
+  _globals['_NETWORKSPEC']._serialized_start=189
+  _globals['_NETWORKSPEC']._serialized_end=390
+  _globals['_RUNCONFIG']._serialized_start=393
+  _globals['_RUNCONFIG']._serialized_end=608
+  _globals['_REGISTERACTORRESPONSE']._serialized_start=610
+  _globals['_REGISTERACTORRESPONSE']._serialized_end=687
+  _globals['_STREAMWEIGHTSREQUEST']._serialized_start=689
+  _globals['_STREAMWEIGHTSREQUEST']._serialized_end=757
+  _globals['_EXPLORATION']._serialized_start=759
+  _globals['_EXPLORATION']._serialized_end=789
+  _globals['_WEIGHTS']._serialized_start=791
+  _globals['_WEIGHTS']._serialized_end=904
+  _globals['_HEARTBEATREQUEST']._serialized_start=907
+  _globals['_HEARTBEATREQUEST']._serialized_end=1068
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1070
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1103
+  _globals['_GETSTATUSREQUEST']._serialized_start=1105
+  _globals['_GETSTATUSREQUEST']._serialized_end=1123
+  _globals['_ACTORSTATUS']._serialized_start=1126
+  _globals['_ACTORSTATUS']._serialized_end=1282
+  _globals['_REPLAYTABLESTATUS']._serialized_start=1284
+  _globals['_REPLAYTABLESTATUS']._serialized_end=1384
+  _globals['_STATUS']._serialized_start=1387
+  _globals['_STATUS']._serialized_end=2049
+  _globals['_STATUS_ALGORITHMVALUESENTRY']._serialized_start=1995
+  _globals['_STATUS_ALGORITHMVALUESENTRY']._serialized_end=2049
+  _globals['_LEARNER']._serialized_start=2052
+  _globals['_LEARNER']._serialized_end=2334
 # @@protoc_insertion_point(module_scope)

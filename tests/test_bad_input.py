@@ -211,7 +211,6 @@ def test_malformed_config_file(tmp_path):
 def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
     """A learner (here a stand-in gRPC server on a real socket) announcing CartPole with 5-dim observations and
     3 actions: a real actor process whose CartPole has 4 and 2 exits with the difference, writing nothing."""
-    import json
     from concurrent import futures
 
     import grpc
@@ -226,7 +225,7 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
 
     class Learner(rlfleet_pb2_grpc.LearnerServicer):
         def RegisterActor(self, request, context):
-            net = dict(obs_shape=[5], frame_stack=1, num_actions=3, network="mlp")
+            net = rlfleet_pb2.NetworkSpec(observation_shape=[5], frame_stack=1, num_actions=3, network="mlp")
             return rlfleet_pb2.RegisterActorResponse(
                 actor_id=0,
                 config=rlfleet_pb2.RunConfig(
@@ -236,7 +235,7 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
                     table="dqn_replay",
                     num_envs=2,
                     unroll_length=3,
-                    network_json=json.dumps(net),
+                    network=net,
                     env_backend="sync",
                 ),
             )

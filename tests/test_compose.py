@@ -56,10 +56,17 @@ def test_compose_config_is_valid():
     assert res.returncode == 0, res.stderr
     cfg = yaml.safe_load(res.stdout)
     services = cfg["services"]
-    assert set(services) == {"replay", "learner", "actor"}
-    replay, learner, actor = services["replay"], services["learner"], services["actor"]
+    assert set(services) == {"settings", "replay", "learner", "actor"}
+    settings, replay, learner, actor = (services[k] for k in ("settings", "replay", "learner", "actor"))
 
-    assert replay["command"][:5] == ["replay", "--algo", "ppo", "--env", "HalfCheetah-v5"]
+    # One resolved settings file, read by replay and learner alike.
+    assert settings["command"][:5] == ["settings", "--algo", "ppo", "--env", "HalfCheetah-v5"]
+    assert settings["command"][-2:] == ["--out", "/runs/cheetah/settings.json"]
+    assert settings["restart"] == "no"
+    for svc in (replay, learner):
+        assert svc["command"][1:3] == ["--run-config", "/runs/cheetah/settings.json"], svc["command"]
+        assert "--set" not in svc["command"] and "--algo" not in svc["command"]
+    assert replay["depends_on"]["settings"]["condition"] == "service_completed_successfully"
     assert "/runs/cheetah/replay" in replay["command"]
     assert learner["command"][0] == "learner" and "--auto-resume" in learner["command"]
     assert ["--total-steps", "12345"] == learner["command"][learner["command"].index("--total-steps") :][:2]
@@ -81,7 +88,7 @@ def test_compose_config_is_valid():
     assert "ports" not in actor and "container_name" not in actor
     # The learner is published on the host's loopback unless RLFLEET_LEARNER_BIND says otherwise.
     assert [str(p).split("/")[0] for p in learner["ports"]] == [f"127.0.0.1:9101:{LEARNER_PORT}"]
-    for svc in (replay, learner):
+    for svc in (settings, replay, learner):
         assert any(str(v).split(":")[1] == "/runs" for v in svc["volumes"]), svc["volumes"]
 
     # The overlay for actor machines outside compose publishes replay on one private address only,
@@ -152,7 +159,11 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
         )
         assert res.returncode == 0, f"{svc} health check failed: {res.stdout}{res.stderr}"
 
-    # The order depends_on gives: replay healthy, then learner healthy, then actors.
+    # The order depends_on gives: settings written, replay healthy, then learner healthy, then actors.
+    settings = start("settings", "settings")
+    assert settings.proc.wait(timeout=120) == 0, settings.output()
+    written = json.loads(open(os.path.join(runs_dir, "compose-run", "settings.json")).read())
+    assert (written["algo"], written["env_id"]) == ("dqn", "CartPole-v1") and written["config"]["min_replay_size"]
     replay = start("replay", "replay")
     wait_for(lambda: "serving on port" in replay.output(), 120, "replay serving", [replay])
     healthy("replay")

@@ -6,7 +6,7 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
-from rlfleet.actors.policy import EPSILON, epsilon_greedy, mlp_forward
+from rlfleet.actors.policy import epsilon_greedy, mlp_forward
 from rlfleet.learner.dqn import DQNAgent
 from rlfleet.learner.presets import make_algo_config
 from rlfleet.replay.server import DQN_TABLE, tables_for
@@ -49,15 +49,15 @@ def test_consume_publishes_every_n_steps_with_decayed_epsilon():
     assert [r.updated for r in results] == [False, False, True, False, False, True]
     assert all(r.gradient_steps == 1 for r in results)
     expected = cfg.epsilon_start + 0.5 * (cfg.epsilon_end - cfg.epsilon_start)
-    assert agent.export_weights()[EPSILON] == pytest.approx(expected, rel=1e-5)
+    assert agent.exploration()["epsilon"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_resumed_agent_publishes_the_scheduled_epsilon():
     cfg = make_algo_config("dqn", "default", "CartPole-v1")
     agent = DQNAgent(SPEC, cfg, seed=0)
-    assert agent.export_weights()[EPSILON] == pytest.approx(cfg.epsilon_start)
+    assert agent.exploration()["epsilon"] == pytest.approx(cfg.epsilon_start)
     agent.on_resume(env_steps=10 * cfg.epsilon_decay_env_steps)  # a run restored long after the decay
-    assert agent.export_weights()[EPSILON] == pytest.approx(cfg.epsilon_end)
+    assert agent.exploration()["epsilon"] == pytest.approx(cfg.epsilon_end)
 
 
 def test_numpy_actor_q_matches_tensorflow_and_epsilon_greedy():

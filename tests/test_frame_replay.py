@@ -10,7 +10,7 @@ import pytest
 import reverb
 import tensorflow as tf
 
-from rlfleet.actors.actor import Actor
+from rlfleet.actors.actor import Actor, Policy
 from rlfleet.actors.writers import collect_transitions
 from rlfleet.learner.dqn import split_observations
 from rlfleet.learner.networks import NatureCNN
@@ -91,7 +91,7 @@ def _bare_actor():
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
     actor.replay_epoch, actor._restarts = 0, 0
     weights = types.SimpleNamespace(
-        latest=(0, {**NatureCNN(STACK, (84, 84), 6, 0, "q").export(), "epsilon": np.float32(1.0)})
+        latest=Policy(0, NatureCNN(STACK, (84, 84), 6, 0, "q").export(), rlfleet_pb2.Exploration(epsilon=1.0))
     )
     return server, actor, weights
 

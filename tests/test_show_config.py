@@ -1,16 +1,18 @@
 """Every setting is documented where it is declared, and `rlfleet up --show-config` prints the resolved run."""
 
 import dataclasses
+import json
 
 import pytest
 from conftest import rlfleet
 
+from rlfleet import algorithms
 from rlfleet.learner import presets
 
 
-@pytest.mark.parametrize("cls", [presets.PPOConfig, presets.DQNConfig, presets.QDaggerConfig])
-def test_every_setting_has_a_description(cls):
-    docs = presets.describe(cls)
+@pytest.mark.parametrize("algo", algorithms.names())
+def test_every_setting_has_a_description(algo):
+    docs = presets.describe(algorithms.get(algo).part("config_class"))
     assert not [k for k, v in docs.items() if len(v) < 10], "settings without a one-line description"
 
 
@@ -69,3 +71,33 @@ def test_show_config_prints_the_resolved_settings(tmp_path):
     run = rlfleet("up", "--algo", "ppo", "--env", "Hopper-v5", "--logdir", tmp_path / "run")
     assert run.returncode == 2 and "Missing option '--total-steps'" in run.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_one_settings_file_for_every_process(tmp_path):
+    """`rlfleet settings` resolves the options once; replay, learner and up take the file with --run-config."""
+    path = tmp_path / "s" / "settings.json"
+    out = rlfleet(
+        "settings", "--algo", "dqn", "--env", "CartPole-v1", "--set", "learning_rate=0.001", "--set", "hidden=[32, 32]",
+        "--out", path, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    written = json.loads(path.read_text())
+    assert (written["algo"], written["env_id"], written["preset"]) == ("dqn", "CartPole-v1", "default")
+    assert written["config"]["learning_rate"] == 0.001 and written["config"]["hidden"] == [32, 32]
+    assert written["config"]["target_update_period"] == 128  # the CartPole override, resolved
+    # The file alone gives the same resolved settings as the options, stars included.
+    from_file = rlfleet("up", "--run-config", path, "--show-config", timeout=120)
+    from_flags = rlfleet(
+        "up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "learning_rate=0.001", "--set", "hidden=[32, 32]",
+        "--show-config", timeout=120,
+    )  # fmt: skip
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == from_flags.stdout
+    # The file is the whole configuration: other options next to it are refused, not merged.
+    both = rlfleet("replay", "--run-config", path, "--set", "batch_size=8", "--port", "1", timeout=120)
+    assert both.returncode == 2 and "leave out --set" in both.stderr
+    # A file that the algorithm refuses names the setting.
+    written["config"]["learning_rate"] = -1.0
+    path.write_text(json.dumps(written))
+    bad = rlfleet("learner", "--run-config", path, "--replay", "127.0.0.1:1", "--logdir", tmp_path / "r", timeout=120)
+    assert bad.returncode == 2 and f"--run-config {path}" in bad.stderr and "learning_rate" in bad.stderr
