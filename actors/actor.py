@@ -1,12 +1,12 @@
 """The actor process: batched envs, one policy call per batch step, Reverb writing.
 
 An actor needs only the learner's address: it registers, receives the run
-configuration (env, replay address, table, envs per actor, unroll length),
-subscribes to weights on a background thread (new versions are swapped in
-between steps, collection never pauses for them), and streams every batch step
-into Reverb with one `TrajectoryWriter` appending [B, ...] arrays (one append
-per batch step, ~1 µs per env step, against ~40 µs with one writer per env).
-Every `unroll_length` steps it creates an item of the last T+1 steps.
+configuration (algorithm, env, replay address, table, envs per actor, unroll
+length, network spec), subscribes to weights on a background thread (new
+versions are swapped in between steps, collection never pauses for them),
+heartbeats its env steps and finished episodes, and runs the algorithm's writer
+(`rlfleet.algorithms.Algorithm.collect`; the built-in ones are in
+`rlfleet.actors.writers`), which steps the batched env and writes into Reverb.
 """
 
 from __future__ import annotations
@@ -150,6 +150,13 @@ class Actor:
                 ) from None
             raise ActorError(f"learner refused registration: {e.details()}") from None
         self.actor_id, self.config = resp.actor_id, resp.config
+        try:
+            self.collect = algorithms.get(self.config.algo).part("collect")
+        except (ValueError, ImportError) as e:
+            raise ActorError(
+                f"the learner runs algorithm {self.config.algo!r}, which this machine cannot run ({e}). Install "
+                "the same rlfleet and algorithm plugins as the learner machine, with the same $RLFLEET_PLUGINS."
+            ) from None
         self.replay_address = replay_address or self.config.replay_address
         self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
         self.net = self.config.network  # rlfleet_pb2.NetworkSpec
@@ -263,10 +270,9 @@ class Actor:
                 f"-> {self.replay_address}",
                 flush=True,
             )
-            collect = algorithms.get(cfg.algo).part("collect")
             while not self.stop.is_set():
                 try:
-                    collect(self, venv, weights, self.replay_epoch)
+                    self.collect(self, venv, weights, self.replay_epoch)
                     break
                 except ReplayLost:
                     self._restarts += 1

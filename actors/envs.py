@@ -246,7 +246,11 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
     alg = algorithms.get(algo)
     if alg.action_space == spec.action_kind:
         return
-    fitting = [a.name for a in map(algorithms.get, algorithms.names()) if a.action_space == spec.action_kind]
+    fitting = [
+        a.name
+        for a in map(algorithms.get, algorithms.names())
+        if a.action_space == spec.action_kind and not a.uses_teacher  # one that runs on its own
+    ]
     if spec.action_kind == "discrete":
         raise EnvError(
             f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but --algo {algo} "
@@ -254,7 +258,8 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
             f"--algo {' / '.join(fitting) or '(none registered)'} for discrete actions."
         )
     raise EnvError(
-        f"{spec.env_id} has a continuous action space ({spec.action_dim} dimensions), but --algo {algo} "
+        f"{spec.env_id} has a continuous action space ({spec.action_dim} dimension"
+        f"{'s' if spec.action_dim != 1 else ''}), but --algo {algo} "
         f"({alg.summary}) needs discrete actions. Use e.g. CartPole-v1, or --algo "
         f"{' / '.join(fitting) or '(none registered)'} for continuous actions."
     )

@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from typing import Any
 
 PLUGINS_ENV = "RLFLEET_PLUGINS"
@@ -67,7 +68,11 @@ class Algorithm:
             is an error, with `unused_reason` as the explanation.
         legacy_settings: {setting: value} a run.json written before the setting existed meant (the
             behaviour then), so that --resume compares like with like.
-        progress_keys: status extras (`Agent.status_extras`) shown in `rlfleet up`'s progress rows.
+        resume_requires: {setting: reason}: a run whose run.json lacks the setting cannot be resumed
+            (its checkpoint predates a change of the algorithm); `reason` says why.
+        status_values: {key: (label, format)} for status extras (`Agent.status_extras`) in
+            `rlfleet status`, in this order (others follow under their key, 3 significant digits).
+        progress_values: {key: (label, format)} for status extras shown in `rlfleet up`'s progress rows.
     """
 
     name: str
@@ -85,7 +90,9 @@ class Algorithm:
     unused_settings: frozenset = frozenset()
     unused_reason: str = ""
     legacy_settings: dict = dataclasses.field(default_factory=dict)
-    progress_keys: tuple = ()
+    resume_requires: dict = dataclasses.field(default_factory=dict)
+    status_values: dict = dataclasses.field(default_factory=dict)
+    progress_values: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not self.name or self.name != self.name.strip().lower() or " " in self.name:
@@ -94,6 +101,10 @@ class Algorithm:
             raise ValueError(f"algorithm {self.name}: action_space must be 'continuous' or 'discrete'.")
         if self.uses_teacher and self.check_teacher is None:
             raise ValueError(f"algorithm {self.name}: uses_teacher needs check_teacher.")
+        for field in ("config_class", "presets", "env_overrides", "tables", "collect", "agent", "check_teacher"):
+            ref = getattr(self, field)
+            if isinstance(ref, str) and ":" not in ref:
+                raise ValueError(f"algorithm {self.name}: {field} {ref!r} must be an object or 'module:attribute'.")
 
     def part(self, field: str):
         """The part `field` (e.g. "agent"), imported if it was given as "module:attribute".
@@ -120,6 +131,8 @@ class UnknownAlgorithmError(ValueError):
 
 _REGISTRY: dict[str, Algorithm] = {}
 _loaded = False
+_plugin_error: ImportError | None = None  # raised again by every lookup after a plugin failed to import
+_lock = threading.RLock()  # a plugin's import may register (and so look up) from the same thread
 
 
 def register(algorithm: Algorithm, replace: bool = False) -> Algorithm:
@@ -130,9 +143,18 @@ def register(algorithm: Algorithm, replace: bool = False) -> Algorithm:
     """
     old = _REGISTRY.get(algorithm.name)
     if old is not None and old is not algorithm and not replace:
-        raise ValueError(f"algorithm {algorithm.name!r} is already registered; choose another name.")
+        raise ValueError(
+            f"algorithm {algorithm.name!r} is already registered (by {_origin(old)}); choose another name, or "
+            f"check that its module is not imported twice (as a module name and as a .py path in ${PLUGINS_ENV})."
+        )
     _REGISTRY[algorithm.name] = algorithm
     return algorithm
+
+
+def _origin(algorithm: Algorithm) -> str:
+    """Where a definition came from: the module of its agent part."""
+    agent = algorithm.agent
+    return agent.partition(":")[0] if isinstance(agent, str) else getattr(agent, "__module__", "?")
 
 
 def get(name: str) -> Algorithm:
@@ -154,39 +176,55 @@ def get(name: str) -> Algorithm:
 def names() -> list[str]:
     """The registered algorithm names, built-in ones first."""
     load_plugins()
-    return list(_REGISTRY)
+    return _names_loaded()
 
 
 def load_plugins() -> None:
-    """Imports the built-in definitions, then the $RLFLEET_PLUGINS modules and "rlfleet.algorithms" entry
-    points (once per process).
+    """Imports the built-in definitions, then the $RLFLEET_PLUGINS modules and the "rlfleet.algorithms"
+    entry points (once per process; thread-safe).
 
     Raises:
-        ImportError: a plugin named in $RLFLEET_PLUGINS cannot be imported (the message names it).
+        ImportError: a plugin could not be imported; the message names each one that failed and its error
+            (raised again by every later lookup, so that no command runs without it).
     """
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in BUILTIN:
-        importlib.import_module(module)
-    for item in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            _import_plugin(item)
-        except Exception as e:
-            raise ImportError(f"${PLUGINS_ENV}: cannot import {item!r}: {e}") from e
-    from importlib.metadata import entry_points
+    global _loaded, _plugin_error
+    with _lock:
+        if _plugin_error is not None:
+            raise _plugin_error
+        if _loaded:
+            return
+        _loaded = True
+        for module in BUILTIN:
+            importlib.import_module(module)
+        failed = []
+        for item in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
+            try:
+                _import_plugin(item)
+            except Exception as e:
+                failed.append(f"${PLUGINS_ENV} item {item!r}: {type(e).__name__}: {e}")
+        from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                ep.load()
+            except Exception as e:
+                failed.append(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {type(e).__name__}: {e}")
+        if failed:
+            _plugin_error = ImportError("cannot import the algorithm plugin(s): " + "; ".join(failed))
+            raise _plugin_error
 
 
 def _import_plugin(item: str) -> None:
-    """Imports a module name, or a .py file under a name derived from its path (once)."""
+    """Imports a module name, or a .py file under a name derived from its path (once; a file that is already
+    imported as a module is not imported again)."""
     if not item.endswith(".py"):
         importlib.import_module(item)
         return
     path = os.path.abspath(item)
+    if not os.path.isfile(path):
+        raise ImportError(f"no such file {path}")
+    if any(getattr(m, "__file__", None) == path for m in list(sys.modules.values())):
+        return
     name = "rlfleet_plugin_" + "".join(c if c.isalnum() else "_" for c in path)
     if name in sys.modules:
         return
@@ -195,7 +233,11 @@ def _import_plugin(item: str) -> None:
         raise ImportError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
 
 
 def _resolve(ref: Ref):
@@ -210,9 +252,14 @@ def _resolve(ref: Ref):
 
 def describe_all() -> str:
     """Every registered algorithm as "name (summary)", for --help (a plugin that fails to import is left
-    out here; using it names the error)."""
+    out here; every lookup names the error)."""
     try:
         load_plugins()
     except ImportError:
         pass
-    return "; ".join(f"{a.name} ({a.summary})" for a in _REGISTRY.values())
+    return "; ".join(f"{_REGISTRY[n].name} ({_REGISTRY[n].summary})" for n in _names_loaded())
+
+
+def _names_loaded() -> list[str]:
+    builtin = [m.rsplit(".", 1)[1] for m in BUILTIN]
+    return [n for n in builtin if n in _REGISTRY] + sorted(n for n in _REGISTRY if n not in builtin)

@@ -19,6 +19,7 @@ PPO = register(
         tables="rlfleet.replay.server:ppo_tables_for",
         collect="rlfleet.actors.writers:collect_trajectories",
         agent="rlfleet.learner.agents:PPOAgent",
+        status_values={"kl_beta": ("KL penalty β", "{:.3g}")},
         # Runs started before issue 9 had no field for these; this is what they did.
         legacy_settings=dict(
             activation="relu",
@@ -29,6 +30,10 @@ PPO = register(
             obs_normalization=True,
             lr_schedule="constant",
             lr_final_fraction=0.0,
+        ),
+        resume_requires=dict(
+            max_importance_weight="this PPO run was started by an rlfleet before issue 9 (time limits treated "
+            "as terminal, no decoupled proximal objective)"
         ),
     )
 )

@@ -25,6 +25,11 @@ QDAGGER = register(
         unused_settings=frozenset({"lr_schedule", "lr_final_fraction"}),
         unused_reason="its learning rate follows the distillation coefficient: learning_rate → learning_rate_final",
         legacy_settings=dict(double_q=False),
-        progress_keys=("distillation_coefficient",),
+        status_values={
+            "distillation_coefficient": ("distillation coefficient", "{:.3f}"),
+            "teacher_eval_return_mean": ("teacher eval return", "{:,.1f}"),
+            "random_eval_return_mean": ("random policy return", "{:,.1f}"),
+        },
+        progress_values={"distillation_coefficient": ("distillation", "{:.2f}")},
     )
 )

@@ -80,10 +80,12 @@ def _check_teacher_args(
             "(for qdagger: an `rlfleet up --algo dqn` run on the same env)."
         )
     if not alg.uses_teacher and teacher:
-        _fail(f"--teacher is for algorithms that learn from a teacher ({', '.join(with_teacher)}), not {algo}.")
+        _fail(
+            f"--teacher is for algorithms that learn from a teacher ({', '.join(with_teacher) or 'none'}), not {algo}."
+        )
     has_offline = "offline_steps" in {f.name for f in dataclasses.fields(alg.part("config_class"))}
     if offline_steps is not None and not has_offline:
-        _fail(f"--offline-steps is a setting of {', '.join(with_teacher)}, not of {algo}.")
+        _fail(f"--offline-steps is a setting of {algo}'s config only if it has one; {algo} has no offline_steps.")
     if offline_steps is not None:
         if offline_steps < 0:
             _fail(f"--offline-steps {offline_steps}: must be >= 0.")
@@ -113,7 +115,8 @@ _common = [
         "--config",
         "preset",
         default=None,
-        help="Hyperparameter preset (default: default): default, or paper (BatchPPO reference values).",
+        help="Hyperparameter preset of the algorithm (default: default; ppo also has paper, the BatchPPO "
+        "reference values).",
     ),
     click.option(
         "--set",
@@ -148,6 +151,13 @@ class Settings:
     preset: str
     overrides: dict
     teacher: str | None = None  # recorded in the --run-config file
+
+
+def _teacher(given: str | None, s: Settings) -> str | None:
+    """--teacher, or the teacher the --run-config file records; exits when both are given and differ."""
+    if given and s.teacher and os.path.abspath(given) != os.path.abspath(s.teacher):
+        _fail(f"--teacher {given} differs from the teacher {s.teacher} that --run-config records; give one of them.")
+    return given or s.teacher
 
 
 def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Settings:
@@ -323,7 +333,7 @@ def up(
     """Run replay, learner and actors as local processes until --total-steps env steps."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, teacher or s.teacher
+    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
     _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
@@ -418,7 +428,11 @@ def replay_cmd(
         cfg = make_algo_config(algo, preset, env_id, overrides)
         tables = tables_for(algo, spec, cfg, queue_items)
         if teacher and not alg.uses_teacher:
-            _fail(f"--teacher serves a teacher's replay to an algorithm that learns from one; {algo} does not.")
+            with_teacher = [a for a in algorithms.names() if algorithms.get(a).uses_teacher]
+            _fail(
+                f"--teacher serves a teacher's replay to an algorithm that learns from one "
+                f"({', '.join(with_teacher) or 'none registered'}); {algo} does not."
+            )
         if checkpoint_dir and not alg.keeps_replay and not teacher:
             click.echo(
                 f"rlfleet replay: {algo}'s replay is not kept (an on-policy queue); --checkpoint-dir is ignored.",
@@ -600,7 +614,7 @@ def learner_cmd(
     """Run the learner service of an algorithm against a running replay server."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, teacher or s.teacher
+    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     _check_teacher_args(algo, teacher, offline_steps, overrides)
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")

@@ -110,18 +110,19 @@ def progress_line(st: dict, total_steps: int) -> str:
         f"policy v{st['policy_version']} | return {_fmt(st['episode_return_mean'])} | "
         f"eval {_fmt(st['eval_return_mean'])}"
         + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")
-        + "".join(f" | {k.replace('_', ' ')} {v:.3g}" for k, v in _progress_values(st).items())
+        + "".join(f" | {label} {value}" for label, value in _progress_values(st))
     )
 
 
-def _progress_values(st: dict) -> dict:
-    """The algorithm's status values its definition shows in progress rows (`Algorithm.progress_keys`)."""
+def _progress_values(st: dict) -> list[tuple[str, str]]:
+    """(label, formatted value) of the status values the algorithm shows in progress rows
+    (`Algorithm.progress_values`)."""
     try:
-        keys = algorithms.get(st["algo"]).progress_keys
-    except ValueError:
-        return {}
+        shown = algorithms.get(st["algo"]).progress_values
+    except (ValueError, ImportError):
+        return []
     values = st.get("algorithm_values") or {}
-    return {k: values[k] for k in keys if k in values}
+    return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
 
 
 def launch(

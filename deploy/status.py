@@ -86,6 +86,8 @@ def _to_dict(msg) -> dict:
                 obj[f.name] = float(obj[f.name])  # "NaN"
 
     fix(d, msg.DESCRIPTOR)
+    # A learner from before the policy_version field (21) sends only weights_version: the same number.
+    d["policy_version"] = max(d.get("policy_version", 0), d.get("weights_version", 0))
     return d
 
 
@@ -103,6 +105,19 @@ def to_json_ready(st: dict) -> dict:
         return v
 
     return clean(st)
+
+
+def _algorithm_values(algo: str, values: dict) -> list[tuple[str, str]]:
+    """(label, text) of each algorithm value: the definition's labels and formats (`Algorithm.status_values`)
+    first, in its order, then the others by key (an algorithm this machine does not know: all by key)."""
+    from rlfleet import algorithms
+
+    try:
+        known = algorithms.get(algo).status_values
+    except (ValueError, ImportError):
+        known = {}
+    out = [(label, _num(values[k], fmt)) for k, (label, fmt) in known.items() if k in values]
+    return out + [(k.replace("_", " "), _value(v)) for k, v in sorted(values.items()) if k not in known]
 
 
 def _value(x: float) -> str:
@@ -127,7 +142,7 @@ def format_status(st: dict) -> str:
     ]
     values = st.get("algorithm_values") or {}
     if values:  # the algorithm's own values (QDagger: distillation coefficient, teacher and random returns)
-        lines.append("   ".join(f"{k.replace('_', ' ')} {_value(v)}" for k, v in sorted(values.items())))
+        lines.append("   ".join(f"{label} {text}" for label, text in _algorithm_values(st["algo"], values)))
     lines.append("")
     lines.append(
         f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}"

@@ -1,7 +1,7 @@
 """The learner's book of actors: ids, heartbeats and env-step counts. Pure Python, no gRPC, no clock.
 
 Counting never changes the book: actors without a heartbeat for `timeout_s` leave it only when
-`evict_stale(now)` is called (the learner's training loop does, about twice a second). An actor that left
+`evict_stale(now)` is called (the learner does once a second, and before every status reply). An actor that left
 (timed out, or was connected to an earlier learner process whose checkpoint was restored) keeps its
 place: when it comes back with the same id it is counted from where the count left it, so no env step
 it took in between is lost and none is counted twice. Not thread-safe: the learner holds its lock around

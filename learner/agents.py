@@ -181,5 +181,5 @@ class PPOAgent(Agent):
         )
 
     def status_extras(self) -> dict:
-        # β is a KL-penalty setting: under the clip objective status reports 0 (see the proto field).
-        return {"kl_beta": self.ppo.beta if self.ppo.config.policy_objective == "kl_penalty" else 0.0}
+        # β is a KL-penalty setting: under the clip objective there is none (status kl_beta stays 0).
+        return {"kl_beta": self.ppo.beta} if self.ppo.config.policy_objective == "kl_penalty" else {}

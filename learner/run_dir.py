@@ -1,6 +1,7 @@
 """The run directory: its identity (refuses to mix runs in one directory) and the files the learner writes.
 
-Layout of RUN/: run.json (algo, env, preset, full config: `run_identity`), checkpoints/ (TensorFlow
+Layout of RUN/: run.json (algo, env, preset, full config: `run_identity`), settings.json (the same
+resolved settings as `rlfleet up` gave them to its processes: `read_run_settings`), checkpoints/ (TensorFlow
 checkpoints, each with a progress record beside it: `write_progress`), metrics.jsonl and tb/ (one row per
 report interval: `MetricsLog`), summary.json (the run's end: `write_json`), logs/ (`rlfleet up`), replay/
 (Reverb checkpoints of algorithms that keep their replay).
@@ -51,16 +52,20 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         with open(os.path.join(resume, "run.json")) as f:
             before = json.load(f)
         diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
-        if not diffs and before.get("algo") == "ppo" and "max_importance_weight" not in before.get("config", {}):
+        algorithm = algorithms.get(before["algo"]) if before.get("algo") in algorithms.names() else None
+        too_old = [
+            reason
+            for key, reason in (algorithm.resume_requires.items() if algorithm else ())
+            if key not in before.get("config", {})
+        ]
+        if not diffs and too_old:
             raise RunDirError(
-                f"--resume {resume}: this PPO run was started by an rlfleet before issue 9 "
-                "(time limits treated as terminal, no decoupled proximal objective); its "
-                "checkpoint cannot be continued by this version. Start a new run."
+                f"--resume {resume}: {too_old[0]}; its checkpoint cannot be continued by this version. Start a new run."
             )
         # A setting that run.json does not record means what the run did before the setting existed
         # (`Algorithm.legacy_settings`): a resumed run must keep it, or its checkpoint would be restored
         # into another network or trained by another rule.
-        legacy = algorithms.get(before["algo"]).legacy_settings if before.get("algo") in algorithms.names() else {}
+        legacy = algorithm.legacy_settings if algorithm else {}
         recorded = {**legacy, **before.get("config", {})}
         diffs += [
             f"{k}: {v!r} -> {run['config'].get(k)!r}"

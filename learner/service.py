@@ -22,6 +22,7 @@ import collections
 import json
 import logging
 import math
+import numbers
 import os
 import queue
 import signal
@@ -80,7 +81,7 @@ class Learner:
         preset / overrides: hyperparameters (`rlfleet.learner.presets.make_algo_config`).
         resume: a run directory whose latest checkpoint to continue from.
         replay_host_for_actors: replay address as actors should dial it.
-        teacher / teacher_replay: QDagger only: the teacher's run directory and the
+        teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
             Reverb server holding its restored replay (`rlfleet replay --teacher`).
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list
             (its env steps stay counted; a heartbeat later re-admits it).
@@ -138,6 +139,9 @@ class Learner:
         check_run_dir(logdir, resume, run)
 
         self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
+        extras = {k: v for k, v in self.agent.status_extras().items() if k != "phase"}
+        if not all(isinstance(v, numbers.Real) for v in extras.values()):
+            raise LearnerError(f"algorithm {algo}: status_extras() must give numbers (besides 'phase'), not {extras}.")
         try:
             self.network_spec = rlfleet_pb2.NetworkSpec(**self.agent.actor_network())
         except (ValueError, TypeError) as e:
@@ -283,6 +287,7 @@ class Learner:
             dropped = int(self.counters["dropped_env_steps"].numpy())
             env_steps = max(self._env_steps_locked(), consumed + dropped)
             now = time.time()
+            self.registry.evict_stale(now)  # status never lists an actor past its timeout
             actors = self.registry.snapshot(now)
             recent = list(self.recent_returns)
             out = dict(
@@ -324,9 +329,9 @@ class Learner:
 
     def _housekeeping_loop(self) -> None:
         while not self.stop_event.wait(1.0):
-            self._refresh_replay_status()
             with self.lock:
                 self.registry.evict_stale(time.time())
+            self._refresh_replay_status()  # may take seconds when the replay server is away
 
     def status_proto(self) -> rlfleet_pb2.Status:
         d = self.status_dict()
@@ -487,7 +492,7 @@ class Learner:
             print(
                 f"rlfleet learner: warning: the replay checkpoint went to {path}, outside this run "
                 f"directory; start `rlfleet replay` with --checkpoint-dir {inside} so that the run directory "
-                "can serve as a QDagger teacher.",
+                "can serve as a teacher.",
                 flush=True,
             )
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
@@ -536,8 +541,8 @@ class Learner:
                 if self._sampler_error is not None:
                     raise LearnerError(
                         f"lost the replay server {self.replay_address} for more than "
-                        f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (DQN/QDagger: "
-                        "with the same --checkpoint-dir, so that it restores its tables) and "
+                        f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (an algorithm that keeps "
+                        "its replay: with the same --checkpoint-dir, so that it restores its tables) and "
                         "resume this run with --resume."
                     )
                 try:

@@ -2,7 +2,7 @@
 
 The servicer only translates between messages and the learner (`rlfleet.learner.service.Learner`):
 registration and heartbeats go to its actor registry, status comes from its status dict, and weight
-streams read a `WeightsBroadcast`, where each policy version is serialized once for every stream.
+streams read a `WeightsBroadcast`, where each policy version is one message shared by every stream.
 """
 
 from __future__ import annotations
