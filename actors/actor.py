@@ -51,7 +51,7 @@ class ReplayLost(Exception):
 
 
 class Policy(typing.NamedTuple):
-    """A published behaviour policy: its version, its weights ({name: numpy array}, the learner's
+    """A published behaviour policy: its policy version, its weights ({name: numpy array}, the learner's
     `Agent.export_weights()`) and its exploration (the `Exploration` message: `.epsilon`)."""
 
     version: int

@@ -82,8 +82,8 @@ class Agent(abc.ABC):
         """Yields replay samples (blocking); runs on the learner's sampler thread."""
 
     @abc.abstractmethod
-    def consume(self, sample, version: int, env_steps: int) -> StepResult:
-        """Uses one sample from `samples`; `version` is the current policy version."""
+    def consume(self, sample, policy_version: int, env_steps: int) -> StepResult:
+        """Uses one sample from `samples`; `policy_version` is the latest published policy version."""
 
     @abc.abstractmethod
     def evaluate(self, episodes: int, seed: int) -> list[float]:
@@ -153,10 +153,10 @@ class PPOAgent(Agent):
         for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
-    def consume(self, item, version: int, env_steps: int) -> StepResult:
+    def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
-        if version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
+        if policy_version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
             return StepResult(dropped=steps)
         self._items.append(item)
         self._steps += steps

@@ -155,7 +155,7 @@ class DQNAgent(Agent):
         c = self.config
         self.epsilon = dqn_math.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
 
-    def consume(self, batch, version: int, env_steps: int) -> StepResult:
+    def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         if c.lr_schedule == "linear" and self.total_steps:
             progress = min(1.0, env_steps / self.total_steps)

@@ -127,7 +127,7 @@ class QDaggerAgent(DQNAgent):
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
         return td, distill, mean_q
 
-    def consume(self, batch, version: int, env_steps: int) -> StepResult:
+    def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         if float(self.coefficient.numpy()) > 0:
             td, distill, mean_q = self._qdagger_step(batch)

@@ -348,8 +348,8 @@ class Learner:
     # ----- main loop -----
 
     def _publish_weights(self) -> None:
-        version = int(self.counters["policy_version"].numpy())
-        msg = proto_arrays.to_proto(version, self.agent.export_weights(), self.agent.exploration())
+        policy_version = int(self.counters["policy_version"].numpy())
+        msg = proto_arrays.to_proto(policy_version, self.agent.export_weights(), self.agent.exploration())
         self.weights.publish(msg)
 
     def _sampler(self) -> None:

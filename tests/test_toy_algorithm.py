@@ -125,7 +125,7 @@ class ToyAgent(Agent):
         for sample in client.sample(TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
-    def consume(self, item, version: int, env_steps: int) -> StepResult:
+    def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         obs, action = item["observation"][:-1], item["action"][:-1]
         reward, done = item["reward"][:-1], item["done"][:-1]
         advantage = np.zeros_like(reward)
