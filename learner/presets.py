@@ -250,10 +250,10 @@ class DQNConfig:
     learning_rate: float = 1e-4  # Adam step size (per gradient step)
     adam_epsilon: float = 1.5e-4  # Adam ε, added to the root of the second-moment estimate
     batch_size: int = 32  # items per gradient step
-    samples_per_insert: float = 8.0  # replay ratio: sampled items per inserted item (batch 32, a step per 4)
+    samples_per_insert: float = 8.0  # items sampled per item inserted (batch_size × learner steps per env step)
     replay_size: int = 1_000_000  # replay capacity (items = env steps); oldest removed first
     min_replay_size: int = 20_000  # items in replay before the first gradient step
-    target_update_period: int = 2000  # learner steps between target-network copies (= 8000 agent steps here)
+    target_update_period: int = 2000  # learner steps between target-network copies
     publish_every: int = 100  # learner steps between weights versions pushed to actors
     epsilon_start: float = 1.0  # actors' ε at env step 0
     epsilon_end: float = 0.01  # actors' ε after the decay
