@@ -210,8 +210,12 @@ class Learner:
         self._replay_status: list[dict] = []
 
         interceptors = [security.TokenInterceptor(token)] if token else []
+        # No SO_REUSEPORT (gRPC's default): a second learner on a port that one already holds must fail at
+        # start, not share the port and split the actors' connections between the two.
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32), options=proto_arrays.GRPC_OPTIONS, interceptors=interceptors
+            futures.ThreadPoolExecutor(max_workers=32),
+            options=[*proto_arrays.GRPC_OPTIONS, ("grpc.so_reuseport", 0)],
+            interceptors=interceptors,
         )
         rlfleet_pb2_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
         self.health = health.HealthServicer()

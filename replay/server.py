@@ -9,9 +9,11 @@ dtype at insert.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -215,6 +217,7 @@ def serve(
     elif checkpoint_dir:
         ckpt = checkpoints.checkpointer(checkpoint_dir)
     try:
+        _check_port_free(port)
         server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
     except ValueError as e:
         raise ValueError(
@@ -250,6 +253,27 @@ def serve(
         checkpoint_if_changed(final=True)
     server.stop()
     print("rlfleet replay: stopped", flush=True)
+
+
+def _check_port_free(port: int) -> None:
+    """Raises ValueError when any process listens on `port`. Reverb's gRPC server sets SO_REUSEPORT, so a
+    second server on a held port would start and split the clients between the two; a probe socket
+    without SO_REUSEPORT cannot bind such a port (IPv4 and, where the host has it, IPv6)."""
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        with probe:
+            # SO_REUSEADDR: connections of a server that just stopped (TIME_WAIT) do not hold the port; a
+            # listening socket does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:
+                    continue
+                raise ValueError(f"port {port} is held by another process ({e.strerror})") from None
 
 
 def table_status(address: str, timeout_s: int = 2) -> list[dict]:

@@ -287,3 +287,23 @@ def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_pa
     (run / "run.json").write_text(json.dumps(old_ppo))
     with pytest.raises(RunDirError, match="before issue 9"):
         check_run_dir(str(run), str(run), ppo)
+
+
+def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
+    """gRPC and Reverb set SO_REUSEPORT: without a check, a second server on a held port starts and splits
+    the clients between the two. Each service refuses such a port at start instead."""
+    from conftest import wait_for
+
+    replay_port, learner_port = free_port(), free_port()
+    dqn = ("--algo", "dqn", "--env", "CartPole-v1")
+    replay = procs.start("replay", "replay", *dqn, "--port", replay_port)
+    wait_for(lambda: "serving on port" in replay.output(), 120, "the replay server", [replay])
+    second = rlfleet("replay", *dqn, "--port", replay_port, timeout=120)
+    assert second.returncode == 2 and f"cannot start the replay server on port {replay_port}" in second.stderr
+    assert "held by another process" in second.stderr and replay.proc.poll() is None
+    learner_args = ("learner", *dqn, "--replay", f"127.0.0.1:{replay_port}", "--port", learner_port)
+    learner = procs.start("learner", *learner_args, "--logdir", tmp_path / "a")
+    wait_for(lambda: "serving on" in learner.output(), 120, "the learner", [replay, learner])
+    again = rlfleet(*learner_args, "--logdir", tmp_path / "b", timeout=120)
+    assert again.returncode == 2 and f"cannot bind the learner service to 127.0.0.1:{learner_port}" in again.stderr
+    assert learner.proc.poll() is None
