@@ -41,16 +41,20 @@ def _first_env_steps_reaching(rows, target):
 
 @pytest.fixture(scope="module")
 def cartpole_teacher(tmp_path_factory):
-    """A DQN run on CartPole-v1 (30k env steps): the teacher of the QDagger tests."""
+    """A DQN run on CartPole-v1 (60k env steps): the teacher of the QDagger tests.
+
+    With 30k env steps the last network was not reliably near-solved: final evaluations of 140-320 in 4 of
+    about 10 runs, before and after issue 10 alike (its best on the way reached 500); with 60k, seeds 0 and 1
+    ended at 500, and the suite benchmark's 100k runs end at 500 in 3 of 3 seeds."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
-    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 30000, "--logdir", logdir)
+    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 60000, "--logdir", logdir)
     return logdir
 
 
 def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teacher):
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
-    assert summary["algo"] == "dqn" and summary["env_steps"] >= 30000
+    assert summary["algo"] == "dqn" and summary["env_steps"] >= 60000
     # Near-solved (500 is the maximum; a random policy scores ~22): the CartPole preset's last network, not
     # only its best evaluation on the way, must be good.
     rows = _rows(cartpole_teacher)
