@@ -151,10 +151,7 @@ def write_progress(checkpoint: str, progress: dict) -> None:
     """Writes `progress` beside `checkpoint` (see `read_progress`), atomically; called before the checkpoint
     itself, so a latest checkpoint never lacks its record."""
     os.makedirs(os.path.dirname(checkpoint), exist_ok=True)  # before the first checkpoint makes it
-    tmp = progress_path(checkpoint) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(progress, f)
-    os.replace(tmp, progress_path(checkpoint))
+    write_json(progress_path(checkpoint), progress)
 
 
 def read_progress(checkpoint: str | None) -> dict:
