@@ -41,20 +41,21 @@ def _first_env_steps_reaching(rows, target):
 
 @pytest.fixture(scope="module")
 def cartpole_teacher(tmp_path_factory):
-    """A DQN run on CartPole-v1 (60k env steps): the teacher of the QDagger tests.
+    """A DQN run on CartPole-v1 (100k env steps, the suite's budget): the teacher of the QDagger tests.
 
-    With 30k env steps the last network was not reliably near-solved: final evaluations of 140-320 in 4 of
-    about 10 runs, before and after issue 10 alike (its best on the way reached 500); with 60k, seeds 0 and 1
-    ended at 500, and the suite benchmark's 100k runs end at 500 in 3 of 3 seeds."""
+    Shorter budgets did not leave a reliably near-solved last network: with 30k, final evaluations of 140-320
+    in 4 of about 10 runs; with 60k, a CI run of seed 0 ended at 139 (DQN on CartPole dips mid-run, e.g. the
+    suite's seed 2 fell to 112 at 51k env steps, and recovers while the learning rate anneals to 0 at the
+    budget). The suite benchmark's 100k runs end at 500 in 3 of 3 seeds."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
-    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 60000, "--logdir", logdir)
+    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100_000, "--logdir", logdir)
     return logdir
 
 
 def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teacher):
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
-    assert summary["algo"] == "dqn" and summary["env_steps"] >= 60000
+    assert summary["algo"] == "dqn" and summary["env_steps"] >= 100_000
     # Near-solved (500 is the maximum; a random policy scores ~22): the CartPole preset's last network, not
     # only its best evaluation on the way, must be good.
     rows = _rows(cartpole_teacher)
