@@ -77,7 +77,17 @@ class _WeightsSubscriber(threading.Thread):
                 for msg in self.stub.StreamWeights(
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
-                    self.latest = Policy(*proto_arrays.from_proto(msg), msg.exploration)
+                    version, arrays = proto_arrays.from_proto(msg)
+                    bad = sorted(k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all())
+                    if bad:  # never acted on: the learner diverged (a learner of this version checks first)
+                        self.error = (
+                            f"the learner published policy version {version} with non-finite weights "
+                            f"({', '.join(bad[:5])}): the learner's training diverged, not this actor's env; "
+                            "nothing was collected with it. See the learner's log and status."
+                        )
+                        self.stop.set()
+                        return
+                    self.latest = Policy(version, arrays, msg.exploration)
                     self.ready.set()
                     backoff = 0.5
                     if self.stop.is_set():
@@ -198,7 +208,7 @@ class Actor:
         while not self.stop.wait(HEARTBEAT_S):
             self._heartbeat()
 
-    def _heartbeat(self):
+    def _heartbeat(self, leaving: bool = False):
         with self.lock:
             returns, lengths = self.pending_returns, self.pending_lengths
             self.pending_returns, self.pending_lengths = [], []
@@ -212,6 +222,7 @@ class Actor:
                     episode_lengths=lengths,
                     num_envs=self.config.num_envs,
                     host=self.host,
+                    leaving=leaving,
                 ),
                 timeout=5,
             )
@@ -254,11 +265,12 @@ class Actor:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop.set())
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+        heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
             self._check_spec(venv)
             weights = _WeightsSubscriber(self.stub, self.actor_id, self.stop)
             weights.start()
-            threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+            heartbeats.start()
             threading.Thread(target=self._watch_replay, daemon=True, name="replay-watch").start()
             while not weights.ready.wait(0.5):
                 if weights.error:
@@ -286,7 +298,10 @@ class Actor:
         finally:
             self.stop.set()
             venv.close()
-            self._heartbeat()  # final steps and episodes
+            if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
+                heartbeats.join(timeout=10)
+            self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
+            print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
         return self.env_steps
 
     def _check_spec(self, venv) -> None:
@@ -331,6 +346,18 @@ class Actor:
                 f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what} "
                 f"after {self.env_steps} env steps; the actor stopped without writing it. Fix the "
                 "env (or its wrappers); the replay and the learner keep everything collected so far."
+            )
+
+    def check_policy_output(self, values: np.ndarray, version: int) -> None:
+        """Raises ActorError when the behaviour policy of `version` gave a NaN/inf output (actions, log-probs,
+        Q-values) for finite observations: the learner's weights are at fault, not the env; nothing of that
+        step is written."""
+        if not np.isfinite(values).all():
+            raise ActorError(
+                f"the policy of version {version} from the learner gave non-finite outputs for finite "
+                f"observations after {self.env_steps} env steps: the learner's training diverged (its weights "
+                "overflow), not this actor's env; the actor stopped without writing the step. See the learner's "
+                "log and status; lower its learning rate."
             )
 
     def count_steps(self, reward, done) -> None:

@@ -156,7 +156,11 @@ def epsilon_greedy(arrays: dict, obs: np.ndarray, rng: np.random.Generator, epsi
     Returns:
         int32 [B] actions.
     """
-    q = q_values(arrays, obs)
+    return epsilon_greedy_q(q_values(arrays, obs), rng, epsilon)
+
+
+def epsilon_greedy_q(q: np.ndarray, rng: np.random.Generator, epsilon: float) -> np.ndarray:
+    """`epsilon_greedy` on Q-values already computed: q [B, actions] -> int32 [B] actions."""
     greedy = q.argmax(-1)
     explore = rng.random(len(greedy)) < epsilon
     return np.where(explore, rng.integers(0, q.shape[-1], len(greedy)), greedy).astype(np.int32)

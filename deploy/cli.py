@@ -96,6 +96,9 @@ def _check_teacher_args(
 def main():
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from rlfleet.deploy.launcher import die_with_parent
+
+    die_with_parent()  # a process of `rlfleet up` stops when `up` dies
 
 
 _common = [

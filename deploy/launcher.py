@@ -35,6 +35,35 @@ class LaunchError(RuntimeError):
     """`up` could not start or lost a process; the message names the cause."""
 
 
+PARENT_PID_ENV = "RLFLEET_PARENT_PID"  # set for the processes `up` starts: they stop when `up` dies
+
+
+def die_with_parent() -> None:
+    """Called first by every `rlfleet` command. In a process that `up` started ($RLFLEET_PARENT_PID set), makes
+    the process get SIGTERM (and so checkpoint and stop) when `up` dies, however it dies (SIGKILL, OOM kill):
+    on Linux through the kernel's parent-death signal (prctl PR_SET_PDEATHSIG), elsewhere through a thread that
+    watches the parent pid every second. Exits at once when `up` is already gone."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")  # popped: the process's own children do not inherit it
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    else:
+        import threading
+
+        def watch():
+            while os.getppid() == int(parent):
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if os.getppid() != int(parent):  # died before the signal was armed
+        sys.exit("rlfleet: the `rlfleet up` that started this process is gone; not starting.")
+
+
 class _Child:
     def __init__(self, name: str, args: list[str], logdir: str):
         self.name = name
@@ -45,7 +74,8 @@ class _Child:
             [sys.executable, "-m", "rlfleet.deploy.cli", *args],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # Ctrl-C reaches `up` alone, which stops the children in order
+            env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),
         )
 
     def tail(self, n: int = 25) -> str:
@@ -55,14 +85,23 @@ class _Child:
             return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        _stop_together([self], timeout)
+
+
+def _stop_together(children: list[_Child], timeout: float) -> None:
+    """SIGTERM to every child at once, then waits up to `timeout` seconds in all for them to exit; SIGKILL for
+    those still running."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + timeout
+    for c in children:
+        try:
+            c.proc.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+        c.log.close()
 
 
 def _fail_child(child: _Child) -> LaunchError:
@@ -312,17 +351,17 @@ def launch(
         summary_path = os.path.join(logdir, "summary.json")
         with open(summary_path) as f:
             summary = json.load(f)
+        final = summary["final_eval_return_mean"]
+        final = "none (stopped)" if final is None else f"{final:.1f} over {summary['final_eval_episodes']} episode(s)"
         print(
             f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
-            f"final eval return {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
-            f"episode(s), {summary['wall_seconds']:.0f}s. Summary: {summary_path}",
+            f"final eval return {final}, {summary['wall_seconds']:.0f}s. Summary: {summary_path}",
             flush=True,
         )
         return 0
     except KeyboardInterrupt:
         print("\nrlfleet up: interrupted; stopping actors, checkpointing the learner...", flush=True)
-        for a in actors:
-            a.stop(10)
+        _stop_together(actors, 10)
         for c in children:
             if c.name == "learner":
                 c.stop(120)

@@ -140,6 +140,8 @@ def format_status(st: dict) -> str:
         f"eval return {_num(st['eval_return_mean'], '{:,.1f}')}   "
         f"dropped env steps (policy lag) {_num(st.get('dropped_env_steps', 0))}",
     ]
+    if st.get("fault"):
+        lines.insert(1, f"FAULT: {st['fault']}")
     values = st.get("algorithm_values") or {}
     if values:  # the algorithm's own values (QDagger: distillation coefficient, teacher and random returns)
         lines.append("   ".join(f"{label} {text}" for label, text in _algorithm_values(st["algo"], values)))

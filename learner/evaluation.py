@@ -4,6 +4,7 @@ reincarnating_rl evaluation setting)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -11,11 +12,26 @@ import numpy as np
 from rlfleet.actors.envs import make_batched_env, make_env, resolve_backend
 from rlfleet.actors.policy import epsilon_greedy, mean_env_action
 
+# Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
+# EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
+STOP = threading.Event()
+
+
+class EvaluationInterrupted(Exception):
+    """The learner is stopping (`STOP` is set): the evaluation in progress was abandoned, no return counts."""
+
+
+def _check_stop() -> None:
+    if STOP.is_set():
+        raise EvaluationInterrupted()
+
 
 def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], object]) -> list[float]:
     """Runs `episodes` full episodes; `act` maps one observation [1, obs_dim] to one env action.
 
     Returns the undiscounted return of each episode.
+    Raises:
+        EvaluationInterrupted: `STOP` was set (checked before every env step).
     """
     env = make_env(env_id)
     returns = []
@@ -24,6 +40,7 @@ def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarra
             obs, _ = env.reset(seed=seed + i)
             total, done = 0.0, False
             while not done:
+                _check_stop()
                 obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, np.float32)[None]))
                 total += float(reward)
                 done = terminated or truncated
@@ -47,6 +64,8 @@ def run_batched_episodes(
     `act` maps observations [B, ...] to actions [B]. Episodes still running
     after `max_steps` batch steps are cut (their partial return counts).
     Returns the undiscounted return of each episode, env order.
+    Raises:
+        EvaluationInterrupted: `STOP` was set (checked before every batch step).
     """
     backend = resolve_backend(env_id, "auto")
     venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
@@ -55,6 +74,7 @@ def run_batched_episodes(
         totals = np.zeros(episodes)
         running = np.ones(episodes, bool)
         for _ in range(max_steps):
+            _check_stop()
             obs, reward, terminated, truncated, _ = venv.step(act(obs))
             totals += np.where(running, reward, 0.0)
             running &= ~(terminated | truncated)

@@ -19,6 +19,7 @@ All state shared with the gRPC threads is guarded by `Learner.lock`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import math
@@ -29,16 +30,14 @@ import signal
 import sys
 import threading
 import time
-from concurrent import futures
 
-import grpc
 import numpy as np
 import reverb
 import tensorflow as tf
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
+from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.agents import Agent
 from rlfleet.learner.presets import make_algo_config
@@ -51,9 +50,9 @@ from rlfleet.learner.run_dir import (
     write_json,
     write_progress,
 )
-from rlfleet.learner.servicer import LearnerServicer, WeightsBroadcast
+from rlfleet.learner.servicer import BindError, LearnerServer, WeightsBroadcast
 from rlfleet.proto import arrays as proto_arrays
-from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc, security
+from rlfleet.proto import rlfleet_pb2, security
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
 from rlfleet.replay.server import table_status
 
@@ -66,6 +65,20 @@ RECENT_EPISODES = 100  # episode_return_mean is over this many recent training e
 
 class LearnerError(RuntimeError):
     """A learner setup problem with a message that says how to fix it."""
+
+
+class NonFiniteError(LearnerError):
+    """Training produced a NaN/inf loss or weights: nothing of it was published or checkpointed."""
+
+
+def non_finite(values: dict) -> list[str]:
+    """Names of the entries of `values` ({name: number or numpy array}) holding a NaN or inf (floats only)."""
+    bad = []
+    for name, v in values.items():
+        a = np.asarray(v)
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            bad.append(name)
+    return bad
 
 
 class Learner:
@@ -191,6 +204,7 @@ class Learner:
         self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
         self.phase = "waiting_for_actors"
+        self.fault = ""  # why the learner stopped with an error (status `fault`)
         self.start_time = time.time()
         self.registry = ActorRegistry(
             actor_timeout_s,
@@ -209,29 +223,22 @@ class Learner:
         self._sampler_error: Exception | None = None
         self._replay_status: list[dict] = []
 
-        interceptors = [security.TokenInterceptor(token)] if token else []
-        # No SO_REUSEPORT (gRPC's default): a second learner on a port that one already holds must fail at
-        # start, not share the port and split the actors' connections between the two.
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32),
-            options=[*proto_arrays.GRPC_OPTIONS, ("grpc.so_reuseport", 0)],
-            interceptors=interceptors,
-        )
-        rlfleet_pb2_grpc.add_LearnerServicer_to_server(LearnerServicer(self), self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # Weight streams and unary calls share no thread pool (asyncio server); no SO_REUSEPORT, so a second
+        # learner on a port that one already holds fails here instead of splitting the actors between the two.
         try:
-            if tls:
-                self.port = self.server.add_secure_port(f"{bind}:{port}", security.server_credentials(*tls))
-            else:
-                self.port = self.server.add_insecure_port(f"{bind}:{port}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
+            self.server = LearnerServer(
+                self,
+                f"{bind}:{port}",
+                proto_arrays.GRPC_OPTIONS,
+                security.server_credentials(*tls) if tls else None,
+                token,
+            )
+        except BindError:
             raise LearnerError(
                 f"cannot bind the learner service to {bind}:{port} (port in use?); "
                 "choose another port (--port / --learner-port)."
-            )
+            ) from None
+        self.port = self.server.port
         self.address = f"{bind}:{self.port}"
 
     # ----- called by the servicer (gRPC worker threads) -----
@@ -258,8 +265,8 @@ class Learner:
         )
 
     def record_heartbeat(self, request: rlfleet_pb2.HeartbeatRequest, address: str) -> bool:
-        """Books a heartbeat (re-admitting an actor that was away) and its finished episodes; returns whether
-        the actor must stop (the run is over)."""
+        """Books a heartbeat (re-admitting an actor that was away) and its finished episodes, and drops an
+        actor whose heartbeat says it is leaving; returns whether the actor must stop (the run is over)."""
         with self.lock:
             rejoined = self.registry.heartbeat(
                 request.actor_id,
@@ -271,8 +278,12 @@ class Learner:
                 num_envs=request.num_envs,
             )
             self.recent_returns.extend(request.episode_returns)
+            if request.leaving:  # its last heartbeat: status drops it now (its env steps stay counted)
+                self.registry.remove(request.actor_id)
             stop = self.run_over
-        if rejoined:
+        if request.leaving:
+            log.info("actor %d (%s) left", request.actor_id, request.host)
+        elif rejoined:
             log.info("actor %d (%s) rejoined", request.actor_id, request.host)
         return stop
 
@@ -298,6 +309,7 @@ class Learner:
                 algo=self.algo,
                 env_id=self.env_id,
                 phase=self.phase,
+                fault=self.fault,
                 learner_steps=int(self.counters["learner_steps"].numpy()),
                 env_steps=env_steps,
                 policy_version=int(self.counters["policy_version"].numpy()),
@@ -317,7 +329,7 @@ class Learner:
             extras = self.agent.status_extras()
             phase = extras.pop("phase", None)  # an algorithm's own phase (QDagger: offline_pretraining, online)
             if phase and self.phase in ("training", "waiting_for_actors"):
-                out["phase"] = phase  # evaluating / stopping / done describe the run's end
+                out["phase"] = phase  # evaluating / stopping / done / failed describe the run's end
             out.update(extras)
             out["algorithm_values"] = {k: float(v) for k, v in extras.items()}
         out["replay"] = list(self._replay_status)
@@ -352,9 +364,35 @@ class Learner:
     # ----- main loop -----
 
     def _publish_weights(self) -> None:
+        """Publishes the agent's weights as the current policy version.
+
+        Raises:
+            NonFiniteError: a weight is NaN/inf (nothing is published).
+        """
         policy_version = int(self.counters["policy_version"].numpy())
-        msg = proto_arrays.to_proto(policy_version, self.agent.export_weights(), self.agent.exploration())
+        arrays = self.agent.export_weights()
+        self._check_finite(arrays, "weights")
+        msg = proto_arrays.to_proto(policy_version, arrays, self.agent.exploration())
         self.weights.publish(msg)
+
+    def _check_finite(self, values: dict, what: str) -> None:
+        """Raises NonFiniteError naming the NaN/inf entries of `values` ({name: number or array}), `what` they
+        are (weights, training metrics), the settings that usually cause it, and the last finite checkpoint."""
+        bad = non_finite(values)
+        if not bad:
+            return
+        c = self.config
+        fields = dataclasses.asdict(c) if dataclasses.is_dataclass(c) else vars(c)
+        suspects = {k: v for k, v in fields.items() if "learning_rate" in k or "reward" in k or "lr_" in k}
+        latest = self.ckpt_manager.latest_checkpoint
+        raise NonFiniteError(
+            f"training diverged at learner step {int(self.counters['learner_steps'].numpy())}: the {what} "
+            f"{', '.join(sorted(bad)[:5])} {'is' if len(bad) == 1 else 'are'} not finite (NaN/inf). This is the "
+            "learner's side, not the envs': nothing of it was published to the actors or checkpointed"
+            + (f" (the last checkpoint, {latest}, is from before)" if latest else "")
+            + f". Settings that usually cause it: {', '.join(f'{k}={v}' for k, v in suspects.items())}; "
+            "start a new run with a lower learning rate (--set learning_rate=...) or smaller rewards."
+        )
 
     def _sampler(self) -> None:
         """Feeds `_sample_queue` from the replay server; when the server goes away (restart, crash) it
@@ -456,8 +494,13 @@ class Learner:
         metrics.write(row)
         return dict(time=now, env_steps=st["env_steps"], learner_steps=st["learner_steps"])
 
-    def _evaluate(self, episodes: int) -> list[float]:
-        returns = self.agent.evaluate(episodes, self.seed + 10**6)
+    def _evaluate(self, episodes: int) -> list[float] | None:
+        """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
+        interrupted it."""
+        try:
+            returns = self.agent.evaluate(episodes, self.seed + 10**6)
+        except evaluation.EvaluationInterrupted:
+            return None
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
         self.agent.on_evaluation(returns, self._env_steps())
@@ -473,6 +516,7 @@ class Learner:
                 wall_seconds=self._wall_seconds(time.time()),
                 actor_env_steps={str(i): n for i, n in book["actor_env_steps"].items()},
             )
+        self._check_finite(self.agent.export_weights(), "weights")  # a checkpoint is always a finite one
         self.agent.sync_to_checkpoint()
         # The record goes down before the checkpoint index names the new checkpoint, so a crash right after
         # the save never leaves a latest checkpoint without its record. The manager numbers checkpoints by
@@ -502,6 +546,37 @@ class Learner:
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
         return os.path.dirname(path)
 
+    def _fail(self, fault: str) -> None:
+        """Training diverged: status shows `fault` (phase "failed"), actors are told to stop, summary.json
+        records it beside the last (finite) checkpoint; status stays readable for `linger_s` seconds."""
+        with self.lock:
+            self.fault, self.phase, self.run_over = fault, "failed", True
+        write_json(
+            os.path.join(self.logdir, "summary.json"),
+            dict(
+                algo=self.algo,
+                env_id=self.env_id,
+                preset=self.preset,
+                seed=self.seed,
+                completed=False,
+                fault=fault,
+                final_eval_return_mean=None,
+                final_eval_episodes=0,
+                env_steps=self._env_steps(),
+                learner_steps=int(self.counters["learner_steps"].numpy()),
+                checkpoint=self.ckpt_manager.latest_checkpoint,
+                config=json.loads(self.config.to_json()),
+            ),
+        )
+        if self.linger_s:
+            time.sleep(self.linger_s)
+
+    def _request_stop(self) -> None:
+        """SIGTERM/SIGINT: the training loop stops at its next step, an evaluation in progress at its next
+        env step; then the learner checkpoints and exits."""
+        self.stop_event.set()
+        evaluation.STOP.set()
+
     def _wall_seconds(self, now: float) -> float:
         """Seconds this run has trained, summed over its processes (a resumed run continues the count)."""
         return self.earlier_wall_s + now - self.start_time
@@ -519,13 +594,14 @@ class Learner:
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.health.set("rlfleet.Learner", health_pb2.HealthCheckResponse.SERVING)
         print(f"rlfleet learner: serving on {self.address} (env {self.env_id}, preset {self.preset})", flush=True)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop_event.set())
-        self.agent.on_start()
+                signal.signal(sig, lambda *_: self._request_stop())
+        try:
+            self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
+        except evaluation.EvaluationInterrupted:
+            pass  # the loop below sees the stop at once
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
         metrics = MetricsLog(self.logdir)
         c = self.config
@@ -557,6 +633,7 @@ class Learner:
                     self.phase = "training"
                 result = self.agent.consume(sample, int(self.counters["policy_version"].numpy()), env_steps)
                 if result.metrics:
+                    self._check_finite(result.metrics, "training metrics (losses)")
                     self.last_metrics = result.metrics
                 for name, value in (
                     ("learner_steps", result.gradient_steps),
@@ -571,7 +648,7 @@ class Learner:
                     self._publish_weights()
                 scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
                 if result.evaluate or scheduled:
-                    self._evaluate(c.eval_episodes)
+                    self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
                 if time.time() - last_ckpt >= self.checkpoint_interval_s:
                     self._save()
                     last_ckpt = time.time()
@@ -587,14 +664,14 @@ class Learner:
                 status_address=self.address,
             )
             summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
-            if completed:
-                returns = self._evaluate(c.eval_episodes)
+            returns = self._evaluate(c.eval_episodes) if completed else None
+            if returns is not None:
                 summary.update(
                     final_eval_return_mean=float(np.mean(returns)),
                     final_eval_episodes=len(returns),
                     final_eval_returns=returns,
                 )
-            else:
+            else:  # stopped early, or SIGTERM/SIGINT during the final evaluation
                 summary.update(final_eval_return_mean=None, final_eval_episodes=0)
             path = self._save()
             if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
@@ -621,11 +698,12 @@ class Learner:
             if completed and self.linger_s:
                 self.stop_event.wait(self.linger_s)  # let actors see stop=True and status be read
             return summary
+        except NonFiniteError as e:
+            self._fail(str(e))
+            raise
         finally:
             self.stop_event.set()
-            self.weights.close()
-            self.health.enter_graceful_shutdown()
-            self.server.stop(grace=1.0).wait()
+            self.server.stop(grace_s=1.0)
             status_thread.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits
             metrics.close()
 

@@ -1,88 +1,89 @@
-"""The learner's gRPC face: the `rlfleet.Learner` servicer (proto/rlfleet.proto) and the weights fan-out.
+"""The learner's gRPC face: the `rlfleet.Learner` service (proto/rlfleet.proto) on an asyncio gRPC server.
 
-The servicer only translates between messages and the learner (`rlfleet.learner.service.Learner`):
-registration and heartbeats go to its actor registry, status comes from its status dict, and weight
-streams read a `WeightsBroadcast`, where each policy version is one message shared by every stream.
+`LearnerServer` runs a `grpc.aio` server on an event loop of its own thread, so no call holds a worker thread
+while it waits: a weight stream is a coroutine parked on the next policy version, and registration,
+heartbeats, status and the health check are answered promptly however many actors hold streams (a thread
+pool of fixed size would be used up by the streams; see issue 11). The handlers only translate between
+messages and the learner (`rlfleet.learner.service.Learner`), whose methods are short and lock-guarded.
+
+Weights fan-out: `WeightsBroadcast.publish` serializes each policy version once; every stream sends those
+same bytes (the StreamWeights handler's response serializer passes bytes through).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import threading
+import time
 
 import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+from rlfleet.proto import rlfleet_pb2
+from rlfleet.proto.security import METADATA_KEY, PROTECTED_PREFIX, TOKEN_ENV
+
+_SERVICE = "rlfleet.Learner"
 
 
 class WeightsBroadcast:
-    """The latest `Weights` message; streams wait here for a newer policy version. Thread-safe."""
+    """The latest `Weights` message, serialized once; streams (coroutines on the server's event loop) wait
+    here for a newer policy version. `publish` and `close` may be called from any thread."""
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self.latest: rlfleet_pb2.Weights | None = None
+        self._latest_bytes = b""
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Binds the broadcast to the event loop its streams run on (called on that loop)."""
+        self._loop, self._changed = loop, asyncio.Event()
 
     def publish(self, msg: rlfleet_pb2.Weights) -> None:
-        """Makes `msg` the version every stream sends next."""
-        with self._cond:
-            self.latest = msg
-            self._cond.notify_all()
+        """Makes `msg` the version every stream sends next: stamps its `published_at` (Unix seconds) and
+        serializes it, once for all streams."""
+        msg.published_at = time.time()
+        data = msg.SerializeToString()
+        with self._lock:
+            self.latest, self._latest_bytes = msg, data
+        self._wake()
 
     def close(self) -> None:
         """Ends every stream (the learner stops)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        self._closed = True
+        self._wake()
 
-    def stream(self, min_policy_version: int, is_active):
-        """Yields each newer message from policy version `min_policy_version` on, while `is_active()` and
-        the broadcast is open. A caller that holds a newer version than the latest (a learner restarted
-        from an older checkpoint) gets the latest at once."""
+    def _wake(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._notify)
+            except RuntimeError:  # the loop stopped meanwhile
+                pass
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def stream(self, min_policy_version: int):
+        """Yields the serialized bytes of each newer version from `min_policy_version` on, until `close`. A
+        caller that holds a newer version than the latest (a learner restarted from an older checkpoint)
+        gets the latest at once."""
         sent = min_policy_version - 1
-        while is_active():
-            with self._cond:
-                if self.latest is not None and sent > self.latest.policy_version:
-                    sent = -1
-                self._cond.wait_for(
-                    lambda sent=sent: self._closed or (self.latest is not None and self.latest.policy_version > sent),
-                    timeout=1.0,
-                )
-                if self._closed:
-                    return
-                msg = self.latest
-            if msg is not None and msg.policy_version > sent:
-                sent = msg.policy_version
-                yield msg
-
-
-class LearnerServicer(rlfleet_pb2_grpc.LearnerServicer):
-    """`rlfleet.Learner` over a `Learner` (`rlfleet.learner.service`): RegisterActor, StreamWeights,
-    Heartbeat, GetStatus."""
-
-    def __init__(self, learner):
-        self.learner = learner
-
-    def RegisterActor(self, request, context):
-        envs = self.learner.config.envs_per_actor
-        if request.num_envs and request.num_envs != envs:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"actor asked for {request.num_envs} envs but this run's replay items hold {envs} envs per "
-                f"actor; start the actor without --num-envs or with --num-envs {envs}.",
-            )
-        address = peer_ip(context.peer())
-        actor_id = self.learner.admit_actor(request.host or address, address)
-        return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=self.learner.run_config(actor_id))
-
-    def StreamWeights(self, request, context):
-        yield from self.learner.weights.stream(request.min_policy_version, context.is_active)
-
-    def Heartbeat(self, request, context):
-        stop = self.learner.record_heartbeat(request, peer_ip(context.peer()))
-        return rlfleet_pb2.HeartbeatResponse(stop=stop)
-
-    def GetStatus(self, request, context):
-        return self.learner.status_proto()
+        while not self._closed:
+            changed = self._changed  # taken before the check: a publish after it sets this event
+            with self._lock:
+                latest, data = self.latest, self._latest_bytes
+            if latest is not None and sent > latest.policy_version:
+                sent = -1
+            if latest is not None and latest.policy_version > sent:
+                sent = latest.policy_version
+                yield data
+                continue
+            await changed.wait()
 
 
 def peer_ip(peer: str) -> str:
@@ -90,3 +91,163 @@ def peer_ip(peer: str) -> str:
     kind, _, rest = peer.partition(":")
     host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else peer
     return host.strip("[]")
+
+
+def _handlers(learner) -> grpc.GenericRpcHandler:
+    """The `rlfleet.Learner` methods over `learner` (a `rlfleet.learner.service.Learner`)."""
+
+    async def register_actor(request, context):
+        envs = learner.config.envs_per_actor
+        if request.num_envs and request.num_envs != envs:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"actor asked for {request.num_envs} envs but this run's replay items hold {envs} envs per "
+                f"actor; start the actor without --num-envs or with --num-envs {envs}.",
+            )
+        address = peer_ip(context.peer())
+        actor_id = learner.admit_actor(request.host or address, address)
+        return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
+
+    async def stream_weights(request, context):
+        async for data in learner.weights.stream(request.min_policy_version):
+            yield data
+
+    async def heartbeat(request, context):
+        stop = learner.record_heartbeat(request, peer_ip(context.peer()))
+        return rlfleet_pb2.HeartbeatResponse(stop=stop)
+
+    async def get_status(request, context):
+        return learner.status_proto()
+
+    def unary(fn, req, resp):
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    return grpc.method_handlers_generic_handler(
+        _SERVICE,
+        {
+            "RegisterActor": unary(register_actor, rlfleet_pb2.RegisterActorRequest, rlfleet_pb2.RegisterActorResponse),
+            # The stream yields bytes serialized once per version by WeightsBroadcast.publish.
+            "StreamWeights": grpc.unary_stream_rpc_method_handler(
+                stream_weights,
+                request_deserializer=rlfleet_pb2.StreamWeightsRequest.FromString,
+                response_serializer=bytes,
+            ),
+            "Heartbeat": unary(heartbeat, rlfleet_pb2.HeartbeatRequest, rlfleet_pb2.HeartbeatResponse),
+            "GetStatus": unary(get_status, rlfleet_pb2.GetStatusRequest, rlfleet_pb2.Status),
+        },
+    )
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every `rlfleet.Learner` call whose metadata lacks `authorization: Bearer TOKEN`
+    (UNAUTHENTICATED, before the handler runs); the health service is not checked."""
+
+    def __init__(self, token: str):
+        self.expected = f"Bearer {token}".encode()
+
+        async def deny(request, context):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: this learner requires the cluster's shared token; pass "
+                f"--token or set {TOKEN_ENV} to the value the learner was started with.",
+            )
+
+        async def deny_stream(request, context):
+            await deny(request, context)
+            yield b""  # never reached: abort raises
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if not method.startswith(PROTECTED_PREFIX):
+            return await continuation(handler_call_details)
+        got = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY, "")
+        if hmac.compare_digest(got.encode(), self.expected):
+            return await continuation(handler_call_details)
+        return self._deny_stream if method.endswith("/StreamWeights") else self._deny_unary
+
+
+class BindError(RuntimeError):
+    """The server could not bind its address (port in use, or an address of no local interface)."""
+
+
+class LearnerServer:
+    """The learner's gRPC server (the `rlfleet.Learner` service and the gRPC health service) on an asyncio
+    event loop in a daemon thread named "grpc". The port is bound on construction; `start` serves.
+
+    Args:
+        learner: a `rlfleet.learner.service.Learner` (admit_actor, run_config, record_heartbeat,
+            status_proto, config.envs_per_actor, weights: a `WeightsBroadcast`).
+        address: "host:port" to bind (port 0: any free port).
+        options: gRPC channel arguments; SO_REUSEPORT is always off (a second server on a held port fails).
+        credentials: TLS server credentials, or None for plaintext.
+        token: when set, every `rlfleet.Learner` call must carry it (`TokenInterceptor`).
+    Raises:
+        BindError: the address cannot be bound.
+    """
+
+    def __init__(self, learner, address: str, options: list, credentials=None, token: str = ""):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="grpc")
+        self._thread.start()
+        self._weights = learner.weights
+        try:
+            self.port = self._run(self._create(learner, address, options, credentials, token))
+        except BaseException:
+            self._shutdown_loop()
+            raise
+
+    def _run(self, coro, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _create(self, learner, address, options, credentials, token) -> int:
+        self._weights.attach(asyncio.get_running_loop())
+        self._server = grpc.aio.server(
+            options=[*options, ("grpc.so_reuseport", 0)],
+            interceptors=[TokenInterceptor(token)] if token else None,
+        )
+        self._server.add_generic_rpc_handlers((_handlers(learner),))
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        try:
+            if credentials is not None:
+                port = self._server.add_secure_port(address, credentials)
+            else:
+                port = self._server.add_insecure_port(address)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise BindError(address)
+        return port
+
+    def start(self) -> None:
+        """Serves, and reports SERVING on the health service (overall and for rlfleet.Learner)."""
+
+        async def start():
+            await self._server.start()
+            for service in ("", _SERVICE):
+                await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+        self._run(start())
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Ends the weight streams, reports NOT_SERVING, stops the server (calls in flight get `grace_s`
+        seconds) and the event loop thread."""
+        self._weights.close()
+
+        async def stop():
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace_s)
+
+        try:
+            self._run(stop(), timeout=grace_s + 10)
+        finally:
+            self._shutdown_loop()
+
+    def _shutdown_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

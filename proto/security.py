@@ -1,9 +1,9 @@
 """Transport security for the learner's gRPC service: TLS and a shared token.
 
 Server side: `server_credentials` (TLS, optionally requiring client
-certificates) and `TokenInterceptor` (every `rlfleet.Learner` call must carry
+certificates); the token check (every `rlfleet.Learner` call must carry
 `authorization: Bearer TOKEN` metadata; the gRPC health service stays open so
-container health checks need no secret). Client side: `channel` builds an
+container health checks need no secret) is `rlfleet.learner.servicer.TokenInterceptor`. Client side: `channel` builds an
 insecure or TLS channel that adds the token to every call.
 
 Reverb has no authentication of its own: the replay port must stay on a private
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hmac
 import os
 
 import grpc
@@ -22,8 +21,8 @@ import grpc
 from rlfleet.proto.arrays import GRPC_OPTIONS
 
 TOKEN_ENV = "RLFLEET_TOKEN"  # where every command reads the shared token from when --token is not given
-_METADATA_KEY = "authorization"
-_PROTECTED_PREFIX = "/rlfleet.Learner/"
+METADATA_KEY = "authorization"
+PROTECTED_PREFIX = "/rlfleet.Learner/"
 # gRPC's default reconnect backoff grows to 120 s; capped at 2 s, clients (actors above all) are back within
 # about 2 s of a restarted learner answering, whatever the length of the outage.
 _CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -93,7 +92,7 @@ class _CallDetails(
 
 class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     def __init__(self, token: str):
-        self.metadata = (_METADATA_KEY, f"Bearer {token}")
+        self.metadata = (METADATA_KEY, f"Bearer {token}")
 
     def _details(self, d):
         return _CallDetails(
@@ -124,33 +123,6 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
         root_certificates=_read(client_ca, "--tls-client-ca"),
         require_client_auth=bool(client_ca),
     )
-
-
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every `rlfleet.Learner` call whose metadata lacks `authorization: Bearer TOKEN`
-    (UNAUTHENTICATED, before the handler runs); the health service is not checked."""
-
-    def __init__(self, token: str):
-        self.expected = f"Bearer {token}".encode()
-
-        def deny(request, context):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong token: this learner requires the cluster's shared token; pass "
-                f"--token or set {TOKEN_ENV} to the value the learner was started with.",
-            )
-
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        if not method.startswith(_PROTECTED_PREFIX):
-            return continuation(handler_call_details)
-        got = dict(handler_call_details.invocation_metadata or ()).get(_METADATA_KEY, "")
-        if hmac.compare_digest(got.encode(), self.expected):
-            return continuation(handler_call_details)
-        return self._deny_stream if method.endswith("/StreamWeights") else self._deny_unary
 
 
 def token_from_env(token: str | None) -> str:

@@ -65,6 +65,49 @@ def checkpoint_replay(address: str, timeout_s: float = 600.0) -> str:
         raise ReplayCheckpointError(f"replay server {address} could not write a checkpoint: {e}") from None
 
 
+def restored_differences(requested: dict, restored: dict) -> list[str]:
+    """What differs between the tables a replay server was started with and those a checkpoint restored.
+
+    Args:
+        requested / restored: {table name: reverb TableInfo} (`reverb.Table.info` before the server started;
+            `reverb.Client.server_info()` after it restored its checkpoint).
+    Returns:
+        one line per difference (table names, item signature, capacity, rate limiter, sampler, remover);
+        empty when they match.
+    """
+    out = []
+    if set(requested) != set(restored):
+        return [f"tables {sorted(restored)} in the checkpoint, {sorted(requested)} asked"]
+
+    def limiter(t):
+        r = t.rate_limiter_info
+        return dict(
+            samples_per_insert=r.samples_per_insert,
+            min_size_to_sample=r.min_size_to_sample,
+            min_diff=r.min_diff,
+            max_diff=r.max_diff,
+        )
+
+    def signature(t):
+        import tree
+
+        flat = tree.flatten_with_path(t.signature) if t.signature is not None else []
+        return {"/".join(map(str, path)): (tuple(s.shape), s.dtype.name) for path, s in flat}
+
+    for name in sorted(requested):
+        want, got = requested[name], restored[name]
+        for what, read in (
+            ("item signature", signature),
+            ("max_size", lambda t: t.max_size),
+            ("rate limiter", limiter),
+            ("sampler", lambda t: str(t.sampler_options).strip()),
+            ("remover", lambda t: str(t.remover_options).strip()),
+        ):
+            if read(want) != read(got):
+                out.append(f"table {name}: {what} {read(got)} in the checkpoint, {read(want)} asked")
+    return out
+
+
 def tables_changed(client, checkpoint: str | None) -> bool:
     """True when the server behind `client` inserted or sampled since `checkpoint` (None: never checkpointed)."""
     info = client.server_info()

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 
@@ -200,7 +201,8 @@ def serve(
     directory) the server instead serves that run's replay read-only, from a
     copy made in `checkpoint_dir` whose rate limiter admits every sample
     (`rlfleet.replay.checkpoints.open_teacher_replay`); `tables` then only name the
-    tables to expect. Reverb binds every interface and has no authentication:
+    tables to expect. Without either, a checkpoint asked of the server goes to a temporary folder, which the
+    server removes when it stops if none was asked for. Reverb binds every interface and has no authentication:
     keep its port on a private network (see README).
 
     Raises:
@@ -216,13 +218,31 @@ def serve(
         ckpt = checkpoints.checkpointer(root)
     elif checkpoint_dir:
         ckpt = checkpoints.checkpointer(checkpoint_dir)
+    restoring = checkpoint_dir and not teacher_dir and checkpoints.latest_checkpoint(checkpoint_dir)
+    requested = {t.name: t.info for t in tables}
+    scratch = None
+    if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
+        scratch = tempfile.mkdtemp(prefix="rlfleet-replay-")
+        ckpt = checkpoints.checkpointer(scratch)
     try:
         _check_port_free(port)
         server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
     except ValueError as e:
+        _remove_if_empty(scratch)
         raise ValueError(
             f"cannot start the replay server on port {port} (port in use?): {e}; choose another --port."
         ) from None
+    if restoring:  # Reverb replaces the tables asked for with the checkpoint's: they must be the same
+        restored = reverb.Client(f"localhost:{server.port}").server_info()
+        differences = checkpoints.restored_differences(requested, restored)
+        if differences:
+            server.stop()
+            raise ValueError(
+                f"the replay checkpoint {restoring} was written with other settings than this server was started "
+                f"with: {'; '.join(differences)}. Start it with the settings of the run that wrote the checkpoint "
+                "(its run directory's settings.json: --run-config), or give another --checkpoint-dir to start "
+                "with empty tables; nothing was served."
+            )
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -252,7 +272,23 @@ def serve(
     if writes_checkpoints:
         checkpoint_if_changed(final=True)
     server.stop()
+    if scratch and not _remove_if_empty(scratch):
+        print(
+            f"rlfleet replay: checkpoints asked of this server (started without --checkpoint-dir) are in {scratch}",
+            flush=True,
+        )
     print("rlfleet replay: stopped", flush=True)
+
+
+def _remove_if_empty(path: str | None) -> bool:
+    """Removes the folder `path` if nothing was written into it; True when it is gone (or None)."""
+    if path is None:
+        return True
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
 
 
 def _check_port_free(port: int) -> None:

@@ -307,3 +307,27 @@ def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
     again = rlfleet(*learner_args, "--logdir", tmp_path / "b", timeout=120)
     assert again.returncode == 2 and f"cannot bind the learner service to 127.0.0.1:{learner_port}" in again.stderr
     assert learner.proc.poll() is None
+
+
+def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_port, tmp_path):
+    """Reverb replaces the tables a server is started with by those of the checkpoint it restores; a replay
+    server whose checkpoint was written for other settings (another env, another replay size) refuses to
+    start instead of serving tables the learner did not ask for. With the same settings it restores."""
+    from conftest import wait_for
+
+    ckpt, port = tmp_path / "replay", free_port()
+    cartpole = ("--algo", "dqn", "--env", "CartPole-v1", "--checkpoint-dir", ckpt)
+    replay = procs.start("replay", "replay", *cartpole, "--port", port)
+    wait_for(lambda: "serving on port" in replay.output(), 120, "the replay server", [replay])
+    out = rlfleet("replay-checkpoint", "--replay", f"127.0.0.1:{port}", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert replay.stop() == 0
+    for other, differs in (
+        (("--algo", "dqn", "--env", "Acrobot-v1"), "item signature"),
+        (("--algo", "dqn", "--env", "CartPole-v1", "--set", "replay_size=5000"), "max_size 100000 in the checkpoint"),
+    ):
+        out = rlfleet("replay", *other, "--checkpoint-dir", ckpt, "--port", free_port(), timeout=120)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "was written with other settings" in out.stderr and differs in out.stderr, out.stderr
+    again = procs.start("replay-again", "replay", *cartpole, "--port", free_port())
+    wait_for(lambda: "serving on port" in again.output(), 120, "the same settings to restore", [again])

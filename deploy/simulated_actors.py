@@ -1,0 +1,143 @@
+"""Simulated actors: load on a learner without envs or replay writes (the load benchmark and its CI test).
+
+Each simulated actor does what a real one does to the learner (`rlfleet.actors.actor.Actor`): it registers,
+holds a StreamWeights stream for its whole life (parsing every `Weights` message it gets) and heartbeats every
+`HEARTBEAT_S` seconds, on a gRPC connection of its own; it takes no env steps (its heartbeats report 0) and
+writes nothing to replay. One process runs many of them on one asyncio loop.
+
+    python -m rlfleet.deploy.simulated_actors --learner HOST:PORT --actors 128 --seconds 60 --out stats.json
+
+The stats file holds, per actor, the heartbeat and registration latencies (seconds) and each weights message it
+received after its first: [policy_version, published_at, received_at] (Unix seconds; the learner stamps
+`published_at`), so that the time a version takes to reach every actor can be computed
+(`fan_out_seconds`). SIGTERM/SIGINT end the run early; each actor sends a last heartbeat with `leaving` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import signal
+import time
+
+import grpc
+
+from rlfleet.actors.actor import HEARTBEAT_S
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+from rlfleet.proto.arrays import GRPC_OPTIONS
+
+# Each simulated actor gets its own connection, as actors on different machines would (gRPC otherwise shares
+# one connection between channels of a process with the same target and arguments).
+_OPTIONS = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+
+
+async def simulated_actor(address: str, index: int, until: float, stop: asyncio.Event, timeout_s: float = 30.0) -> dict:
+    """One simulated actor against the learner at `address` until Unix time `until` or `stop`; returns its
+    stats {"actor_id", "register_s", "heartbeat_s": [seconds], "versions": [[version, published_at,
+    received_at]] (after the first message), "opened_at" (first message), "closed_at", "errors": [str]}
+    (times in Unix seconds)."""
+    stats = dict(actor_id=-1, register_s=None, heartbeat_s=[], versions=[], errors=[], opened_at=None, closed_at=0.0)
+    await asyncio.sleep(random.random() * HEARTBEAT_S)  # actors start at different times
+    async with grpc.aio.insecure_channel(address, options=_OPTIONS) as ch:
+        stub = rlfleet_pb2_grpc.LearnerStub(ch)
+        t0 = time.time()
+        try:
+            resp = await stub.RegisterActor(
+                rlfleet_pb2.RegisterActorRequest(host=f"simulated-{index}", actor_name="simulated"),
+                timeout=timeout_s,
+                wait_for_ready=True,
+            )
+        except grpc.aio.AioRpcError as e:
+            stats["errors"].append(f"register: {e.code().name}")
+            return stats
+        stats["register_s"] = time.time() - t0
+        actor_id = stats["actor_id"] = resp.actor_id
+
+        async def weights():
+            try:
+                async for msg in stub.StreamWeights(rlfleet_pb2.StreamWeightsRequest(actor_id=actor_id)):
+                    if stats["opened_at"] is None:  # the first is whatever was latest when the stream opened
+                        stats["opened_at"] = time.time()
+                    else:
+                        stats["versions"].append([msg.policy_version, msg.published_at, time.time()])
+            except grpc.aio.AioRpcError as e:
+                if not stop.is_set() and e.code() != grpc.StatusCode.CANCELLED:
+                    stats["errors"].append(f"weights: {e.code().name}")
+
+        stream = asyncio.create_task(weights())
+
+        async def beat(leaving=False):
+            t = time.time()
+            try:
+                r = await stub.Heartbeat(
+                    rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving),
+                    timeout=timeout_s,
+                )
+                stats["heartbeat_s"].append(time.time() - t)
+                return r.stop
+            except grpc.aio.AioRpcError as e:
+                stats["errors"].append(f"heartbeat: {e.code().name}")
+                return False
+
+        while time.time() < until and not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set() or await beat():
+                break
+        stats["closed_at"] = time.time()
+        await beat(leaving=True)
+        stream.cancel()
+        try:
+            await stream
+        except asyncio.CancelledError:
+            pass
+    return stats
+
+
+async def run(address: str, actors: int, seconds: float, first_index: int = 0) -> list[dict]:
+    """Runs `actors` simulated actors for `seconds` (or until SIGTERM/SIGINT); returns their stats."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    until = time.time() + seconds
+    return list(await asyncio.gather(*(simulated_actor(address, first_index + i, until, stop) for i in range(actors))))
+
+
+def fan_out_seconds(stats: list[dict], settle_s: float = 5.0) -> dict[int, float]:
+    """For each policy version received: the seconds from its publication until every actor that held a stream
+    then (and still did `settle_s` later) held it or a newer one; inf when one of them never did. {version:
+    seconds}."""
+    published = {v: t for s in stats for v, t, _ in s["versions"]}
+    out = {}
+    for version, t_pub in sorted(published.items()):
+        slowest = 0.0
+        for s in stats:
+            if s["opened_at"] is None or not (s["opened_at"] < t_pub and s["closed_at"] > t_pub + settle_s):
+                continue
+            got = [r for v, _, r in s["versions"] if v >= version]
+            slowest = max(slowest, min(got) - t_pub) if got else math.inf
+        out[version] = slowest
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--learner", required=True, help="learner host:port")
+    p.add_argument("--actors", type=int, required=True, help="simulated actors in this process")
+    p.add_argument("--seconds", type=float, required=True, help="how long they stay attached (seconds)")
+    p.add_argument("--first-index", type=int, default=0, help="index of the first (their hosts are simulated-N)")
+    p.add_argument("--out", required=True, help="stats JSON file to write")
+    a = p.parse_args(argv)
+    stats = asyncio.run(run(a.learner, a.actors, a.seconds, a.first_index))
+    with open(a.out, "w") as f:
+        json.dump(stats, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Many actors on one learner (real replay, learner and actor processes on loopback, plus 128 simulated actors
+in one client process, each on its own connection): weight streams take no server thread, so status,
+heartbeats and a new registration answer within a second, every simulated actor receives new policy
+versions, the real actor's env steps keep being counted, and leaving actors drop out of status at once."""
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+from conftest import ENV, ROOT, wait_for
+
+from rlfleet.deploy.simulated_actors import fan_out_seconds
+from rlfleet.deploy.status import StatusError, get_status
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+
+DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300", "--set", "publish_every=20")
+SIMULATED = 128
+
+
+def _status(address):
+    try:
+        return get_status(address, 2)
+    except StatusError:
+        return None
+
+
+def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(procs, tmp_path, free_port):
+    replay_port, learner_port = free_port(), free_port()
+    address = f"127.0.0.1:{learner_port}"
+    replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
+    learner = procs.start(
+        "learner",
+        "learner",
+        *DQN,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        tmp_path / "run",
+        "--port",
+        learner_port,
+        "--total-steps",
+        10**7,
+    )
+    wait_for(lambda: _status(address), 120, "the learner", [replay, learner])
+    actor = procs.start("actor", "actor", "--learner", address)
+    wait_for(lambda: get_status(address)["learner_steps"] > 0, 120, "training", [replay, learner, actor])
+
+    stats_path = tmp_path / "simulated.json"
+    with open(tmp_path / "simulated.log", "wb") as log:
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+            + ["--actors", str(SIMULATED), "--seconds", "30", "--out", str(stats_path)],
+            cwd=ROOT,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        loaded = wait_for(
+            lambda: (s := get_status(address)) and len(s["actors"]) >= SIMULATED + 1 and s,
+            60,
+            f"{SIMULATED} simulated actors in status",
+            [learner, actor],
+        )
+        steps_at_load = loaded["env_steps"]
+        # Under load: status and a new registration answer within a second, every time.
+        status_s, register_s = [], []
+        with grpc.insecure_channel(address) as ch:
+            stub = rlfleet_pb2_grpc.LearnerStub(ch)
+            for _ in range(20):
+                t = time.time()
+                st = stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=5)
+                status_s.append(time.time() - t)
+                assert len(st.actors) >= SIMULATED + 1
+                time.sleep(0.25)
+            for _ in range(3):
+                t = time.time()
+                resp = stub.RegisterActor(rlfleet_pb2.RegisterActorRequest(host="late-actor"), timeout=5)
+                register_s.append(time.time() - t)
+                stub.Heartbeat(rlfleet_pb2.HeartbeatRequest(actor_id=resp.actor_id, leaving=True), timeout=5)
+        assert max(status_s) < 1.0, status_s
+        assert max(register_s) < 1.0, register_s
+        # The real actor's env steps are counted while the simulated ones are attached.
+        wait_for(
+            lambda: get_status(address)["env_steps"] > steps_at_load + 500, 60, "env steps under load", [learner, actor]
+        )
+        assert sim.wait(90) == 0, (tmp_path / "simulated.log").read_text()[-3000:]
+    finally:
+        if sim.poll() is None:
+            sim.send_signal(signal.SIGKILL)
+            sim.wait()
+
+    stats = json.loads(stats_path.read_text())
+    assert len(stats) == SIMULATED
+    assert not [s["errors"] for s in stats if s["errors"]]
+    heartbeats = [h for s in stats for h in s["heartbeat_s"]]
+    assert len(heartbeats) >= SIMULATED * 20 and max(heartbeats) < 1.0, max(heartbeats)
+    assert max(s["register_s"] for s in stats) < 1.0
+    fan_out = fan_out_seconds(stats)
+    assert len(fan_out) >= 5, fan_out  # new policy versions kept reaching them
+    assert all(math.isfinite(t) for t in fan_out.values()), fan_out
+    # Leaving heartbeats: status drops the simulated actors at once (not after the heartbeat timeout).
+    st = get_status(address)
+    assert len(st["actors"]) == 1 and not st["actors"][0]["host"].startswith("simulated-"), st["actors"]

@@ -1,0 +1,170 @@
+"""Stops: prompt, clean, and complete (real `rlfleet up` and service processes on loopback).
+
+- `up` killed with SIGKILL leaves no process behind: its children get the parent-death signal, checkpoint and
+  exit (they run in sessions of their own, so nothing else would reach them).
+- SIGTERM during an evaluation (here the final one, made long on purpose) stops the learner within seconds,
+  with a checkpoint written.
+- An actor stopped with SIGTERM leaves the learner's status at once (its last heartbeat says so).
+- A replay server started without --checkpoint-dir leaves no temporary folder behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+from conftest import ENV, ROOT, wait_for
+
+from rlfleet.deploy.status import StatusError, get_status
+
+DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
+
+
+def _status(address):
+    try:
+        return get_status(address, 2)
+    except StatusError:
+        return None
+
+
+def _up(tmp_path, port, *args):
+    log = open(tmp_path / "up.log", "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--learner-port", str(port), *map(str, args)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _kill_tree(procs):
+    """SIGKILL to each of `procs` (Popen or psutil.Process) still running: nothing a test starts outlives it."""
+    for p in procs:
+        try:
+            p.kill()
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+
+
+def test_sigkill_of_up_leaves_no_process_behind(tmp_path, free_port):
+    port = free_port()
+    run = tmp_path / "run"
+    up = _up(tmp_path, port, *DQN, "--actors", 2, "--total-steps", 10**7, "--logdir", run)
+    tree = []
+    try:
+        wait_for(lambda: (s := _status(f"127.0.0.1:{port}")) and s["learner_steps"] > 0, 180, "training")
+        tree = psutil.Process(up.pid).children(recursive=True)
+        assert len(tree) >= 4, tree  # replay, learner, 2 actors
+        up.kill()
+        up.wait()
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    finally:
+        _kill_tree([up, *tree])
+    # The learner was stopped by a signal it handles: it checkpointed on the way out.
+    assert list((run / "checkpoints").glob("ckpt-*.index")), (tmp_path / "up.log").read_text()[-3000:]
+
+
+def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
+    port = free_port()
+    run = tmp_path / "run"
+    # A final evaluation of 100,000 episodes: far longer than the test (one episode takes milliseconds).
+    up = _up(
+        tmp_path,
+        port,
+        "--algo",
+        "ppo",
+        "--env",
+        "InvertedPendulum-v5",
+        "--envs-per-actor",
+        4,
+        "--set",
+        "eval_episodes=100000",
+        "--set",
+        "eval_every_updates=100000",
+        "--total-steps",
+        3000,
+        "--logdir",
+        run,
+    )
+    tree = []
+    try:
+        wait_for(lambda: (s := _status(f"127.0.0.1:{port}")) and s["phase"] == "evaluating", 240, "the final eval")
+        time.sleep(2)
+        tree = psutil.Process(up.pid).children(recursive=True)
+        t = time.time()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 130
+        stopped_s = time.time() - t
+    finally:
+        _kill_tree([up, *tree])
+        up.wait()
+    out = (tmp_path / "up.log").read_text()
+    assert stopped_s < 15, (stopped_s, out[-3000:])
+    assert list((run / "checkpoints").glob("ckpt-*.index")), out[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval_return_mean"] is None and summary["env_steps"] >= 3000, summary
+
+
+def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, free_port):
+    replay_port, learner_port = free_port(), free_port()
+    address = f"127.0.0.1:{learner_port}"
+    replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
+    learner = procs.start(
+        "learner",
+        "learner",
+        *DQN,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        tmp_path / "run",
+        "--port",
+        learner_port,
+        "--total-steps",
+        10**7,
+    )
+    wait_for(lambda: _status(address), 120, "the learner", [replay, learner])
+    actors = [procs.start(f"actor-{i}", "actor", "--learner", address) for i in range(2)]
+    st = wait_for(
+        lambda: (s := _status(address)) and len(s["actors"]) == 2 and all(a["env_steps"] for a in s["actors"]) and s,
+        120,
+        "two actors stepping",
+        [learner, *actors],
+    )
+    assert actors[0].stop() == 0
+    st = get_status(address, 5)
+    assert len(st["actors"]) == 1, st["actors"]  # not after the heartbeat timeout: at once
+    steps = int(actors[0].output().rsplit("stopped after ", 1)[1].split()[0])
+    assert steps > 0 and st["env_steps"] >= steps
+
+
+def test_replay_without_checkpoint_dir_leaves_no_temporary_folder(procs, free_port, tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    port = free_port()
+    env = dict(ENV, TMPDIR=str(scratch))
+    with open(tmp_path / "replay.log", "wb") as log:
+        replay = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.cli", "replay", *DQN, "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: "serving on port" in (tmp_path / "replay.log").read_text(), 120, "the replay server")
+        during = os.listdir(scratch)
+        replay.send_signal(signal.SIGTERM)
+        assert replay.wait(60) == 0
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+            replay.wait()
+    assert during, "the server made no scratch folder where its TMPDIR points"
+    assert os.listdir(scratch) == [], (during, os.listdir(scratch))
