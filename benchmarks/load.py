@@ -45,10 +45,10 @@ from local_cluster import LocalCluster  # benchmarks/ (this script's folder is o
 PER_PROCESS = 128  # simulated actors per client process
 WEIGHTS = {
     "mlp": (["--algo", "ppo", "--env", "HalfCheetah-v5"], []),
+    # The Atari preset publishes every 100 learner steps; --cnn-publish-every makes versions come faster.
     "cnn": (
         ["--algo", "dqn", "--env", "ALE/Pong-v5"]
-        + ["--set", "min_replay_size=1000", "--set", "replay_size=20000", "--set", "publish_every=10"]
-        + ["--set", "eval_every_updates=1000000"],
+        + ["--set", "min_replay_size=1000", "--set", "replay_size=20000", "--set", "eval_every_updates=1000000"],
         [],
     ),
 }
@@ -171,6 +171,7 @@ def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str) -> dict
             growth_after_1min=round(mem[-1] - after_1min[0], 1) if mem else None,
         ),
         weights_bytes=cluster_weights_bytes(cluster),
+        learner_rss_series=[(round(t), round(mb, 1)) for t, _, mb in sampler.rows],
     )
 
 
@@ -193,6 +194,8 @@ def sweep(args) -> dict:
     workdir = tempfile.mkdtemp(prefix="rlfleet-load-")
     for kind in args.weights:
         common, actor_args = WEIGHTS[kind]
+        if kind == "cnn" and args.cnn_publish_every:
+            common = [*common, "--set", f"publish_every={args.cnn_publish_every}"]
         rows = []
         with LocalCluster(common) as cluster:
             cluster.add_actor(*actor_args)
@@ -300,6 +303,7 @@ def main() -> None:
     p.add_argument("--weights", nargs="+", default=["mlp", "cnn"], choices=sorted(WEIGHTS))
     p.add_argument("--seconds", type=float, default=60.0, help="seconds per measurement")
     p.add_argument("--soak-minutes", type=float, default=5.0, help="minutes of the largest N with the MLP weights")
+    p.add_argument("--cnn-publish-every", type=int, default=0, help="learner steps per CNN version (0: preset, 100)")
     p.add_argument("--attach-run", action="store_true", help="the DQN CartPole run with real + simulated actors")
     p.add_argument("--real-actors", type=int, default=8)
     p.add_argument("--attach", type=int, default=200, help="--attach-run: simulated actors")
