@@ -101,13 +101,15 @@ class _Sampler(threading.Thread):
             self.rows.append((time.time() - t0, self.proc.cpu_percent(), self.proc.memory_info().rss / 2**20))
 
 
-def _simulated(address: str, n: int, seconds: float, workdir: str) -> tuple[list[subprocess.Popen], list[str]]:
+def _simulated(
+    address: str, n: int, seconds: float, workdir: str, nice: int = 0
+) -> tuple[list[subprocess.Popen], list[str]]:
     procs, outs = [], []
     for first in range(0, n, PER_PROCESS):
         out = os.path.join(workdir, f"simulated-{n}-{first}.json")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+                ["nice", "-n", str(nice), sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
                 + ["--actors", str(min(PER_PROCESS, n - first)), "--seconds", str(seconds)]
                 + ["--first-index", str(first), "--out", out],
                 stdout=subprocess.DEVNULL,
@@ -130,12 +132,12 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str) -> dict:
+def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: int = 0) -> dict:
     """N simulated actors for `seconds` against the cluster's learner; the row of the results table."""
     from rlfleet.deploy.simulated_actors import fan_out_seconds
 
     poller, sampler = _StatusPoller(cluster.learner_address), _Sampler(cluster.procs[1].pid)
-    sims, outs = _simulated(cluster.learner_address, n, seconds, workdir) if n else ([], [])
+    sims, outs = _simulated(cluster.learner_address, n, seconds, workdir, nice) if n else ([], [])
     poller.start()
     sampler.start()
     try:
@@ -206,7 +208,7 @@ def sweep(args) -> dict:
             for n in [0, *args.actors]:
                 soak = kind == "mlp" and n == max(args.actors)
                 seconds = args.soak_minutes * 60 if soak else args.seconds
-                row = measure(cluster, n, seconds, workdir)
+                row = measure(cluster, n, seconds, workdir, args.client_nice)
                 rows.append(row)
                 print(_row_text(kind, row), flush=True)
         results[kind] = rows
@@ -244,6 +246,7 @@ def attach_run(args) -> dict:
     )
     sims, outs = [], []
     latencies, failures, actor_mb, max_listed = [], 0, {}, 0
+    listed, run_env_steps = {}, 0  # real actors' env steps as status showed them; the run's count
     try:
         while True:
             try:
@@ -253,13 +256,17 @@ def attach_run(args) -> dict:
                 if up.poll() is not None:
                     raise SystemExit(open(log.name).read()[-3000:]) from None
                 time.sleep(0.5)
-        sims, outs = _simulated(address, args.attach, 36000, logdir)  # until the run ends
+        sims, outs = _simulated(address, args.attach, 36000, logdir, args.client_nice)  # until the run ends
         while up.poll() is None:
             t = time.perf_counter()
             try:
                 st = get_status(address, 10)
                 latencies.append(time.perf_counter() - t)
                 max_listed = max(max_listed, len(st["actors"]))
+                for a in st["actors"]:
+                    if not a["host"].startswith("simulated-"):
+                        listed[a["actor_id"]] = max(listed.get(a["actor_id"], 0), a["env_steps"])
+                run_env_steps = max(run_env_steps, st["env_steps"])
             except StatusError:
                 if up.poll() is None and not os.path.exists(os.path.join(logdir, "run", "summary.json")):
                     failures += 1
@@ -274,9 +281,11 @@ def attach_run(args) -> dict:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGTERM)
             up.wait(60)
-    text = open(log.name).read()
     summary = json.load(open(os.path.join(logdir, "run", "summary.json")))
-    per_actor = [int(n) for n in re.findall(r"rlfleet actor \d+: stopped after (\d+) env steps", text)]
+    per_actor = []
+    for i in range(args.real_actors):  # each actor's own count, printed when it stops
+        text = open(os.path.join(logdir, "run", "logs", f"actor-{i}.log")).read()
+        per_actor += [int(n) for n in re.findall(r"rlfleet actor \d+: stopped after (\d+) env steps", text)]
     stats = [s for out in outs if os.path.exists(out) for s in json.load(open(out))]
     return dict(
         real_actors=args.real_actors,
@@ -285,8 +294,9 @@ def attach_run(args) -> dict:
         completed=summary["completed"],
         final_eval_return_mean=summary["final_eval_return_mean"],
         summary_env_steps=summary["env_steps"],
-        real_actor_env_steps=per_actor,
-        counted=sum(per_actor) == summary["env_steps"],
+        real_actor_env_steps=per_actor,  # each actor's own count when it stopped
+        real_actor_env_steps_in_status=sorted(listed.values()),  # the most status showed for each
+        status_env_steps_max=run_env_steps,
         most_actors_listed=max_listed,
         status_ms=_summary(latencies),
         status_failures=failures,
@@ -304,6 +314,13 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds per measurement")
     p.add_argument("--soak-minutes", type=float, default=5.0, help="minutes of the largest N with the MLP weights")
     p.add_argument("--cnn-publish-every", type=int, default=0, help="learner steps per CNN version (0: preset, 100)")
+    p.add_argument(
+        "--client-nice",
+        type=int,
+        default=10,
+        help="niceness of the simulated actors' processes: they stand in for other machines, so by default they "
+        "yield the CPU to the learner, replay and real actor (0: compete on equal terms)",
+    )
     p.add_argument("--attach-run", action="store_true", help="the DQN CartPole run with real + simulated actors")
     p.add_argument("--real-actors", type=int, default=8)
     p.add_argument("--attach", type=int, default=200, help="--attach-run: simulated actors")
@@ -315,6 +332,7 @@ def main() -> None:
         print(json.dumps(results, indent=1))
     else:
         results = sweep(args)
+    results["client_nice"] = args.client_nice
     results["command"] = " ".join(["python", "benchmarks/load.py", *sys.argv[1:]])
     if args.out:
         with open(args.out, "w") as f:

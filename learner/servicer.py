@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import sys
 import threading
 import time
 
@@ -27,8 +26,9 @@ from rlfleet.proto import rlfleet_pb2
 from rlfleet.proto.security import METADATA_KEY, PROTECTED_PREFIX, TOKEN_ENV
 
 _SERVICE = "rlfleet.Learner"
-# Weights bytes being written to streams at once (the rest wait their turn): 64 MiB is 3,000 MLP messages of
-# 20 kB, or 9 Nature CNN ones.
+# Weight messages being written to streams at once (the other streams wait their turn): at most MAX_WRITES,
+# and no more than SEND_BUDGET_BYTES of them (9 Nature CNN messages of 6.7 MB).
+MAX_WRITES = 32
 SEND_BUDGET_BYTES = 64 * 2**20
 
 
@@ -47,24 +47,19 @@ class WeightsBroadcast:
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binds the broadcast to the event loop its streams run on (called on that loop)."""
         self._loop, self._changed = loop, asyncio.Event()
-        self._budget = asyncio.Condition()
-        self._in_flight = 0
+        self._slots: asyncio.Semaphore | None = None
 
     @contextlib.asynccontextmanager
     async def sending(self, size: int):
-        """Holds `size` bytes of the in-flight budget (`SEND_BUDGET_BYTES`) while one stream writes one
-        message: with large weights (a Nature CNN's 6.7 MB) and many actors, streams take turns instead of
-        all copying at once, so memory stays bounded and the event loop keeps answering unary calls."""
-        size = min(size, SEND_BUDGET_BYTES)
-        async with self._budget:
-            await self._budget.wait_for(lambda: self._in_flight + size <= SEND_BUDGET_BYTES)
-            self._in_flight += size
-        try:
+        """One stream writing one message of `size` bytes. At most `MAX_WRITES` writes, and about
+        `SEND_BUDGET_BYTES` bytes, are in flight at once; the other streams wait their turn (a FIFO semaphore
+        wakes one at a time). A new version thus reaches N streams as a steady flow rather than N callbacks
+        queued at once on the event loop, so a status call or heartbeat arriving meanwhile waits behind a
+        few writes, not all of them, and large weights (a Nature CNN's 6.7 MB) never pile up in memory."""
+        if self._slots is None:  # the message size is the same for every version of a run
+            self._slots = asyncio.Semaphore(max(1, min(MAX_WRITES, SEND_BUDGET_BYTES // max(size, 1))))
+        async with self._slots:
             yield
-        finally:
-            async with self._budget:
-                self._in_flight -= size
-                self._budget.notify_all()
 
     def publish(self, msg: rlfleet_pb2.Weights) -> None:
         """Makes `msg` the version every stream sends next: stamps its `published_at` (Unix seconds) and
@@ -250,10 +245,6 @@ class LearnerServer:
 
     def start(self) -> None:
         """Serves, and reports SERVING on the health service (overall and for rlfleet.Learner)."""
-
-        # The training thread holds the GIL between TF ops; a shorter switch interval (5 ms by default) lets
-        # the server's thread answer status and heartbeats sooner (measured in benchmarks/load.py).
-        sys.setswitchinterval(0.001)
 
         async def start():
             await self._server.start()
