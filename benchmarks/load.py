@@ -271,10 +271,13 @@ def attach_run(args) -> dict:
                 if up.poll() is None and not os.path.exists(os.path.join(logdir, "run", "summary.json")):
                     failures += 1
             for child in psutil.Process(up.pid).children():
-                if "actor" in child.cmdline():
-                    tree = [child, *child.children(recursive=True)]
-                    mb = sum(p.memory_info().rss for p in tree if p.is_running()) / 2**20
-                    actor_mb[child.pid] = max(actor_mb.get(child.pid, 0.0), mb)
+                try:
+                    if "actor" in child.cmdline():
+                        tree = [child, *child.children(recursive=True)]
+                        mb = sum(p.memory_info().rss for p in tree) / 2**20
+                        actor_mb[child.pid] = max(actor_mb.get(child.pid, 0.0), mb)
+                except psutil.Error:  # it just exited (the run is ending)
+                    pass
             time.sleep(0.5)
     finally:
         _stop_all(sims)
