@@ -78,10 +78,12 @@ class _WeightsSubscriber(threading.Thread):
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
                     version, arrays = proto_arrays.from_proto(msg)
-                    bad = sorted(k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all())
+                    # NaN only: learners before issue 11 sent +inf for "no observation clip"; an inf elsewhere
+                    # shows in the policy's outputs (`check_policy_output`).
+                    bad = sorted(k for k, a in arrays.items() if a.dtype.kind == "f" and np.isnan(a).any())
                     if bad:  # never acted on: the learner diverged (a learner of this version checks first)
                         self.error = (
-                            f"the learner published policy version {version} with non-finite weights "
+                            f"the learner published policy version {version} with NaN weights "
                             f"({', '.join(bad[:5])}): the learner's training diverged, not this actor's env; "
                             "nothing was collected with it. See the learner's log and status."
                         )
@@ -348,11 +350,11 @@ class Actor:
                 "env (or its wrappers); the replay and the learner keep everything collected so far."
             )
 
-    def check_policy_output(self, values: np.ndarray, version: int) -> None:
-        """Raises ActorError when the behaviour policy of `version` gave a NaN/inf output (actions, log-probs,
-        Q-values) for finite observations: the learner's weights are at fault, not the env; nothing of that
-        step is written."""
-        if not np.isfinite(values).all():
+    def check_policy_output(self, version: int, *values: np.ndarray) -> None:
+        """Raises ActorError when the behaviour policy of `version` gave a NaN/inf output (`values`: actions,
+        log-probs, Q-values) for finite observations: the learner's weights are at fault, not the env;
+        nothing of that step is written."""
+        if not all(np.isfinite(v).all() for v in values):
             raise ActorError(
                 f"the policy of version {version} from the learner gave non-finite outputs for finite "
                 f"observations after {self.env_steps} env steps: the learner's training diverged (its weights "

@@ -7,7 +7,7 @@ behaviour policy and writes items into the run's replay table until `actor.stop`
   `replay_address`, `stop`
   (a threading.Event), and the helpers `start_episodes(venv) -> (rng, first observations)`,
   `check_finite(obs, reward=None)` (raises ActorError on NaN/inf env output, before it is written),
-  `check_policy_output(values, version)` (raises ActorError, naming the learner, on NaN/inf policy output),
+  `check_policy_output(version, *values)` (raises ActorError, naming the learner, on NaN/inf policy output),
   `wait_written(writer, epoch, in_flight)` (rate-limiter backpressure; raises ReplayLost after a replay
   restart), `count_steps(reward, done)` (env-step and episode-return bookkeeping); set
   `actor.policy_version` to the version acted with.
@@ -51,7 +51,7 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
             version, arrays, _ = weights.latest
             actor.policy_version = version
             action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
-            actor.check_policy_output(log_prob, version)  # NaN/inf in mean or std make it non-finite
+            actor.check_policy_output(version, action, log_prob)
             next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, low, high))
             final_obs = truncation_observations(next_obs, terminated, truncated, info)
             actor.check_finite(next_obs, reward)
@@ -144,7 +144,7 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
             version, arrays, exploration = weights.latest
             actor.policy_version = version
             q = q_values(arrays, obs)
-            actor.check_policy_output(q, version)  # NaN Q-values would silently pick action 0
+            actor.check_policy_output(version, q)  # NaN Q-values would silently pick action 0
             action = epsilon_greedy_q(q, rng, exploration.epsilon)
             next_obs, reward, terminated, truncated, _ = venv.step(action)
             actor.check_finite(next_obs, reward)

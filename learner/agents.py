@@ -29,7 +29,9 @@ class StepResult:
     on / discarded for policy lag; updated: the weights changed enough to
     publish a new policy version; evaluate: evaluate now (besides the
     service's every-`eval_every_updates` evaluations); metrics: floats for
-    logs and TensorBoard.
+    logs and TensorBoard. A NaN/inf in a metric whose name contains "loss",
+    or in `export_weights()` when a version is published or checkpointed, is
+    taken as divergence: the learner stops with its fault (README, Faults).
     """
 
     gradient_steps: int = 0

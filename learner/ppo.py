@@ -111,7 +111,10 @@ class BatchPPO:
         out = self.policy.export()
         out[OBS_MEAN] = self.obs_norm.mean.astype(np.float32)
         out[OBS_STD] = self.obs_norm.std.astype(np.float32)
-        out[OBS_CLIP] = np.float32(np.inf if self.obs_norm.clip is None else self.obs_norm.clip)
+        # No clip travels as float32's largest value (clipping to it changes nothing): every exported weight is
+        # finite, which the learner checks before publishing (actors of before took +inf, and still accept it).
+        no_clip = np.finfo(np.float32).max
+        out[OBS_CLIP] = np.float32(no_clip if self.obs_norm.clip is None else self.obs_norm.clip)
         return out
 
     def _apply(self, optimizer, grads, variables) -> None:

@@ -569,7 +569,7 @@ class Learner:
             ),
         )
         if self.linger_s:
-            time.sleep(self.linger_s)
+            self.stop_event.wait(self.linger_s)  # SIGTERM ends it
 
     def _request_stop(self) -> None:
         """SIGTERM/SIGINT: the training loop stops at its next step, an evaluation in progress at its next
@@ -586,11 +586,34 @@ class Learner:
             return self._env_steps_locked()
 
     def run(self) -> dict:
-        """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary."""
+        """Serves and trains until `total_steps` env steps or SIGTERM/SIGINT; returns the summary.
+
+        Raises:
+            LearnerError: the replay server is unreachable or lost for good; NonFiniteError (a LearnerError):
+                training diverged (status showed the fault; the last checkpoint is a finite one).
+        """
+        evaluation.STOP.clear()
+        self._threads: list[threading.Thread] = []
+        self._metrics: MetricsLog | None = None
+        try:
+            return self._serve_and_train()
+        except NonFiniteError as e:
+            self._fail(str(e))
+            raise
+        finally:
+            self.stop_event.set()
+            self.server.stop(grace_s=1.0)
+            for t in self._threads:
+                t.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits
+            if self._metrics is not None:
+                self._metrics.close()
+
+    def _serve_and_train(self) -> dict:
         self._check_replay()
         self._refresh_replay_status()
         status_thread = threading.Thread(target=self._housekeeping_loop, daemon=True, name="housekeeping")
         status_thread.start()
+        self._threads.append(status_thread)
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
@@ -603,109 +626,102 @@ class Learner:
         except evaluation.EvaluationInterrupted:
             pass  # the loop below sees the stop at once
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
-        metrics = MetricsLog(self.logdir)
+        metrics = self._metrics = MetricsLog(self.logdir)
         c = self.config
         last = dict(
             time=time.time(), env_steps=self._env_steps(), learner_steps=int(self.counters["learner_steps"].numpy())
         )
         last_ckpt = time.time()
         completed = False
-        try:
-            while not self.stop_event.is_set():
-                if time.time() - last["time"] >= self.report_interval_s:
-                    last = self._log_metrics(metrics, last)
-                env_steps = self._env_steps()
-                if self.total_steps and env_steps >= self.total_steps:
-                    completed = True
-                    break
-                if self._sampler_error is not None:
-                    raise LearnerError(
-                        f"lost the replay server {self.replay_address} for more than "
-                        f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (an algorithm that keeps "
-                        "its replay: with the same --checkpoint-dir, so that it restores its tables) and "
-                        "resume this run with --resume."
-                    )
-                try:
-                    sample = self._sample_queue.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                with self.lock:
-                    self.phase = "training"
-                result = self.agent.consume(sample, int(self.counters["policy_version"].numpy()), env_steps)
-                if result.metrics:
-                    self._check_finite(result.metrics, "training metrics (losses)")
-                    self.last_metrics = result.metrics
-                for name, value in (
-                    ("learner_steps", result.gradient_steps),
-                    ("consumed_env_steps", result.consumed),
-                    ("dropped_env_steps", result.dropped),
-                ):
-                    if value:  # most samples change one counter at most; skip the no-op variable writes
-                        self.counters[name].assign_add(value)
-                if result.updated:
-                    self.counters["updates"].assign_add(1)
-                    self.counters["policy_version"].assign_add(1)
-                    self._publish_weights()
-                scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
-                if result.evaluate or scheduled:
-                    self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
-                if time.time() - last_ckpt >= self.checkpoint_interval_s:
-                    self._save()
-                    last_ckpt = time.time()
-            with self.lock:
-                self.run_over = completed
-                self.phase = "evaluating" if completed else "stopping"
-            summary = dict(
-                algo=self.algo,
-                env_id=self.env_id,
-                preset=self.preset,
-                seed=self.seed,
-                completed=completed,
-                status_address=self.address,
-            )
-            summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
-            returns = self._evaluate(c.eval_episodes) if completed else None
-            if returns is not None:
-                summary.update(
-                    final_eval_return_mean=float(np.mean(returns)),
-                    final_eval_episodes=len(returns),
-                    final_eval_returns=returns,
+        while not self.stop_event.is_set():
+            if time.time() - last["time"] >= self.report_interval_s:
+                last = self._log_metrics(metrics, last)
+            env_steps = self._env_steps()
+            if self.total_steps and env_steps >= self.total_steps:
+                completed = True
+                break
+            if self._sampler_error is not None:
+                raise LearnerError(
+                    f"lost the replay server {self.replay_address} for more than "
+                    f"{REPLAY_OUTAGE_S:.0f}s: {self._sampler_error}; restart it (an algorithm that keeps "
+                    "its replay: with the same --checkpoint-dir, so that it restores its tables) and "
+                    "resume this run with --resume."
                 )
-            else:  # stopped early, or SIGTERM/SIGINT during the final evaluation
-                summary.update(final_eval_return_mean=None, final_eval_episodes=0)
-            path = self._save()
-            if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
-                summary["replay_checkpoint_dir"] = self._checkpoint_replay()
-            last = self._log_metrics(metrics, last)
-            self._refresh_replay_status()
-            st = self.status_dict()
-            summary.update(
-                env_steps=st["env_steps"],
-                learner_steps=st["learner_steps"],
-                policy_version=st["policy_version"],
-                weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
-                consumed_env_steps=st["consumed_env_steps"],
-                dropped_env_steps=st["dropped_env_steps"],
-                replay=st["replay"],
-                wall_seconds=self._wall_seconds(time.time()),
-                checkpoint=path,
-                config=json.loads(c.to_json()),
-            )
-            write_json(os.path.join(self.logdir, "summary.json"), summary)
+            try:
+                sample = self._sample_queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
             with self.lock:
-                self.phase = "done"
-            print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
-            if completed and self.linger_s:
-                self.stop_event.wait(self.linger_s)  # let actors see stop=True and status be read
-            return summary
-        except NonFiniteError as e:
-            self._fail(str(e))
-            raise
-        finally:
-            self.stop_event.set()
-            self.server.stop(grace_s=1.0)
-            status_thread.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits
-            metrics.close()
+                self.phase = "training"
+            result = self.agent.consume(sample, int(self.counters["policy_version"].numpy()), env_steps)
+            if result.metrics:
+                self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
+                self.last_metrics = result.metrics
+            for name, value in (
+                ("learner_steps", result.gradient_steps),
+                ("consumed_env_steps", result.consumed),
+                ("dropped_env_steps", result.dropped),
+            ):
+                if value:  # most samples change one counter at most; skip the no-op variable writes
+                    self.counters[name].assign_add(value)
+            if result.updated:
+                self.counters["updates"].assign_add(1)
+                self.counters["policy_version"].assign_add(1)
+                self._publish_weights()
+            scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
+            if result.evaluate or scheduled:
+                self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
+            if time.time() - last_ckpt >= self.checkpoint_interval_s:
+                self._save()
+                last_ckpt = time.time()
+        with self.lock:
+            self.run_over = completed
+            self.phase = "evaluating" if completed else "stopping"
+        summary = dict(
+            algo=self.algo,
+            env_id=self.env_id,
+            preset=self.preset,
+            seed=self.seed,
+            completed=completed,
+            status_address=self.address,
+        )
+        summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
+        returns = self._evaluate(c.eval_episodes) if completed else None
+        if returns is None and completed:  # SIGTERM/SIGINT during the final evaluation: --resume runs it
+            completed = summary["completed"] = False
+        if returns is not None:
+            summary.update(
+                final_eval_return_mean=float(np.mean(returns)),
+                final_eval_episodes=len(returns),
+                final_eval_returns=returns,
+            )
+        else:  # stopped early, or SIGTERM/SIGINT during the final evaluation
+            summary.update(final_eval_return_mean=None, final_eval_episodes=0)
+        path = self._save()
+        if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
+            summary["replay_checkpoint_dir"] = self._checkpoint_replay()
+        last = self._log_metrics(metrics, last)
+        self._refresh_replay_status()
+        st = self.status_dict()
+        summary.update(
+            env_steps=st["env_steps"],
+            learner_steps=st["learner_steps"],
+            policy_version=st["policy_version"],
+            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
+            consumed_env_steps=st["consumed_env_steps"],
+            dropped_env_steps=st["dropped_env_steps"],
+            replay=st["replay"],
+            wall_seconds=self._wall_seconds(time.time()),
+            checkpoint=path,
+            config=json.loads(c.to_json()),
+        )
+        write_json(os.path.join(self.logdir, "summary.json"), summary)
+        with self.lock:
+            self.phase = "done"
+        print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
+        if completed and self.linger_s:
+            self.stop_event.wait(self.linger_s)  # let actors see stop=True and status be read
+        return summary
 
 
 def make_agent(

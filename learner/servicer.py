@@ -13,7 +13,6 @@ same bytes (the StreamWeights handler's response serializer passes bytes through
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import threading
 import time
@@ -30,6 +29,14 @@ _SERVICE = "rlfleet.Learner"
 # and no more than SEND_BUDGET_BYTES of them (9 Nature CNN messages of 6.7 MB).
 MAX_WRITES = 32
 SEND_BUDGET_BYTES = 64 * 2**20
+WRITE_TIMEOUT_S = 30.0  # a weights write that takes longer ends its stream (the reader stopped reading)
+# HTTP/2 keepalive pings find connections to actors that vanished (a frozen host, a partition) and close them.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class WeightsBroadcast:
@@ -47,19 +54,7 @@ class WeightsBroadcast:
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binds the broadcast to the event loop its streams run on (called on that loop)."""
         self._loop, self._changed = loop, asyncio.Event()
-        self._slots: asyncio.Semaphore | None = None
-
-    @contextlib.asynccontextmanager
-    async def sending(self, size: int):
-        """One stream writing one message of `size` bytes. At most `MAX_WRITES` writes, and about
-        `SEND_BUDGET_BYTES` bytes, are in flight at once; the other streams wait their turn (a FIFO semaphore
-        wakes one at a time). A new version thus reaches N streams as a steady flow rather than N callbacks
-        queued at once on the event loop, so a status call or heartbeat arriving meanwhile waits behind a
-        few writes, not all of them, and large weights (a Nature CNN's 6.7 MB) never pile up in memory."""
-        if self._slots is None:  # the message size is the same for every version of a run
-            self._slots = asyncio.Semaphore(max(1, min(MAX_WRITES, SEND_BUDGET_BYTES // max(size, 1))))
-        async with self._slots:
-            yield
+        self._slots: asyncio.Semaphore | None = None  # made at the first write, sized by the message
 
     def publish(self, msg: rlfleet_pb2.Weights) -> None:
         """Makes `msg` the version every stream sends next: stamps its `published_at` (Unix seconds) and
@@ -86,22 +81,39 @@ class WeightsBroadcast:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def stream(self, min_policy_version: int):
-        """Yields the serialized bytes of each newer version from `min_policy_version` on, until `close`. A
-        caller that holds a newer version than the latest (a learner restarted from an older checkpoint)
-        gets the latest at once."""
+    async def serve(self, min_policy_version: int, write) -> None:
+        """Sends each newer version from `min_policy_version` on through `write` (an async function of the
+        serialized bytes: the stream's `context.write`), until `close`. A caller that holds a newer version
+        than the latest (a learner restarted from an older checkpoint) gets the latest at once.
+
+        At most `MAX_WRITES` writes, and about `SEND_BUDGET_BYTES` bytes, are in flight over all streams; the
+        other streams wait their turn (a FIFO semaphore wakes one at a time) and then send the newest version
+        of that moment, not the one they woke for. A new version thus reaches N streams as a steady flow, not
+        N callbacks queued at once on the event loop: a status call or heartbeat arriving meanwhile waits
+        behind a few writes, and large weights (a Nature CNN's 6.7 MB) never pile up in memory.
+
+        Raises:
+            TimeoutError: one write took more than `WRITE_TIMEOUT_S` (a reader that stopped reading: a
+                frozen or partitioned actor); its slot is freed for the others.
+        """
         sent = min_policy_version - 1
         while not self._closed:
             changed = self._changed  # taken before the check: a publish after it sets this event
             with self._lock:
-                latest, data = self.latest, self._latest_bytes
+                latest = self.latest
             if latest is not None and sent > latest.policy_version:
                 sent = -1
-            if latest is not None and latest.policy_version > sent:
-                sent = latest.policy_version
-                yield data
+            if latest is None or latest.policy_version <= sent:
+                await changed.wait()
                 continue
-            await changed.wait()
+            if self._slots is None:  # the message size is the same for every version of a run
+                size = max(len(self._latest_bytes), 1)
+                self._slots = asyncio.Semaphore(max(1, min(MAX_WRITES, SEND_BUDGET_BYTES // size)))
+            async with self._slots:
+                with self._lock:  # the newest version by now
+                    latest, data = self.latest, self._latest_bytes
+                await asyncio.wait_for(write(data), WRITE_TIMEOUT_S)
+            sent = latest.policy_version
 
 
 def peer_ip(peer: str) -> str:
@@ -127,9 +139,12 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
 
     async def stream_weights(request, context):
-        async for data in learner.weights.stream(request.min_policy_version):
-            async with learner.weights.sending(len(data)):
-                await context.write(data)  # returns once the message is on its way, not queued
+        try:
+            await learner.weights.serve(request.min_policy_version, context.write)
+        except TimeoutError:  # the actor reconnects when it reads again (DEADLINE_EXCEEDED is retryable)
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"no weights message was read for {WRITE_TIMEOUT_S:.0f}s"
+            )
 
     async def heartbeat(request, context):
         stop = learner.record_heartbeat(request, peer_ip(context.peer()))
@@ -214,6 +229,7 @@ class LearnerServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="grpc")
         self._thread.start()
         self._weights = learner.weights
+        self._stopped = False
         try:
             self.port = self._run(self._create(learner, address, options, credentials, token))
         except BaseException:
@@ -226,7 +242,7 @@ class LearnerServer:
     async def _create(self, learner, address, options, credentials, token) -> int:
         self._weights.attach(asyncio.get_running_loop())
         self._server = grpc.aio.server(
-            options=[*options, ("grpc.so_reuseport", 0)],
+            options=[*options, *KEEPALIVE_OPTIONS, ("grpc.so_reuseport", 0)],
             interceptors=[TokenInterceptor(token)] if token else None,
         )
         self._server.add_generic_rpc_handlers((_handlers(learner),))
@@ -255,7 +271,10 @@ class LearnerServer:
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Ends the weight streams, reports NOT_SERVING, stops the server (calls in flight get `grace_s`
-        seconds) and the event loop thread."""
+        seconds) and the event loop thread. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._weights.close()
 
         async def stop():
@@ -270,3 +289,5 @@ class LearnerServer:
     def _shutdown_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()

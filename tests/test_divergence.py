@@ -66,6 +66,28 @@ def test_a_diverging_learner_stops_with_its_fault_and_keeps_finite_checkpoints(a
                 assert np.isfinite(value).all(), (ckpt, name)
 
 
+def test_a_run_without_observation_clipping_is_not_taken_for_a_divergence(tmp_path):
+    """PPO without observation normalization has no clip: it travels as float32's largest value, not +inf,
+    so the finite-weights check passes (the Ant-v5 preset runs this way)."""
+    run = tmp_path / "run"
+    out = rlfleet(
+        "up",
+        "--algo",
+        "ppo",
+        "--env",
+        "InvertedPendulum-v5",
+        "--set",
+        "obs_normalization=false",
+        "--total-steps",
+        3000,
+        "--logdir",
+        run,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["completed"] is True
+
+
 def _status(address):
     try:
         return get_status(address, 2)
@@ -117,7 +139,7 @@ def test_an_actor_refuses_non_finite_weights_and_names_the_learner(free_port):
     finally:
         server.stop(0)
     assert out.returncode == 2, out.stderr
-    assert "non-finite weights (q/w0)" in out.stderr and "learner's training diverged" in out.stderr, out.stderr
+    assert "NaN weights (q/w0)" in out.stderr and "learner's training diverged" in out.stderr, out.stderr
     assert "Fix the env" not in out.stderr
     assert reverb.Client(f"127.0.0.1:{replay.port}").server_info()["dqn_replay"].current_size == 0
     replay.stop()
