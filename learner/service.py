@@ -478,15 +478,10 @@ class Learner:
             time=now,
             wall_seconds=self._wall_seconds(now),
             phase=st["phase"],
-            env_steps=st["env_steps"],
-            learner_steps=st["learner_steps"],
-            policy_version=st["policy_version"],
-            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
+            **self._counts(st),
             **extras,
             episode_return_mean=st["episode_return_mean"],
             eval_return_mean=st["eval_return_mean"],
-            dropped_env_steps=st["dropped_env_steps"],
-            consumed_env_steps=st["consumed_env_steps"],
             num_actors=len(st["actors"]),
             **self.rates,
             **{k: v for k, v in self.last_metrics.items() if k not in extras},
@@ -546,28 +541,37 @@ class Learner:
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
         return os.path.dirname(path)
 
+    def _run_identity(self, **more) -> dict:
+        """The summary's first fields: algo, env_id, preset, seed, then `more`."""
+        return dict(algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed, **more)
+
+    @staticmethod
+    def _counts(st: dict) -> dict:
+        """The run's counters in a status dict, as metrics rows and summary.json name them."""
+        return dict(
+            env_steps=st["env_steps"],
+            learner_steps=st["learner_steps"],
+            policy_version=st["policy_version"],
+            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
+            consumed_env_steps=st["consumed_env_steps"],
+            dropped_env_steps=st["dropped_env_steps"],
+        )
+
     def _fail(self, fault: str) -> None:
         """Training diverged: status shows `fault` (phase "failed"), actors are told to stop, summary.json
         records it beside the last (finite) checkpoint; status stays readable for `linger_s` seconds."""
         with self.lock:
             self.fault, self.phase, self.run_over = fault, "failed", True
-        write_json(
-            os.path.join(self.logdir, "summary.json"),
-            dict(
-                algo=self.algo,
-                env_id=self.env_id,
-                preset=self.preset,
-                seed=self.seed,
-                completed=False,
-                fault=fault,
-                final_eval_return_mean=None,
-                final_eval_episodes=0,
-                env_steps=self._env_steps(),
-                learner_steps=int(self.counters["learner_steps"].numpy()),
-                checkpoint=self.ckpt_manager.latest_checkpoint,
-                config=json.loads(self.config.to_json()),
-            ),
+        summary = self._run_identity(completed=False)
+        summary.update(
+            fault=fault,
+            final_eval_return_mean=None,
+            final_eval_episodes=0,
+            **self._counts(self.status_dict()),
+            checkpoint=self.ckpt_manager.latest_checkpoint,
+            config=json.loads(self.config.to_json()),
         )
+        write_json(os.path.join(self.logdir, "summary.json"), summary)
         if self.linger_s:
             self.stop_event.wait(self.linger_s)  # SIGTERM ends it
 
@@ -677,14 +681,7 @@ class Learner:
         with self.lock:
             self.run_over = completed
             self.phase = "evaluating" if completed else "stopping"
-        summary = dict(
-            algo=self.algo,
-            env_id=self.env_id,
-            preset=self.preset,
-            seed=self.seed,
-            completed=completed,
-            status_address=self.address,
-        )
+        summary = self._run_identity(completed=completed, status_address=self.address)
         summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
         returns = self._evaluate(c.eval_episodes) if completed else None
         if returns is None and completed:  # SIGTERM/SIGINT during the final evaluation: --resume runs it
@@ -704,12 +701,7 @@ class Learner:
         self._refresh_replay_status()
         st = self.status_dict()
         summary.update(
-            env_steps=st["env_steps"],
-            learner_steps=st["learner_steps"],
-            policy_version=st["policy_version"],
-            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
-            consumed_env_steps=st["consumed_env_steps"],
-            dropped_env_steps=st["dropped_env_steps"],
+            **self._counts(st),
             replay=st["replay"],
             wall_seconds=self._wall_seconds(time.time()),
             checkpoint=path,

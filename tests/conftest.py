@@ -67,6 +67,39 @@ def wait_for(predicate, timeout, what, procs=()):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def status_or_none(address):
+    """The learner's status at `address`, or None while it does not answer (for `wait_for`)."""
+    from rlfleet.deploy.status import StatusError, get_status
+
+    try:
+        return get_status(address, 2)
+    except StatusError:
+        return None
+
+
+def start_replay_and_learner(procs, free_port, settings, logdir, *learner_args):
+    """Starts `rlfleet replay` and `rlfleet learner` (never-ending budget) with the same `settings` (--algo,
+    --env, --set ...) on free loopback ports; returns (replay, learner, learner address). The caller waits
+    for the learner; `learner_args` go to the learner only."""
+    replay_port, learner_port = free_port(), free_port()
+    replay = procs.start("replay", "replay", *settings, "--port", replay_port)
+    learner = procs.start(
+        "learner",
+        "learner",
+        *settings,
+        "--replay",
+        f"127.0.0.1:{replay_port}",
+        "--logdir",
+        logdir,
+        "--port",
+        learner_port,
+        "--total-steps",
+        10**7,
+        *learner_args,
+    )
+    return replay, learner, f"127.0.0.1:{learner_port}"
+
+
 @pytest.fixture
 def procs(tmp_path):
     """Starts processes via procs.start(name, *args); stops them all at the end of the test."""

@@ -8,9 +8,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import rlfleet, wait_for
-
-from rlfleet.deploy.status import StatusError, get_status
+from conftest import rlfleet, start_replay_and_learner, status_or_none, wait_for
 
 CASES = {
     # Adam moves every weight by about the learning rate per step: PPO's policy std overflows at once.
@@ -23,30 +21,22 @@ CASES = {
 @pytest.mark.parametrize("algo", sorted(CASES))
 def test_a_diverging_learner_stops_with_its_fault_and_keeps_finite_checkpoints(algo, procs, tmp_path, free_port):
     settings = CASES[algo]
-    replay_port, learner_port = free_port(), free_port()
-    address = f"127.0.0.1:{learner_port}"
     run = tmp_path / "run"
-    replay = procs.start("replay", "replay", *settings, "--port", replay_port)
-    learner = procs.start(
-        "learner",
-        "learner",
-        *settings,
-        "--replay",
-        f"127.0.0.1:{replay_port}",
-        "--logdir",
+    replay, learner, address = start_replay_and_learner(
+        procs,
+        free_port,
+        settings,
         run,
-        "--port",
-        learner_port,
-        "--total-steps",
-        10**6,
         "--checkpoint-interval",
         1,  # checkpoints from the start: the last one before the divergence must stay the latest
         "--linger",
         5,  # status stays readable that long after the fault
     )
-    wait_for(lambda: _status(address), 120, "the learner", [replay, learner])
+    wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
     actor = procs.start("actor", "actor", "--learner", address)
-    failed = wait_for(lambda: (s := _status(address)) and s["phase"] == "failed" and s, 240, "the fault in status")
+    failed = wait_for(
+        lambda: (s := status_or_none(address)) and s["phase"] == "failed" and s, 240, "the fault in status"
+    )
     assert "training diverged" in failed["fault"] and "learning_rate=" in failed["fault"], failed
     assert learner.proc.wait(60) == 2
     out = learner.output()
@@ -86,13 +76,6 @@ def test_a_run_without_observation_clipping_is_not_taken_for_a_divergence(tmp_pa
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["completed"] is True
-
-
-def _status(address):
-    try:
-        return get_status(address, 2)
-    except StatusError:
-        return None
 
 
 def test_an_actor_refuses_non_finite_weights_and_names_the_learner(free_port):

@@ -10,19 +10,12 @@ import math
 import os
 import signal
 
-from conftest import wait_for
+from conftest import status_or_none, wait_for
 
-from rlfleet.deploy.status import StatusError, format_status, get_status
+from rlfleet.deploy.status import format_status
 from rlfleet.replay.checkpoints import latest_checkpoint
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
-
-
-def _status(address):
-    try:
-        return get_status(address, 2)
-    except StatusError:
-        return None
 
 
 def _table(st):
@@ -65,7 +58,7 @@ def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extr
     )
     learner = procs.start("learner", *learner_args)
     address = f"127.0.0.1:{learner_port}"
-    wait_for(lambda: _status(address), 180, "the learner to serve", [replay, learner])
+    wait_for(lambda: status_or_none(address), 180, "the learner to serve", [replay, learner])
     started = [procs.start(f"actor-{i}", "actor", "--learner", address) for i in range(actors)]
     return dict(
         run=run,
@@ -81,7 +74,7 @@ def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extr
 def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port)
     st = wait_for(
-        lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s["learner_steps"] > 50 and s,
+        lambda: (s := status_or_none(c["address"])) and len(s["actors"]) == 2 and s["learner_steps"] > 50 and s,
         240,
         "two actors and learning",
         [c["learner"], *c["actors"]],
@@ -90,14 +83,14 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     # and rejoins with its id when it resumes; none of its env steps is lost from the count.
     c["actors"][1].proc.send_signal(signal.SIGSTOP)
     wait_for(
-        lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s,
+        lambda: (s := status_or_none(c["address"])) and len(s["actors"]) == 1 and s,
         60,
         "the paused actor to leave the status list",
         [c["learner"], c["actors"][0]],
     )
     c["actors"][1].proc.send_signal(signal.SIGCONT)
     back = wait_for(
-        lambda: (s := _status(c["address"])) and len(s["actors"]) == 2 and s,
+        lambda: (s := status_or_none(c["address"])) and len(s["actors"]) == 2 and s,
         60,
         "the paused actor to rejoin",
         [c["learner"], *c["actors"]],
@@ -108,7 +101,7 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     c["actors"][0].proc.wait()
     # The dead actor leaves the status list after --actor-timeout; the other one goes on.
     after = wait_for(
-        lambda: (s := _status(c["address"])) and len(s["actors"]) == 1 and s,
+        lambda: (s := status_or_none(c["address"])) and len(s["actors"]) == 1 and s,
         60,
         "the killed actor to leave the status list",
         [c["learner"], c["actors"][1]],
@@ -116,7 +109,7 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
     assert after["env_steps"] >= st["env_steps"]
     later = wait_for(
         lambda: (
-            (s := _status(c["address"]))
+            (s := status_or_none(c["address"]))
             and s["env_steps"] > after["env_steps"] + 500
             and s["learner_steps"] > after["learner_steps"] + 50
             and s
@@ -132,7 +125,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port)
     # A policy clearly better than random (CartPole: ~22) before the crash.
     before = wait_for(
-        lambda: (s := _status(c["address"])) and s["eval_return_mean"] >= 150 and len(s["actors"]) == 2 and s,
+        lambda: (s := status_or_none(c["address"])) and s["eval_return_mean"] >= 150 and len(s["actors"]) == 2 and s,
         240,
         "an evaluation return >= 150",
         [c["learner"], *c["actors"]],
@@ -154,7 +147,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     args = list(c["learner_args"])
     del args[args.index("--logdir") : args.index("--logdir") + 2]
     learner = procs.start("learner-restarted", *args, "--resume", c["run"])
-    first = wait_for(lambda: _status(c["address"]), 180, "the restarted learner", [learner, c["replay"]])
+    first = wait_for(lambda: status_or_none(c["address"]), 180, "the restarted learner", [learner, c["replay"]])
     # Counters continue from the checkpoint (taken after `before`), not from zero.
     assert first["learner_steps"] >= before["learner_steps"], (first, before)
     assert first["env_steps"] >= before["env_steps"]
@@ -164,7 +157,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     evaluations = []  # every evaluation return the restarted learner reports while we wait
 
     def rejoined():
-        s = _status(c["address"])
+        s = status_or_none(c["address"])
         if s is None:
             return None
         if not math.isnan(s["eval_return_mean"]):
@@ -191,7 +184,10 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     # A new actor does not take the id of one that has not rejoined yet.
     newcomer = procs.start("actor-new", "actor", "--learner", c["address"])
     joined = wait_for(
-        lambda: (s := _status(c["address"])) and len(s["actors"]) == 3 and s, 120, "a third actor", [learner, newcomer]
+        lambda: (s := status_or_none(c["address"])) and len(s["actors"]) == 3 and s,
+        120,
+        "a third actor",
+        [learner, newcomer],
     )
     assert sorted(a["actor_id"] for a in joined["actors"]) == [0, 1, 2]
 
@@ -199,7 +195,7 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
 def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     c = _cluster(procs, tmp_path, free_port, replay_extra=("--checkpoint-interval", 3))
     before = wait_for(
-        lambda: (s := _status(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000 and s,
+        lambda: (s := status_or_none(c["address"])) and s["learner_steps"] > 100 and _table(s)["size"] > 1000 and s,
         240,
         "a filled replay table",
         [c["learner"], c["replay"], *c["actors"]],
@@ -212,7 +208,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     c["replay"].proc.send_signal(signal.SIGKILL)
     c["replay"].proc.wait()
     wait_for(
-        lambda: (s := _status(c["address"])) and "replay server does not answer" in format_status(s),
+        lambda: (s := status_or_none(c["address"])) and "replay server does not answer" in format_status(s),
         30,
         "status to report the replay outage",
         [c["learner"]],
@@ -222,11 +218,11 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
     assert info.current_size >= _table(before)["size"], "the table did not come back from its checkpoint"
     assert "Loading checkpoint from" in replay.output()
-    restored = wait_for(lambda: _status(c["address"]), 60, "status after the restart", [replay, c["learner"]])
+    restored = wait_for(lambda: status_or_none(c["address"]), 60, "status after the restart", [replay, c["learner"]])
     # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
     later = wait_for(
         lambda: (
-            (s := _status(c["address"]))
+            (s := status_or_none(c["address"]))
             and _table(s)["inserts"] > _table(restored)["inserts"] + 500
             and s["learner_steps"] > restored["learner_steps"] + 100
             and s

@@ -11,41 +11,19 @@ import sys
 import time
 
 import grpc
-from conftest import ENV, ROOT, wait_for
+from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
 from rlfleet.deploy.simulated_actors import fan_out_seconds
-from rlfleet.deploy.status import StatusError, get_status
+from rlfleet.deploy.status import get_status
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 SIMULATED = 128
 
 
-def _status(address):
-    try:
-        return get_status(address, 2)
-    except StatusError:
-        return None
-
-
 def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(procs, tmp_path, free_port):
-    replay_port, learner_port = free_port(), free_port()
-    address = f"127.0.0.1:{learner_port}"
-    replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
-    learner = procs.start(
-        "learner",
-        "learner",
-        *DQN,
-        "--replay",
-        f"127.0.0.1:{replay_port}",
-        "--logdir",
-        tmp_path / "run",
-        "--port",
-        learner_port,
-        "--total-steps",
-        10**7,
-    )
-    wait_for(lambda: _status(address), 120, "the learner", [replay, learner])
+    replay, learner, address = start_replay_and_learner(procs, free_port, DQN, tmp_path / "run")
+    wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
     actor = procs.start("actor", "actor", "--learner", address)
     wait_for(lambda: get_status(address)["learner_steps"] > 0, 120, "training", [replay, learner, actor])
 

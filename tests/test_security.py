@@ -9,7 +9,7 @@ import subprocess
 
 import conftest
 import pytest
-from conftest import rlfleet, wait_for
+from conftest import rlfleet, start_replay_and_learner, wait_for
 
 from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto.security import ClientSecurity
@@ -57,23 +57,7 @@ def certs(tmp_path_factory):
 
 
 def _start(procs, tmp_path, free_port, *learner_security):
-    replay_port, learner_port = free_port(), free_port()
-    replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
-    learner = procs.start(
-        "learner",
-        "learner",
-        *DQN,
-        "--replay",
-        f"127.0.0.1:{replay_port}",
-        "--logdir",
-        tmp_path / "run",
-        "--port",
-        learner_port,
-        "--total-steps",
-        10**7,
-        *learner_security,
-    )
-    return replay, learner, f"127.0.0.1:{learner_port}"
+    return start_replay_and_learner(procs, free_port, DQN, tmp_path / "run", *learner_security)
 
 
 def _inserts(st):

@@ -16,18 +16,11 @@ import sys
 import time
 
 import psutil
-from conftest import ENV, ROOT, wait_for
+from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
-from rlfleet.deploy.status import StatusError, get_status
+from rlfleet.deploy.status import get_status
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
-
-
-def _status(address):
-    try:
-        return get_status(address, 2)
-    except StatusError:
-        return None
 
 
 def _up(tmp_path, port, *args):
@@ -57,7 +50,7 @@ def test_sigkill_of_up_leaves_no_process_behind(tmp_path, free_port):
     up = _up(tmp_path, port, *DQN, "--actors", 2, "--total-steps", 10**7, "--logdir", run)
     tree = []
     try:
-        wait_for(lambda: (s := _status(f"127.0.0.1:{port}")) and s["learner_steps"] > 0, 180, "training")
+        wait_for(lambda: (s := status_or_none(f"127.0.0.1:{port}")) and s["learner_steps"] > 0, 180, "training")
         tree = psutil.Process(up.pid).children(recursive=True)
         assert len(tree) >= 4, tree  # replay, learner, 2 actors
         up.kill()
@@ -94,7 +87,9 @@ def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
     )
     tree = []
     try:
-        wait_for(lambda: (s := _status(f"127.0.0.1:{port}")) and s["phase"] == "evaluating", 240, "the final eval")
+        wait_for(
+            lambda: (s := status_or_none(f"127.0.0.1:{port}")) and s["phase"] == "evaluating", 240, "the final eval"
+        )
         time.sleep(2)
         tree = psutil.Process(up.pid).children(recursive=True)
         t = time.time()
@@ -114,26 +109,13 @@ def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
 
 
 def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, free_port):
-    replay_port, learner_port = free_port(), free_port()
-    address = f"127.0.0.1:{learner_port}"
-    replay = procs.start("replay", "replay", *DQN, "--port", replay_port)
-    learner = procs.start(
-        "learner",
-        "learner",
-        *DQN,
-        "--replay",
-        f"127.0.0.1:{replay_port}",
-        "--logdir",
-        tmp_path / "run",
-        "--port",
-        learner_port,
-        "--total-steps",
-        10**7,
-    )
-    wait_for(lambda: _status(address), 120, "the learner", [replay, learner])
+    replay, learner, address = start_replay_and_learner(procs, free_port, DQN, tmp_path / "run")
+    wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
     actors = [procs.start(f"actor-{i}", "actor", "--learner", address) for i in range(2)]
     st = wait_for(
-        lambda: (s := _status(address)) and len(s["actors"]) == 2 and all(a["env_steps"] for a in s["actors"]) and s,
+        lambda: (
+            (s := status_or_none(address)) and len(s["actors"]) == 2 and all(a["env_steps"] for a in s["actors"]) and s
+        ),
         120,
         "two actors stepping",
         [learner, *actors],
