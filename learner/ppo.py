@@ -26,6 +26,8 @@ from rlfleet.learner.presets import PPOConfig
 
 _SPEC_1D = tf.TensorSpec([None], tf.float32)
 _SPEC_2D = tf.TensorSpec([None, None], tf.float32)
+_SPEC_3D = tf.TensorSpec([None, None, None], tf.float32)
+_SPEC_2D_BOOL = tf.TensorSpec([None, None], tf.bool)
 
 
 class BatchPPO:
@@ -218,18 +220,33 @@ class BatchPPO:
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
         """
-        c = self.config
+        return self._advantages(*self._graph_inputs(batch, obs_n)[:5])
+
+    def _graph_inputs(self, batch: dict, obs_n: np.ndarray | None = None) -> tuple:
+        """The batch as `_advantages` and `_update` take it: normalised observations [T+1, N, obs_dim] and
+        final observations [T, N, obs_dim], scaled rewards, terminated, truncated [T, N]; actions [T, N, A] and
+        behaviour log-probs [T, N] (numpy)."""
         obs = batch["observation"]
-        t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
         obs_n = self.obs_norm.normalize(obs) if obs_n is None else obs_n
-        rewards = self.scale_rewards(batch["reward"][:-1])
-        values = self.value(obs_n.reshape(-1, obs_dim)).numpy().reshape(t + 1, n)
-        terminated, truncated = batch["terminated"][:-1], batch["truncated"][:-1]
-        truncation_values = np.zeros((t, n), np.float32)
-        if truncated.any():  # V(final observation) where a time limit cut the episode
-            final = self.obs_norm.normalize(batch["final_observation"][:-1][truncated])
-            truncation_values[truncated] = self.value(final).numpy()
-        next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, truncation_values)
+        return (
+            np.asarray(obs_n, np.float32),
+            self.obs_norm.normalize(batch["final_observation"][:-1]),
+            self.scale_rewards(batch["reward"][:-1]),
+            np.asarray(batch["terminated"][:-1], bool),
+            np.asarray(batch["truncated"][:-1], bool),
+            np.asarray(batch["action"][:-1], np.float32),
+            np.asarray(batch["behaviour_log_prob"][:-1], np.float32),
+        )
+
+    @tf.function(input_signature=[_SPEC_3D, _SPEC_3D, _SPEC_2D, _SPEC_2D_BOOL, _SPEC_2D_BOOL])
+    def _advantages(self, obs_n, final_obs_n, rewards, terminated, truncated):
+        """`advantages` in one graph: V of every observation and of every final observation (used where
+        truncated), GAE over the time axis. Shapes as `_graph_inputs` returns them."""
+        c = self.config
+        t1, n, obs_dim = tf.shape(obs_n)[0], tf.shape(obs_n)[1], tf.shape(obs_n)[2]
+        values = tf.reshape(self.value(tf.reshape(obs_n, [-1, obs_dim])), [t1, n])
+        final_values = tf.reshape(self.value(tf.reshape(final_obs_n, [-1, obs_dim])), [t1 - 1, n])
+        next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, final_values)
         return ppo_math.gae_advantages(
             rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
         )
@@ -255,8 +272,6 @@ class BatchPPO:
         c = self.config
         done = min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 0.0
         lr = c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * done)
-        for opt in (self.policy_opt, self.value_opt):
-            opt.learning_rate.assign(lr)
         obs = batch["observation"]
         t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
         if c.obs_normalization:
@@ -265,22 +280,62 @@ class BatchPPO:
             self.reward_norm.update(batch["reward"][:-1].reshape(-1))
         elif c.reward_scale == "return":
             self.reward_norm.update(batch["discounted_return"][:-1].reshape(-1))
-        obs_n = self.obs_norm.normalize(obs)
-        adv, returns = self.advantages(batch, obs_n)
-        adv = ppo_math.normalize_advantages(adv)
-        flat = lambda x: np.asarray(x[:t] if x.shape[0] == t + 1 else x).reshape(t * n, *x.shape[2:])
-        obs_t, actions = tf.constant(flat(obs_n), tf.float32), tf.constant(flat(batch["action"]), tf.float32)
-        prox_mean, prox_log_std = self.policy(obs_t)
-        prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
-        is_weights = ppo_math.proximal_weights(
-            prox_log_prob, flat(batch["behaviour_log_prob"]), c.max_importance_weight
-        )
         size = t * n
         mb = max(1, size // max(1, c.num_minibatches))
         per_epoch = size // mb
         minibatches = np.concatenate(
             [self.rng.permutation(size)[: per_epoch * mb].reshape(per_epoch, mb) for _ in range(c.epochs)]
         ).astype(np.int32)
+        out = self._update(*self._graph_inputs(batch), minibatches, np.float32(self.beta), np.float32(lr))
+        p_loss, v_loss, kl, policy_std, mean_is_weight = (float(x) for x in out)
+        if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
+            self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
+        return {
+            "policy_loss": p_loss,
+            "value_loss": v_loss,
+            "kl": kl,
+            "beta": self.beta,
+            "policy_std": policy_std,
+            "mean_importance_weight": mean_is_weight,
+            "learning_rate": lr,
+            "gradient_steps": len(minibatches),
+        }
+
+    @tf.function(
+        input_signature=[
+            _SPEC_3D,
+            _SPEC_3D,
+            _SPEC_2D,
+            _SPEC_2D_BOOL,
+            _SPEC_2D_BOOL,
+            _SPEC_3D,
+            _SPEC_2D,
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([], tf.float32),
+            tf.TensorSpec([], tf.float32),
+        ]
+    )
+    def _update(
+        self, obs_n, final_obs_n, rewards, terminated, truncated, actions, behaviour_log_prob, minibatches, beta, lr
+    ):
+        """`update` after the normalizers, in one graph call: advantages (normalised), the proximal policy's
+        outputs and importance weights, every gradient step (`_train`), and the metrics (policy loss, value
+        loss, KL(proximal‖new), policy std, mean importance weight).
+
+        One call, not a few hundred eager ops: with Python 3.11, TensorFlow 2.15 keeps ~100 bytes per eager op
+        or function call it runs (tensorflow/tensorflow#62551), which made the learner grow ~7 MB a minute.
+        """
+        adv, returns = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated)
+        adv = ppo_math.normalize_advantages(adv)
+        flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
+        obs_t, actions = flat(obs_n[:-1]), flat(actions)
+        for opt in (self.policy_opt, self.value_opt):
+            opt.learning_rate.assign(lr)
+        prox_mean, prox_log_std = self.policy(obs_t)
+        prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
+        is_weights = ppo_math.proximal_weights(
+            prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
+        )
         p_loss, v_loss = self._train(
             obs_t,
             actions,
@@ -288,23 +343,12 @@ class BatchPPO:
             prox_mean,
             prox_log_std,
             is_weights,
-            tf.constant(flat(adv.numpy())),
-            tf.constant(flat(returns.numpy())),
-            tf.constant(minibatches),
-            tf.constant(self.beta, tf.float32),
+            flat(adv),
+            flat(returns),
+            minibatches,
+            beta,
         )
-        steps = len(minibatches)
         mean, log_std = self.policy(obs_t)
-        kl = float(tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)))
-        if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
-            self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
-        return {
-            "policy_loss": float(p_loss),
-            "value_loss": float(v_loss),
-            "kl": kl,
-            "beta": self.beta,
-            "policy_std": float(np.exp(self.policy.log_std.numpy()).mean()),
-            "mean_importance_weight": float(tf.reduce_mean(is_weights)),
-            "learning_rate": lr,
-            "gradient_steps": steps,
-        }
+        kl = tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std))
+        policy_std = tf.reduce_mean(tf.exp(self.policy.log_std))
+        return p_loss, v_loss, kl, policy_std, tf.reduce_mean(is_weights)

@@ -82,9 +82,20 @@ def gaussian_entropy(log_std):
     return tf.reduce_sum(log_std + 0.5 * (1.0 + _LOG_2PI), axis=-1)
 
 
-def _backward_scan(fn, elems, initial):
-    """Scan ``fn(carry, elem)`` over the time axis from t = T-1 down to 0."""
-    return tf.scan(fn, elems, initializer=initial, reverse=True)
+@tf.function(
+    input_signature=[
+        tf.TensorSpec([None, None], tf.float32),
+        tf.TensorSpec([None, None], tf.float32),
+        tf.TensorSpec([None], tf.float32),
+    ]
+)
+def _backward_recurrence(a, b, initial):
+    """y_t = a_t + b_t * y_{t+1} for t = T-1 down to 0, y_T = `initial`: float32 [T, B] from a, b [T, B].
+
+    One graph for every call (called eagerly, ``tf.scan`` builds its loop anew each time and TensorFlow keeps
+    about 30 kB of it per call: the learner's memory grew by that much per PPO update).
+    """
+    return tf.scan(lambda acc, ab: ab[0] + ab[1] * acc, (a, b), initializer=initial, reverse=True)
 
 
 def next_state_values(values, bootstrap_value, truncated, truncation_values):
@@ -143,12 +154,7 @@ def gae_advantages(rewards, values, next_values, terminated, episode_ends, disco
     not_end = 1.0 - _f32(episode_ends)
     discount, lambda_ = _f32(discount), _f32(lambda_)
     deltas = rewards + discount * not_terminal * next_values - values
-
-    def step(acc, elem):
-        delta, ne = elem
-        return delta + discount * lambda_ * ne * acc
-
-    advantages = _backward_scan(step, (deltas, not_end), tf.zeros_like(values[0]))
+    advantages = _backward_recurrence(deltas, discount * lambda_ * not_end, tf.zeros_like(values[0]))
     return advantages, advantages + values
 
 
@@ -172,12 +178,10 @@ def discounted_returns(rewards, next_values, terminated, episode_ends, discount)
     rewards, next_values = _f32(rewards), _f32(next_values)
     not_terminal, end = 1.0 - _f32(terminated), _f32(episode_ends)
     discount = _f32(discount)
-
-    def step(acc, elem):
-        r, nv, nt, e = elem
-        return r + discount * nt * (e * nv + (1.0 - e) * acc)
-
-    return _backward_scan(step, (rewards, next_values, not_terminal, end), next_values[-1])
+    # R_t = [r_t + γ·nt_t·e_t·next_t] + [γ·nt_t·(1 − e_t)]·R_{t+1}
+    return _backward_recurrence(
+        rewards + discount * not_terminal * end * next_values, discount * not_terminal * (1.0 - end), next_values[-1]
+    )
 
 
 def normalize_advantages(adv, eps=1e-8):

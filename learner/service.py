@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -180,6 +181,9 @@ class Learner:
                 "updates",
             )
         }
+        # The training loop and status use `count` (Python ints: every eager TensorFlow op costs memory, see
+        # rlfleet.learner.ppo.BatchPPO._update); the variables hold them for checkpoints (`_save`).
+        self.count = {k: 0 for k in self.counters}
         # Checkpoints name the policy version's variable "weights_version" (its name before issue 10), so
         # that runs checkpointed before can be resumed.
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
@@ -196,7 +200,8 @@ class Learner:
             self.ckpt.restore(latest).assert_existing_objects_matched()
             self.agent.sync_from_checkpoint()
             progress = read_progress(latest)
-            self.agent.on_resume(int(self.counters["env_steps"].numpy()))
+            self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
+            self.agent.on_resume(self.count["env_steps"])
             print(f"rlfleet learner: resumed from {latest}", flush=True)
         write_json(os.path.join(logdir, "run.json"), run)
 
@@ -208,7 +213,7 @@ class Learner:
         self.start_time = time.time()
         self.registry = ActorRegistry(
             actor_timeout_s,
-            base_env_steps=int(self.counters["env_steps"].numpy()),  # restored
+            base_env_steps=self.count["env_steps"],  # restored
             next_actor_id=progress["next_actor_id"],
             away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
         )
@@ -290,7 +295,7 @@ class Learner:
     def _env_steps_locked(self) -> int:
         """The run's env steps: as the actors reported them, and at least what the learner consumed or
         dropped (heartbeats lag by up to a second)."""
-        seen = int(self.counters["consumed_env_steps"].numpy()) + int(self.counters["dropped_env_steps"].numpy())
+        seen = self.count["consumed_env_steps"] + self.count["dropped_env_steps"]
         return max(self.registry.env_steps(), seen)
 
     def status_dict(self) -> dict:
@@ -298,8 +303,8 @@ class Learner:
         with self.lock:
             # The training thread adds to the counters without this lock: the env steps shown are at least
             # the consumed + dropped values shown beside them, read here before it.
-            consumed = int(self.counters["consumed_env_steps"].numpy())
-            dropped = int(self.counters["dropped_env_steps"].numpy())
+            consumed = self.count["consumed_env_steps"]
+            dropped = self.count["dropped_env_steps"]
             env_steps = max(self._env_steps_locked(), consumed + dropped)
             now = time.time()
             self.registry.evict_stale(now)  # status never lists an actor past its timeout
@@ -310,10 +315,10 @@ class Learner:
                 env_id=self.env_id,
                 phase=self.phase,
                 fault=self.fault,
-                learner_steps=int(self.counters["learner_steps"].numpy()),
+                learner_steps=self.count["learner_steps"],
                 env_steps=env_steps,
-                policy_version=int(self.counters["policy_version"].numpy()),
-                weights_version=int(self.counters["policy_version"].numpy()),  # the same (an older name)
+                policy_version=self.count["policy_version"],
+                weights_version=self.count["policy_version"],  # the same (an older name)
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
                 eval_return_mean=self.eval_return_mean,
                 uptime_seconds=now - self.start_time,
@@ -369,7 +374,7 @@ class Learner:
         Raises:
             NonFiniteError: a weight is NaN/inf (nothing is published).
         """
-        policy_version = int(self.counters["policy_version"].numpy())
+        policy_version = self.count["policy_version"]
         arrays = self.agent.export_weights()
         self._check_finite(arrays, "weights")
         msg = proto_arrays.to_proto(policy_version, arrays, self.agent.exploration())
@@ -386,7 +391,7 @@ class Learner:
         suspects = {k: v for k, v in fields.items() if "learning_rate" in k or "reward" in k or "lr_" in k}
         latest = self.ckpt_manager.latest_checkpoint
         raise NonFiniteError(
-            f"training diverged at learner step {int(self.counters['learner_steps'].numpy())}: the {what} "
+            f"training diverged at learner step {self.count['learner_steps']}: the {what} "
             f"{', '.join(sorted(bad)[:5])} {'is' if len(bad) == 1 else 'are'} not finite (NaN/inf). This is the "
             "learner's side, not the envs': nothing of it was published to the actors or checkpointed"
             + (f" (the last checkpoint, {latest}, is from before)" if latest else "")
@@ -503,7 +508,9 @@ class Learner:
 
     def _save(self) -> str:
         with self.lock:
-            self.counters["env_steps"].assign(self._env_steps_locked())
+            self.count["env_steps"] = self._env_steps_locked()
+            for name, variable in self.counters.items():
+                variable.assign(self.count[name])
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
             book = self.registry.progress()
             progress = dict(
@@ -629,12 +636,12 @@ class Learner:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:
             pass  # the loop below sees the stop at once
+        gc.freeze()  # see below, at the first update
+        frozen_after_update = False
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
         metrics = self._metrics = MetricsLog(self.logdir)
         c = self.config
-        last = dict(
-            time=time.time(), env_steps=self._env_steps(), learner_steps=int(self.counters["learner_steps"].numpy())
-        )
+        last = dict(time=time.time(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
         last_ckpt = time.time()
         completed = False
         while not self.stop_event.is_set():
@@ -657,7 +664,7 @@ class Learner:
                 continue
             with self.lock:
                 self.phase = "training"
-            result = self.agent.consume(sample, int(self.counters["policy_version"].numpy()), env_steps)
+            result = self.agent.consume(sample, self.count["policy_version"], env_steps)
             if result.metrics:
                 self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
                 self.last_metrics = result.metrics
@@ -666,13 +673,19 @@ class Learner:
                 ("consumed_env_steps", result.consumed),
                 ("dropped_env_steps", result.dropped),
             ):
-                if value:  # most samples change one counter at most; skip the no-op variable writes
-                    self.counters[name].assign_add(value)
+                self.count[name] += value
             if result.updated:
-                self.counters["updates"].assign_add(1)
-                self.counters["policy_version"].assign_add(1)
+                self.count["updates"] += 1
+                self.count["policy_version"] += 1
                 self._publish_weights()
-            scheduled = result.updated and int(self.counters["updates"].numpy()) % c.eval_every_updates == 0
+                if not frozen_after_update:
+                    # TensorFlow's modules and the traced graphs are some 400k Python objects that live as long
+                    # as the learner: frozen, the garbage collector no longer walks them. Walking them took
+                    # ~250 ms every ~20 s with 512 actors (the gRPC server's calls make garbage fast), a pause
+                    # of every thread: status and heartbeats waited for it.
+                    gc.freeze()
+                    frozen_after_update = True
+            scheduled = result.updated and self.count["updates"] % c.eval_every_updates == 0
             if result.evaluate or scheduled:
                 self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
             if time.time() - last_ckpt >= self.checkpoint_interval_s:

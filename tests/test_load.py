@@ -88,3 +88,54 @@ def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(pr
     # Leaving heartbeats: status drops the simulated actors at once (not after the heartbeat timeout).
     st = get_status(address)
     assert len(st["actors"]) == 1 and not st["actors"][0]["host"].startswith("simulated-"), st["actors"]
+
+
+def test_stalled_readers_do_not_hold_up_the_other_actors(procs, tmp_path, free_port):
+    """More actors stop reading their weight stream (SIGSTOP: a frozen host) than there are write slots: the
+    learner's writes to them stall, yet the other actors keep getting each new version within seconds and
+    status answers within a second."""
+    from rlfleet.learner.servicer import MAX_WRITES
+
+    settings = (*DQN, "--set", "publish_every=10", "--set", "eval_every_updates=1000000")
+    replay, learner, address = start_replay_and_learner(procs, free_port, settings, tmp_path / "run")
+    wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
+    actor = procs.start("actor", "actor", "--learner", address)
+    wait_for(lambda: get_status(address)["policy_version"] >= 2, 120, "training", [replay, learner, actor])
+
+    def simulated(name, n, seconds, first):
+        log = open(tmp_path / f"{name}.log", "wb")
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+            + ["--actors", str(n), "--seconds", str(seconds), "--first-index", str(first)]
+            + ["--out", str(tmp_path / f"{name}.json")],
+            cwd=ROOT,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    stalled_n = MAX_WRITES + 8
+    stalled = simulated("stalled", stalled_n, 300, 0)
+    healthy = None
+    try:
+        wait_for(lambda: len(get_status(address)["actors"]) >= stalled_n + 1, 60, "the actors in status", [learner])
+        stalled.send_signal(signal.SIGSTOP)
+        time.sleep(5)  # their connections' flow-control windows fill: the learner's writes to them block
+        healthy = simulated("healthy", 8, 25, 1000)
+        latencies = []
+        while healthy.poll() is None:
+            t = time.time()
+            get_status(address, timeout_s=5)
+            latencies.append(time.time() - t)
+            time.sleep(0.5)
+        assert healthy.returncode == 0, (tmp_path / "healthy.log").read_text()[-3000:]
+        assert max(latencies) < 1.0, latencies
+    finally:
+        for p in (stalled, healthy):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+    fan_out = fan_out_seconds(json.loads((tmp_path / "healthy.json").read_text()))
+    assert len(fan_out) >= 20, fan_out  # about 4 versions a second for 25 s
+    assert max(fan_out.values()) < 3.0, fan_out
