@@ -30,9 +30,6 @@ _SERVICE = "rlfleet.Learner"
 MAX_WRITES = 32
 SEND_BUDGET_BYTES = 64 * 2**20
 WRITE_TIMEOUT_S = 30.0  # a weights write that takes longer ends its stream (the reader stopped reading)
-# A write still going after SLOT_HOLD_S gives its slot back (and finishes outside the limits): readers that stall
-# must not take every slot. Each such write holds one message copy (in gRPC) until it ends or times out.
-SLOT_HOLD_S = 1.0
 # HTTP/2 keepalive pings find connections to actors that vanished (a frozen host, a partition) and close them.
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -93,15 +90,12 @@ class WeightsBroadcast:
         other streams wait their turn (a FIFO semaphore wakes one at a time) and then send the newest version
         of that moment, not the one they woke for. A new version thus reaches N streams as a steady flow, not
         N callbacks queued at once on the event loop: a status call or heartbeat arriving meanwhile waits
-        behind a few writes, and large weights (a Nature CNN's 6.7 MB) never pile up in memory. A write
-        still going after `SLOT_HOLD_S` (its reader is slow or stopped) gives its slot to the next stream, so
-        stalled actors, however many, delay the others by about a second at most.
+        behind a few writes, and large weights (a Nature CNN's 6.7 MB) never pile up in memory.
 
         Raises:
             TimeoutError: one write took more than `WRITE_TIMEOUT_S` (a reader that stopped reading: a
-                frozen or partitioned actor).
+                frozen or partitioned actor); its slot is freed for the others.
         """
-        loop = asyncio.get_running_loop()
         sent = min_policy_version - 1
         while not self._closed:
             changed = self._changed  # taken before the check: a publish after it sets this event
@@ -115,24 +109,10 @@ class WeightsBroadcast:
             if self._slots is None:  # the message size is the same for every version of a run
                 size = max(len(self._latest_bytes), 1)
                 self._slots = asyncio.Semaphore(max(1, min(MAX_WRITES, SEND_BUDGET_BYTES // size)))
-            await self._slots.acquire()
-            holding = True
-
-            def release_slot():  # once: at SLOT_HOLD_S (a slow or stopped reader) or when the write ends
-                nonlocal holding
-                if holding:
-                    holding = False
-                    self._slots.release()
-
-            slow = loop.call_later(SLOT_HOLD_S, release_slot)  # a timer, not a task per write
-            try:
+            async with self._slots:
                 with self._lock:  # the newest version by now
                     latest, data = self.latest, self._latest_bytes
-                async with asyncio.timeout(WRITE_TIMEOUT_S):
-                    await write(data)
-            finally:
-                slow.cancel()
-                release_slot()
+                await asyncio.wait_for(write(data), WRITE_TIMEOUT_S)
             sent = latest.policy_version
 
 

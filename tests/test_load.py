@@ -91,8 +91,8 @@ def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(pr
 
 
 def test_stalled_readers_do_not_hold_up_the_other_actors(procs, tmp_path, free_port):
-    """More actors stop reading their weight stream (SIGSTOP: a frozen host) than there are write slots: the
-    learner's writes to them stall, yet the other actors keep getting each new version within seconds and
+    """More actors stop reading their weight streams (SIGSTOP: a frozen host) than there are write slots, while
+    the learner goes on publishing to them: the other actors keep getting each new version within seconds and
     status answers within a second."""
     from rlfleet.learner.servicer import MAX_WRITES
 
@@ -121,7 +121,7 @@ def test_stalled_readers_do_not_hold_up_the_other_actors(procs, tmp_path, free_p
     try:
         wait_for(lambda: len(get_status(address)["actors"]) >= stalled_n + 1, 60, "the actors in status", [learner])
         stalled.send_signal(signal.SIGSTOP)
-        time.sleep(5)  # their connections' flow-control windows fill: the learner's writes to them block
+        time.sleep(5)  # several versions go unread meanwhile
         healthy = simulated("healthy", 8, 25, 1000)
         latencies = []
         while healthy.poll() is None:
