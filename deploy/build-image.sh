@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the rlfleet image (deploy/Dockerfile) from the repository.
+#
+#   deploy/build-image.sh [--offline] [--tag NAME] [--cache DIR]
+#
+# Default: `docker build` on python:3.11-slim (pulled from a registry) with pip installing from PyPI.
+# --offline: no image registry needed. The base image is made locally with Debian's mmdebstrap (Debian bookworm,
+# Python 3.11, from the Debian package mirror) and `docker import`; the dependency wheels are collected on this
+# machine into wheelhouse/ (pip wheel, with this machine's python3.11) and the image installs only from them.
+# The base tarball and the wheelhouse are kept in the cache folder (default ~/.cache/rlfleet-image) and reused.
+# Needs: docker (DOCKER_HOST is honoured), and for --offline mmdebstrap and python3.11 with pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+offline=0
+tag=rlfleet:latest
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/rlfleet-image"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --offline) offline=1 ;;
+    --tag) tag="$2"; shift ;;
+    --cache) cache="$2"; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ "$offline" = 0 ]; then
+  rm -rf wheelhouse
+  exec docker build -f deploy/Dockerfile -t "$tag" .
+fi
+
+for tool in docker mmdebstrap python3.11; do
+  command -v "$tool" >/dev/null || { echo "build-image.sh --offline needs $tool (apt-get install docker.io mmdebstrap)" >&2; exit 2; }
+done
+mkdir -p "$cache"
+base=rlfleet-base:bookworm
+if ! docker image inspect "$base" >/dev/null 2>&1; then
+  if [ ! -s "$cache/base.tar" ]; then
+    echo "build-image.sh: making the base image (Debian bookworm, Python 3.11) with mmdebstrap"
+    mmdebstrap --quiet --format=tar --variant=apt --include=python3,python3-venv,ca-certificates,passwd \
+      bookworm "$cache/base.tar.part"
+    mv "$cache/base.tar.part" "$cache/base.tar"
+  fi
+  docker import "$cache/base.tar" "$base" >/dev/null
+fi
+stamp="$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$cache/wheelhouse/.$stamp" ]; then
+  echo "build-image.sh: collecting the dependency wheels"
+  rm -rf "$cache/wheelhouse"
+  # the build backend too: the image builds rlfleet itself from source, offline
+  python3.11 -m pip wheel --quiet --wheel-dir "$cache/wheelhouse" . "setuptools>=64" wheel
+  touch "$cache/wheelhouse/.$stamp"
+fi
+rm -rf wheelhouse
+cp -r "$cache/wheelhouse" wheelhouse
+trap 'rm -rf wheelhouse' EXIT
+docker build --build-arg BASE_IMAGE="$base" -f deploy/Dockerfile -t "$tag" .
+docker image inspect "$tag" --format "build-image.sh: built $tag ({{.Size}} bytes)"
