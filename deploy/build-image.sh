@@ -18,16 +18,15 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/rlfleet-image"
 while [ $# -gt 0 ]; do
   case "$1" in
     --offline) offline=1 ;;
-    --tag) tag="$2"; shift ;;
-    --cache) cache="$2"; shift ;;
+    --tag) tag="${2:?--tag needs an image name}"; shift ;;
+    --cache) cache="${2:?--cache needs a folder}"; shift ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
-if [ "$offline" = 0 ]; then
-  rm -rf wheelhouse
+if [ "$offline" = 0 ]; then  # a wheelhouse/ left in the repository would be used (and only it)
   exec docker build -f deploy/Dockerfile -t "$tag" .
 fi
 
@@ -45,7 +44,9 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   fi
   docker import "$cache/base.tar" "$base" >/dev/null
 fi
-stamp="$(sha256sum pyproject.toml | cut -c1-16)"
+# The wheels fit this machine's Python and platform: the cache is keyed by those and the dependency set.
+stamp="$( (cat pyproject.toml; python3.11 -c 'import platform, sys; print(sys.version, platform.machine())') \
+  | sha256sum | cut -c1-16)"
 if [ ! -f "$cache/wheelhouse/.$stamp" ]; then
   echo "build-image.sh: collecting the dependency wheels"
   rm -rf "$cache/wheelhouse"
@@ -53,8 +54,8 @@ if [ ! -f "$cache/wheelhouse/.$stamp" ]; then
   python3.11 -m pip wheel --quiet --wheel-dir "$cache/wheelhouse" . "setuptools>=64" wheel
   touch "$cache/wheelhouse/.$stamp"
 fi
+trap 'rm -rf wheelhouse' EXIT
 rm -rf wheelhouse
 cp -r "$cache/wheelhouse" wheelhouse
-trap 'rm -rf wheelhouse' EXIT
 docker build --build-arg BASE_IMAGE="$base" -f deploy/Dockerfile -t "$tag" .
 docker image inspect "$tag" --format "build-image.sh: built $tag ({{.Size}} bytes)"

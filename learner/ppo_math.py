@@ -137,7 +137,7 @@ def gae_advantages(rewards, values, next_values, terminated, episode_ends, disco
     they equal the one-step TD error.
 
     Args:
-      rewards: float32 [T, B].
+      rewards: float32 [T, B] (rank 2: a single env is [T, 1]).
       values: float32 [T, B], V(obs_t).
       next_values: float32 [T, B], V of the state after step t (`next_state_values`).
       terminated: float or bool [T, B]; 1 where a terminal state followed step t.
@@ -164,7 +164,7 @@ def discounted_returns(rewards, next_values, terminated, episode_ends, discount)
     R_t = r_t + discount * (1 - term_t) * (end_t ? next_t : R_{t+1}),  R_T = next_{T-1}.
 
     Args:
-      rewards: float32 [T, B].
+      rewards: float32 [T, B] (rank 2: a single env is [T, 1]).
       next_values: float32 [T, B] (`next_state_values`; zeros for no bootstrapping).
       terminated: float or bool [T, B]; 1 where a terminal state followed step t.
       episode_ends: float or bool [T, B]; 1 where the episode ended after step t.

@@ -636,6 +636,7 @@ class Learner:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:
             pass  # the loop below sees the stop at once
+        gc.collect()  # cyclic garbage of the start-up would be kept for good once frozen
         gc.freeze()  # see below, at the first update
         frozen_after_update = False
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
@@ -683,6 +684,7 @@ class Learner:
                     # as the learner: frozen, the garbage collector no longer walks them. Walking them took
                     # ~250 ms every ~20 s with 512 actors (the gRPC server's calls make garbage fast), a pause
                     # of every thread: status and heartbeats waited for it.
+                    gc.collect()
                     gc.freeze()
                     frozen_after_update = True
             scheduled = result.updated and self.count["updates"] % c.eval_every_updates == 0
