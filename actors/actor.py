@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 import typing
 
 import grpc
@@ -30,6 +31,11 @@ from rlfleet.proto.security import ClientSecurity, channel
 log = logging.getLogger("rlfleet.actor")
 
 HEARTBEAT_S = 1.0
+# After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
+# finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
+# so that under docker-compose --exit-code-from learner no actor's exit stops the learner's final evaluation.
+RUN_END_WAIT_S = 3600.0
+RUN_END_POLL_S = 2.0
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
 RETRYABLE = (
     grpc.StatusCode.UNAVAILABLE,
@@ -175,6 +181,8 @@ class Actor:
         self.obs_shape = tuple(self.net.observation_shape)
         self.frame_stack = self.net.frame_stack or 1
         self.stop = threading.Event()
+        self.told_to_stop = threading.Event()  # by the learner: the run is over
+        self.terminated = threading.Event()  # by SIGTERM/SIGINT
         self.env_steps = 0
         self.policy_version = -1
         self.pending_returns: list[float] = []
@@ -236,6 +244,7 @@ class Actor:
                 )
                 self._heartbeats_failed = 0
             if resp.stop:
+                self.told_to_stop.set()
                 self.stop.set()
         except grpc.RpcError as e:
             with self.lock:  # keep the returns for the next heartbeat
@@ -265,7 +274,7 @@ class Actor:
         cfg = self.config
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop.set())
+                signal.signal(sig, lambda *_: (self.terminated.set(), self.stop.set()))
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
@@ -304,7 +313,22 @@ class Actor:
                 heartbeats.join(timeout=10)
             self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
             print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
+            if self.told_to_stop.is_set():
+                self._wait_for_run_end()
         return self.env_steps
+
+    def _wait_for_run_end(self) -> None:
+        """Waits until the learner's status says the run is finished (its final evaluation and summary.json
+        done), the learner cannot be reached (it exited), SIGTERM/SIGINT, or `RUN_END_WAIT_S` seconds. This
+        actor has left the status list and holds no envs meanwhile."""
+        deadline = time.monotonic() + RUN_END_WAIT_S
+        while time.monotonic() < deadline and not self.terminated.wait(RUN_END_POLL_S):
+            try:
+                st = self.stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=5)
+            except grpc.RpcError:
+                return  # the learner is gone
+            if st.finished:
+                return
 
     def _check_spec(self, venv) -> None:
         """Raises ActorError when this machine's env differs from the learner's (observation shape,

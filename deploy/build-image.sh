@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the rlfleet image (deploy/Dockerfile) from the repository.
 #
-#   deploy/build-image.sh [--offline] [--tag NAME] [--cache DIR]
+#   deploy/build-image.sh [--offline] [--gpu] [--tag NAME] [--cache DIR]
 #
 # Default: `docker build` on python:3.11-slim (pulled from a registry) with pip installing from PyPI.
+# --gpu: TensorFlow's GPU build (pyproject's extra `gpu`, CUDA libraries included) in place of the CPU one; the
+# tag defaults to rlfleet:gpu. Run it with deploy/gpu.yml on a machine with an NVIDIA GPU.
 # --offline: no image registry needed. The base image is made locally with Debian's mmdebstrap (Debian bookworm,
 # Python 3.11, from the Debian package mirror) and `docker import`; the dependency wheels are collected on this
 # machine into wheelhouse/ (pip wheel, with this machine's python3.11) and the image installs only from them.
@@ -13,21 +15,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 offline=0
-tag=rlfleet:latest
+extra=cpu
+tag=
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/rlfleet-image"
 while [ $# -gt 0 ]; do
   case "$1" in
     --offline) offline=1 ;;
+    --gpu) extra=gpu ;;
     --tag) tag="${2:?--tag needs an image name}"; shift ;;
     --cache) cache="${2:?--cache needs a folder}"; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
+if [ -z "$tag" ]; then
+  if [ "$extra" = gpu ]; then tag=rlfleet:gpu; else tag=rlfleet:latest; fi
+fi
 if [ "$offline" = 0 ]; then  # a wheelhouse/ left in the repository would be used (and only it)
-  exec docker build -f deploy/Dockerfile -t "$tag" .
+  exec docker build --build-arg TF_EXTRA="$extra" -f deploy/Dockerfile -t "$tag" .
 fi
 
 for tool in docker mmdebstrap python3.11; do
@@ -45,17 +52,18 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   docker import "$cache/base.tar" "$base" >/dev/null
 fi
 # The wheels fit this machine's Python and platform: the cache is keyed by those and the dependency set.
-stamp="$( (cat pyproject.toml; python3.11 -c 'import platform, sys; print(sys.version, platform.machine())') \
+stamp="$( (cat pyproject.toml; echo "$extra"; python3.11 -c 'import platform, sys; print(sys.version, platform.machine())') \
   | sha256sum | cut -c1-16)"
-if [ ! -f "$cache/wheelhouse/.$stamp" ]; then
-  echo "build-image.sh: collecting the dependency wheels"
-  rm -rf "$cache/wheelhouse"
+wheels="$cache/wheelhouse-$extra"
+if [ ! -f "$wheels/.$stamp" ]; then
+  echo "build-image.sh: collecting the dependency wheels (TensorFlow build: $extra)"
+  rm -rf "$wheels"
   # the build backend too: the image builds rlfleet itself from source, offline
-  python3.11 -m pip wheel --quiet --wheel-dir "$cache/wheelhouse" . "setuptools>=64" wheel
-  touch "$cache/wheelhouse/.$stamp"
+  python3.11 -m pip wheel --quiet --wheel-dir "$wheels" ".[$extra]" "setuptools>=64" wheel
+  touch "$wheels/.$stamp"
 fi
 trap 'rm -rf wheelhouse' EXIT
 rm -rf wheelhouse
-cp -r "$cache/wheelhouse" wheelhouse
-docker build --build-arg BASE_IMAGE="$base" -f deploy/Dockerfile -t "$tag" .
+cp -r "$wheels" wheelhouse
+docker build --build-arg BASE_IMAGE="$base" --build-arg TF_EXTRA="$extra" -f deploy/Dockerfile -t "$tag" .
 docker image inspect "$tag" --format "build-image.sh: built $tag ({{.Size}} bytes)"

@@ -20,6 +20,29 @@ def _fail(message: str) -> None:
 
 
 def _quiet_tf() -> None:
+    """Called first by every command that runs TensorFlow: checks that one TensorFlow build is installed (exits
+    with the fix otherwise) and quiets its C++ log."""
+    import importlib.metadata
+    import importlib.util
+
+    builds = []
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            builds.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if importlib.util.find_spec("tensorflow") is None:
+        _fail(
+            "TensorFlow is not installed. Install rlfleet with one of its TensorFlow builds: "
+            'pip install "rlfleet[cpu]" (from a checkout: pip install -e ".[cpu]"), or "rlfleet[gpu]" for an '
+            "NVIDIA GPU."
+        )
+    if len(builds) > 1:
+        _fail(
+            f"two TensorFlow builds are installed ({', '.join(builds)}); they overwrite each other's files. "
+            "Uninstall both (pip uninstall tensorflow tensorflow-cpu), then install one: "
+            '"rlfleet[cpu]" or "rlfleet[gpu]".'
+        )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -96,7 +119,7 @@ def _check_teacher_args(
 def main():
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from rlfleet.deploy.launcher import die_with_parent
+    from rlfleet.deploy.parent import die_with_parent
 
     die_with_parent()  # a process of `rlfleet up` stops when `up` dies
 
@@ -403,6 +426,21 @@ def up(
     help="dqn/qdagger with --checkpoint-dir: seconds between Reverb checkpoints (0: only on stop), so "
     "that a replay server that crashes restarts with at most this much replay lost.",
 )
+@click.option(
+    "--learner",
+    "learner_address",
+    default=None,
+    help="Learner host:port: stop (after the final checkpoint) once its run is over for good (its status says "
+    "finished); while it cannot be reached (a restart) keep serving. For docker-compose.",
+)
+@click.option(
+    "--settings-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the resolved settings here (as `rlfleet settings --out`) for the learner's --run-config; "
+    "a file already there (a restart) must hold the same settings. docker-compose's replay service does this.",
+)
+@client_security
 def replay_cmd(
     algo,
     env_id,
@@ -415,10 +453,15 @@ def replay_cmd(
     checkpoint_dir,
     teacher,
     checkpoint_interval,
+    learner_address,
+    settings_out,
+    security,
 ):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    if settings_out:
+        _write_settings(s, settings_out, "rlfleet replay")
     algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
@@ -443,10 +486,41 @@ def replay_cmd(
             )
             checkpoint_dir = None
         serve(
-            tables, port, checkpoint_dir=checkpoint_dir, teacher_dir=teacher, checkpoint_interval_s=checkpoint_interval
+            tables,
+            port,
+            checkpoint_dir=checkpoint_dir,
+            teacher_dir=teacher,
+            checkpoint_interval_s=checkpoint_interval,
+            run_over=_run_over_probe(learner_address, security) if learner_address else None,
         )
     except (EnvError, ValueError) as e:
         _fail(str(e))
+
+
+def _recorded_fault(logdir: str) -> str | None:
+    """The fault that `logdir`'s summary.json records (a run that failed, e.g. diverged), or None."""
+    try:
+        with open(os.path.join(logdir, "summary.json")) as f:
+            return json.load(f).get("fault") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _run_over_probe(learner_address: str, security):
+    """A function that says why the learner's run at `learner_address` is over (its status says finished), or
+    None while it runs or cannot be reached."""
+    from rlfleet.deploy.status import StatusError, get_status
+
+    def run_over() -> str | None:
+        try:
+            st = get_status(learner_address, timeout_s=2.0, security=security)
+        except StatusError:
+            return None  # starting, restarting, or gone for a moment: keep serving
+        if st.get("finished"):
+            return f"the learner's run at {learner_address} is over (phase {st['phase']})"
+        return None
+
+    return run_over
 
 
 @main.command("settings")
@@ -460,20 +534,56 @@ def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
     (docker-compose's services) runs with the same settings."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    if out is None:
+        click.echo(json.dumps(_resolved_settings(s), indent=2))
+        return
+    _write_settings(s, out, "rlfleet settings")
+
+
+def _resolved_settings(s: Settings) -> dict:
+    """The settings file's content for `s` (algo, env_id, preset, full config, teacher); exits on a bad setting."""
     from rlfleet.learner.presets import make_algo_config
-    from rlfleet.learner.run_dir import run_identity, write_json
+    from rlfleet.learner.run_dir import run_identity
 
     try:
         cfg = make_algo_config(s.algo, s.preset, s.env_id, s.overrides)
     except ValueError as e:
         _fail(str(e))
-    run = run_identity(s.algo, s.env_id, s.preset, cfg.to_json(), s.teacher)
-    if out is None:
-        click.echo(json.dumps(run, indent=2))
+    return run_identity(s.algo, s.env_id, s.preset, cfg.to_json(), s.teacher)
+
+
+def _write_settings(s: Settings, out: str, who: str) -> None:
+    """Writes the resolved settings of `s` to `out`. When `out` exists (a restarted service, a second start of
+    the same run) it must hold the same settings: a run keeps the settings it started with, so that its
+    checkpoints and replay stay valid; exits naming the differences otherwise."""
+    from rlfleet.learner.run_dir import write_json
+
+    run = _resolved_settings(s)
+    if os.path.exists(out):
+        with open(out) as f:
+            try:
+                before = json.load(f)
+            except json.JSONDecodeError as e:
+                _fail(f"{out} is not a settings file ({e}); remove it or choose another path.")
+        keys = sorted((before.keys() | run.keys()) - {"config"})
+        diffs = [f"{k}: {before.get(k)!r} -> {run.get(k)!r}" for k in keys if before.get(k) != run.get(k)]
+        old_cfg, new_cfg = before.get("config", {}), run["config"]
+        diffs += [
+            f"{k}: {old_cfg.get(k)!r} -> {new_cfg.get(k)!r}"
+            for k in sorted(old_cfg.keys() | new_cfg.keys())
+            if old_cfg.get(k) != new_cfg.get(k)
+        ]
+        if diffs:
+            _fail(
+                f"{out} holds the settings this run was started with, and they differ from the ones given "
+                f"({'; '.join(diffs)}). Give the run's own settings (with docker-compose: the same RLFLEET_ALGO, "
+                "RLFLEET_ENV, RLFLEET_CONFIG), or start a new run directory (RLFLEET_RUN)."
+            )
+        click.echo(f"{who}: {out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
         return
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_json(out, run)
-    click.echo(f"rlfleet settings: wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
+    click.echo(f"{who}: wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
 
 
 @main.command("replay-checkpoint")
@@ -625,6 +735,12 @@ def learner_cmd(
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
     logdir = _logdir(logdir, resume)
     if auto_resume and resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+        fault = _recorded_fault(logdir)
+        if fault:  # a supervisor's restart would resume into the same fault (and the services have stopped)
+            _fail(
+                f"the run in {logdir} failed: {fault} Not resuming it: start a new run directory with changed "
+                "settings (with docker-compose: another RLFLEET_RUN)."
+            )
         resume = logdir
     from rlfleet.actors.envs import EnvError
     from rlfleet.learner.service import Learner, LearnerError

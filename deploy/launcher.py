@@ -22,6 +22,7 @@ import portpicker
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.deploy.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, write_json
@@ -33,35 +34,6 @@ LOOPBACK = "127.0.0.1"
 
 class LaunchError(RuntimeError):
     """`up` could not start or lost a process; the message names the cause."""
-
-
-PARENT_PID_ENV = "RLFLEET_PARENT_PID"  # set for the processes `up` starts: they stop when `up` dies
-
-
-def die_with_parent() -> None:
-    """Called first by every `rlfleet` command. In a process that `up` started ($RLFLEET_PARENT_PID set), makes
-    the process get SIGTERM (and so checkpoint and stop) when `up` dies, however it dies (SIGKILL, OOM kill):
-    on Linux through the kernel's parent-death signal (prctl PR_SET_PDEATHSIG), elsewhere through a thread that
-    watches the parent pid every second. Exits at once when `up` is already gone."""
-    parent = os.environ.pop(PARENT_PID_ENV, "")  # popped: the process's own children do not inherit it
-    if not parent:
-        return
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    else:
-        import threading
-
-        def watch():
-            while os.getppid() == int(parent):
-                time.sleep(1.0)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-    if os.getppid() != int(parent):  # died before the signal was armed
-        sys.exit("rlfleet: the `rlfleet up` that started this process is gone; not starting.")
 
 
 class _Child:

@@ -208,6 +208,7 @@ class Learner:
         self.lock = threading.Lock()
         self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
+        self.finished = False  # the run is over for good and summary.json written (Status.finished)
         self.phase = "waiting_for_actors"
         self.fault = ""  # why the learner stopped with an error (status `fault`)
         self.start_time = time.time()
@@ -315,6 +316,7 @@ class Learner:
                 env_id=self.env_id,
                 phase=self.phase,
                 fault=self.fault,
+                finished=self.finished,
                 learner_steps=self.count["learner_steps"],
                 env_steps=env_steps,
                 policy_version=self.count["policy_version"],
@@ -579,6 +581,8 @@ class Learner:
             config=json.loads(self.config.to_json()),
         )
         write_json(os.path.join(self.logdir, "summary.json"), summary)
+        with self.lock:
+            self.finished = True
         if self.linger_s:
             self.stop_event.wait(self.linger_s)  # SIGTERM ends it
 
@@ -629,6 +633,7 @@ class Learner:
             self._publish_weights()
         self.server.start()
         print(f"rlfleet learner: serving on {self.address} (env {self.env_id}, preset {self.preset})", flush=True)
+        print(f"rlfleet learner: {compute_device()}", flush=True)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self._request_stop())
@@ -725,10 +730,24 @@ class Learner:
         write_json(os.path.join(self.logdir, "summary.json"), summary)
         with self.lock:
             self.phase = "done"
+            self.finished = completed
         print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
         if completed and self.linger_s:
             self.stop_event.wait(self.linger_s)  # let actors see stop=True and status be read
         return summary
+
+
+def compute_device() -> str:
+    """Where TensorFlow runs the learner's networks, in words: TensorFlow places every op on the first GPU it sees
+    (the image or install with the `gpu` extra, an NVIDIA driver, and for a container a GPU given to it), else on
+    the CPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        build = "a CPU-only TensorFlow build" if not tf.test.is_built_with_cuda() else "no GPU visible to TensorFlow"
+        return f"networks on the CPU ({build}; {os.cpu_count()} cores)"
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown")
+    more = f"; {len(gpus) - 1} more GPU(s) unused" if len(gpus) > 1 else ""
+    return f"networks on {gpus[0].name.replace('/physical_device:', '')} ({name}{more})"
 
 
 def make_agent(

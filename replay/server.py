@@ -17,12 +17,14 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import reverb
 import tensorflow as tf
 
 PPO_TABLE = "ppo_trajectories"
 DQN_TABLE = "dqn_replay"
+RUN_OVER_POLL_S = 2.0  # seconds between asks of `serve`'s run_over
 
 log = logging.getLogger("rlfleet.replay")
 
@@ -190,8 +192,9 @@ def serve(
     checkpoint_dir: str | None = None,
     teacher_dir: str | None = None,
     checkpoint_interval_s: float = 0.0,
+    run_over: Callable[[], str | None] | None = None,
 ) -> None:
-    """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT or `stop_event`.
+    """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT, `stop_event`, or `run_over`.
 
     With `checkpoint_dir` the tables start from the latest Reverb checkpoint
     there (if any), a new checkpoint is written every `checkpoint_interval_s`
@@ -203,7 +206,9 @@ def serve(
     (`rlfleet.replay.checkpoints.open_teacher_replay`); `tables` then only name the
     tables to expect. Without either, a checkpoint asked of the server goes to a temporary folder, which the
     server removes when it stops if none was asked for. Reverb binds every interface and has no authentication:
-    keep its port on a private network (see README).
+    keep its port on a private network (see README). `run_over`, when given, is asked every
+    `RUN_OVER_POLL_S` seconds; once it returns a reason (a string) the server stops as on SIGTERM (a cluster
+    under docker-compose ends when its learner's run does).
 
     Raises:
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay.
@@ -265,7 +270,14 @@ def serve(
             )
 
     next_checkpoint = time.time() + checkpoint_interval_s
+    next_poll = time.time() + RUN_OVER_POLL_S
     while not stop.wait(0.5):
+        if run_over is not None and time.time() >= next_poll:
+            reason = run_over()
+            if reason:
+                print(f"rlfleet replay: {reason}; stopping", flush=True)
+                break
+            next_poll = time.time() + RUN_OVER_POLL_S
         if writes_checkpoints and checkpoint_interval_s > 0 and time.time() >= next_checkpoint:
             checkpoint_if_changed()
             next_checkpoint = time.time() + checkpoint_interval_s

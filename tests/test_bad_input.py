@@ -331,3 +331,36 @@ def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_por
         assert "was written with other settings" in out.stderr and differs in out.stderr, out.stderr
     again = procs.start("replay-again", "replay", *cartpole, "--port", free_port())
     wait_for(lambda: "serving on port" in again.output(), 120, "the same settings to restore", [again])
+
+
+def test_a_run_directory_keeps_its_settings(tmp_path, free_port):
+    """`replay --settings-out` (what compose's replay service runs) writes a run's settings once; a restart with the
+    same settings reads them back, one with other settings is refused before anything is served."""
+    out_file = tmp_path / "run" / "settings.json"
+    out = rlfleet("settings", "--algo", "dqn", "--env", "CartPole-v1", "--out", out_file, timeout=120)
+    assert out.returncode == 0, out.stderr
+    written = out_file.read_text()
+    out = rlfleet("settings", "--algo", "dqn", "--env", "CartPole-v1", "--out", out_file, timeout=120)
+    assert out.returncode == 0 and "holds these settings already" in out.stdout, out.stdout + out.stderr
+    args = ["--env", "CartPole-v1", "--set", "learning_rate=0.01", "--settings-out", out_file, "--port", free_port()]
+    out = rlfleet("replay", "--algo", "dqn", *args, timeout=120)
+    assert out.returncode == 2
+    assert "learning_rate: 0.0023 -> 0.01" in out.stderr and "RLFLEET_RUN" in out.stderr, out.stderr
+    assert "serving" not in out.stdout
+    assert out_file.read_text() == written
+
+
+def test_auto_resume_does_not_resume_a_failed_run(tmp_path):
+    """A supervisor's restart (--auto-resume) of a learner whose run failed stops at once with the recorded fault,
+    rather than resume into the same divergence."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    fault = "non-finite loss (q_loss = nan) at learner step 120."
+    (run / "summary.json").write_text(f'{{"completed": false, "fault": "{fault}"}}')
+    out = rlfleet(
+        "learner", "--algo", "dqn", "--env", "CartPole-v1", "--replay", "127.0.0.1:1", "--logdir", run, "--auto-resume",
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert fault in out.stderr and "Not resuming" in out.stderr, out.stderr

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import conftest
 import pytest
@@ -56,24 +57,25 @@ def test_compose_config_is_valid():
     assert res.returncode == 0, res.stderr
     cfg = yaml.safe_load(res.stdout)
     services = cfg["services"]
-    assert set(services) == {"settings", "replay", "learner", "actor"}
-    settings, replay, learner, actor = (services[k] for k in ("settings", "replay", "learner", "actor"))
+    assert set(services) == {"replay", "learner", "actor"}
+    replay, learner, actor = (services[k] for k in ("replay", "learner", "actor"))
 
-    # One resolved settings file, read by replay and learner alike.
-    assert settings["command"][:5] == ["settings", "--algo", "ppo", "--env", "HalfCheetah-v5"]
-    assert settings["command"][-2:] == ["--out", "/runs/cheetah/settings.json"]
-    assert settings["restart"] == "no"
-    for svc in (replay, learner):
-        assert svc["command"][1:3] == ["--run-config", "/runs/cheetah/settings.json"], svc["command"]
-        assert "--set" not in svc["command"] and "--algo" not in svc["command"]
-    assert replay["depends_on"]["settings"]["condition"] == "service_completed_successfully"
+    # Replay resolves the run's settings once into RUN/settings.json (no one-shot service, whose exit would end
+    # an `up --exit-code-from learner`); the learner reads that file.
+    assert replay["command"][:7] == ["replay", "--algo", "ppo", "--env", "HalfCheetah-v5", "--config", "default"]
+    assert ["--settings-out", "/runs/cheetah/settings.json"] == _after(replay["command"], "--settings-out")
+    assert learner["command"][1:3] == ["--run-config", "/runs/cheetah/settings.json"], learner["command"]
+    assert "--set" not in learner["command"] and "--algo" not in learner["command"]
     assert "/runs/cheetah/replay" in replay["command"]
+    # Replay ends with the learner's run.
+    assert ["--learner", f"learner:{LEARNER_PORT}"] == _after(replay["command"], "--learner")
     assert learner["command"][0] == "learner" and "--auto-resume" in learner["command"]
-    assert ["--total-steps", "12345"] == learner["command"][learner["command"].index("--total-steps") :][:2]
+    assert ["--total-steps", "12345"] == _after(learner["command"], "--total-steps")
     assert "/runs/cheetah" in learner["command"]
     assert actor["command"][:3] == ["actor", "--learner", f"learner:{LEARNER_PORT}"]
-    for svc in (learner, actor):
+    for svc in (replay, learner, actor):
         assert svc["environment"]["RLFLEET_TOKEN"] == TOKEN
+        assert svc["restart"] == "on-failure"
 
     assert replay["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--replay", f"localhost:{REPLAY_PORT}"]
     assert learner["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--learner", f"localhost:{LEARNER_PORT}"]
@@ -88,7 +90,7 @@ def test_compose_config_is_valid():
     assert "ports" not in actor and "container_name" not in actor
     # The learner is published on the host's loopback unless RLFLEET_LEARNER_BIND says otherwise.
     assert [str(p).split("/")[0] for p in learner["ports"]] == [f"127.0.0.1:9101:{LEARNER_PORT}"]
-    for svc in (settings, replay, learner):
+    for svc in (replay, learner):
         assert any(str(v).split(":")[1] == "/runs" for v in svc["volumes"]), svc["volumes"]
 
     # The overlay for actor machines outside compose publishes replay on one private address only,
@@ -102,6 +104,43 @@ def test_compose_config_is_valid():
     assert [str(p).split("/")[0] for p in replay["ports"]] == [f"10.0.0.5:{REPLAY_PORT}:{REPLAY_PORT}"]
     res = subprocess.run(overlay, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "RLFLEET_PRIVATE_IP" in res.stderr
+
+    # The GPU overlay: the learner alone on the GPU image, with one GPU reserved.
+    res = subprocess.run(
+        [exe, "-f", COMPOSE_FILE, "-f", os.path.join(ROOT, "deploy", "gpu.yml"), "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    assert services["learner"]["image"] == "rlfleet:gpu" and services["learner"]["build"]["args"]["TF_EXTRA"] == "gpu"
+    (device,) = services["learner"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["count"] == 1
+    assert all("deploy" not in services[k] and services[k]["image"] == "rlfleet:latest" for k in ("replay", "actor"))
+
+    # An actor machine's compose file: actors only, pointed at the published addresses, refusing to start without.
+    machine = [exe, "-f", os.path.join(ROOT, "deploy", "actor-machine.yml"), "config"]
+    res = subprocess.run(
+        machine,
+        env=dict(env, RLFLEET_LEARNER="10.0.0.5:8001", RLFLEET_REPLAY="10.0.0.5:8000"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    assert list(services) == ["actor"]
+    assert services["actor"]["command"][:5] == ["actor", "--learner", "10.0.0.5:8001", "--replay", "10.0.0.5:8000"]
+    assert services["actor"]["environment"]["RLFLEET_TOKEN"] == TOKEN
+    res = subprocess.run(machine, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "RLFLEET_LEARNER" in res.stderr
+
+
+def _after(args: list, flag: str) -> list:
+    """`flag` and its value in a command's args."""
+    return args[args.index(flag) :][:2]
 
 
 def _local_args(args, ports, runs_dir):
@@ -159,32 +198,38 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
         )
         assert res.returncode == 0, f"{svc} health check failed: {res.stdout}{res.stderr}"
 
-    # The order depends_on gives: settings written, replay healthy, then learner healthy, then actors.
-    settings = start("settings", "settings")
-    assert settings.proc.wait(timeout=120) == 0, settings.output()
-    written = json.loads(open(os.path.join(runs_dir, "compose-run", "settings.json")).read())
-    assert (written["algo"], written["env_id"]) == ("dqn", "CartPole-v1") and written["config"]["min_replay_size"]
+    # The order depends_on gives: replay healthy (having written the settings), then learner healthy, then actors.
     replay = start("replay", "replay")
     wait_for(lambda: "serving on port" in replay.output(), 120, "replay serving", [replay])
+    written = json.loads(open(os.path.join(runs_dir, "compose-run", "settings.json")).read())
+    assert (written["algo"], written["env_id"]) == ("dqn", "CartPole-v1") and written["config"]["min_replay_size"]
     healthy("replay")
     learner = start("learner", "learner")
     wait_for(lambda: "serving on" in learner.output(), 180, "learner serving", [replay, learner])
     healthy("learner")
     actors = [start("actor", "actor", f"actor{i}") for i in range(2)]
 
-    try:
-        learner.proc.wait(timeout=360)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"learner did not finish within 360 s:\n{learner.output()[-3000:]}")
+    others = {"replay": replay, **{f"actor{i}": a for i, a in enumerate(actors)}}
+    exited = {}  # when each of the others exited, seen while the learner runs
+    deadline = time.time() + 360
+    while learner.proc.poll() is None:
+        if time.time() > deadline:
+            pytest.fail(f"learner did not finish within 360 s:\n{learner.output()[-3000:]}")
+        exited.update({n: time.time() for n, c in others.items() if n not in exited and c.proc.poll() is not None})
+        time.sleep(0.1)
     assert learner.proc.returncode == 0, learner.output()[-3000:]
     run_dir = os.path.join(runs_dir, "compose-run")
+    written_at = os.path.getmtime(os.path.join(run_dir, "summary.json"))
+    early = {name: round(written_at - t, 1) for name, t in exited.items() if t < written_at}
+    assert not early, f"exited before the learner wrote summary.json (seconds before): {early}"
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["algo"] == "dqn" and summary["env_id"] == "CartPole-v1"
-    assert summary["env_steps"] >= 3000
-    # A finished run ends its actors cleanly, so `restart: on-failure` leaves them stopped.
-    for a in actors:
-        a.proc.wait(timeout=120)
-        assert a.proc.returncode == 0, a.output()[-3000:]
-    assert replay.stop() == 0, replay.output()[-3000:]
+    assert summary["env_steps"] >= 3000 and summary["completed"]
+    # A finished run ends its actors and the replay server cleanly (exit 0, so `restart: on-failure` leaves them
+    # stopped), and each of them only once the learner had written summary.json.
+    for c in [*actors, replay]:
+        c.proc.wait(timeout=60)
+        assert c.proc.returncode == 0, c.output()[-3000:]
+    assert "is over (phase done); stopping" in replay.output(), replay.output()[-3000:]
     assert os.listdir(os.path.join(run_dir, "replay")), "no Reverb checkpoint in RUN/replay"
