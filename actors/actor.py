@@ -322,11 +322,18 @@ class Actor:
         done), the learner cannot be reached (it exited), SIGTERM/SIGINT, or `RUN_END_WAIT_S` seconds. This
         actor has left the status list and holds no envs meanwhile."""
         deadline = time.monotonic() + RUN_END_WAIT_S
+        unreachable = 0  # status calls in a row that found no learner
         while time.monotonic() < deadline and not self.terminated.wait(RUN_END_POLL_S):
             try:
-                st = self.stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=5)
-            except grpc.RpcError:
-                return  # the learner is gone
+                st = self.stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=10)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    continue  # a busy learner (its final evaluation, many actors): ask again
+                unreachable += 1
+                if e.code() != grpc.StatusCode.UNAVAILABLE or unreachable >= 3:
+                    return  # the learner is gone (or refuses: nothing to wait for)
+                continue
+            unreachable = 0
             if st.finished:
                 return
 

@@ -170,7 +170,7 @@ def main() -> None:
         report_lib.plot(runs, os.path.join(args.workdir, f"{name}-curves.png"))
         print(f"plot: {os.path.join(args.workdir, name + '-curves.png')}")
     except ImportError as e:
-        print(f"(no IQM / plot: {e}; pip install -e '.[report]')")
+        print(f"(no IQM / plot: {e}; pip install -e '.[cpu,report]')")
     with open(os.path.join(args.workdir, f"{name}-reincarnation.json"), "w") as f:
         json.dump(result, f, indent=2)
 

@@ -8,7 +8,7 @@ its `final_eval_episodes`, ε_eval = 0.001 for DQN/QDagger). Human-normalized sc
 scores (`REFERENCE_SCORES`, as tabulated with the Nature DQN results and in Dopamine); envs
 without references are reported on raw returns.
 
-Usage (needs `pip install -e ".[report]"`):
+Usage (needs `pip install -e ".[cpu,report]"`):
     python benchmarks/report.py runs/pong-dqn-s0 runs/pong-dqn-s1 runs/pong-qdagger-s0 --plot curves.png
 """
 

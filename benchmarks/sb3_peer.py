@@ -2,7 +2,7 @@
 
 Writes a run directory shaped like rlfleet's (summary.json, metrics.jsonl) so that
 `benchmarks/suite.py` reads both the same way. Needs the optional `bench` extra
-(`pip install -e ".[bench]"`: stable-baselines3 and the CPU build of torch 2.13.0).
+(`pip install -e ".[cpu,bench]"`: stable-baselines3 and the CPU build of torch 2.13.0).
 
 Protocol: `PPO("MlpPolicy", env, seed=seed)` with SB3's defaults (n_steps 2048, batch 64,
 10 epochs, lr 3e-4, clip 0.2, GAE 0.95, γ 0.99, no observation or reward normalization);
@@ -45,7 +45,7 @@ def main() -> None:
         from stable_baselines3 import PPO
         from stable_baselines3.common.callbacks import BaseCallback
     except ImportError:
-        raise SystemExit('the SB3 peer needs the bench extra: pip install -e ".[bench]"') from None
+        raise SystemExit('the SB3 peer needs the bench extra: pip install -e ".[cpu,bench]"') from None
     import gymnasium as gym
     import numpy as np
 

@@ -10,7 +10,7 @@ target; for envs run by both rlfleet and the Stable-Baselines3 peer, the two sid
 side. It also writes one learning-curve plot per env (evaluation return against env
 steps, every seed of every algorithm).
 
-Usage (from the repository root, with `pip install -e ".[report]"`, and ".[bench]" for the peer):
+Usage (from the repository root, with `pip install -e ".[cpu,report]"`, and ".[cpu,bench]" for the peer):
     python benchmarks/suite.py run --algo ppo --envs Hopper-v5 Walker2d-v5 --seeds 0 1 2 \
         --total-steps 1000000 --out runs/suite-ppo-1m
     python benchmarks/suite.py run --algo sb3-ppo --envs Hopper-v5 --seeds 0 1 2 --total-steps 300000 \

@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     --gpu) extra=gpu ;;
     --tag) tag="${2:?--tag needs an image name}"; shift ;;
     --cache) cache="${2:?--cache needs a folder}"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -460,8 +460,6 @@ def replay_cmd(
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    if settings_out:
-        _write_settings(s, settings_out, "rlfleet replay")
     algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
@@ -485,6 +483,8 @@ def replay_cmd(
                 err=True,
             )
             checkpoint_dir = None
+        if settings_out:  # once the settings are known to be valid: a typo is not recorded as the run's settings
+            _write_settings(s, settings_out, "rlfleet replay")
         serve(
             tables,
             port,
@@ -498,12 +498,19 @@ def replay_cmd(
 
 
 def _recorded_fault(logdir: str) -> str | None:
-    """The fault that `logdir`'s summary.json records (a run that failed, e.g. diverged), or None."""
+    """The fault that `logdir`'s summary.json records (a run that failed, e.g. diverged) when its latest checkpoint
+    is the one the failed run left (a run resumed and checkpointed since is not held to an old fault), else None."""
     try:
         with open(os.path.join(logdir, "summary.json")) as f:
-            return json.load(f).get("fault") or None
+            summary = json.load(f)
+        with open(os.path.join(logdir, "checkpoints", "checkpoint")) as f:
+            latest = f.read()
     except (OSError, ValueError):
         return None
+    left = os.path.basename(summary.get("checkpoint") or "")
+    if not summary.get("fault") or not left or f'"{left}"' not in latest.splitlines()[0]:
+        return None
+    return summary["fault"]
 
 
 def _run_over_probe(learner_address: str, security):
@@ -649,6 +656,15 @@ def replay_checkpoint_cmd(replay_address):
     type=float,
     help="Seconds to keep serving after the run ends, so actors see the stop.",
 )
+@click.option(
+    "--exit-code-if-stopped",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 255),
+    help="Exit status when a stop (SIGTERM/SIGINT) ends the run before its env-step budget and final evaluation "
+    "(0: a clean stop). docker-compose's learner sets 3, so that `up --exit-code-from learner` never reports an "
+    "unfinished run as a success.",
+)
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
 @click.option(
     "--teacher",
@@ -713,6 +729,7 @@ def learner_cmd(
     report_interval,
     checkpoint_interval,
     linger,
+    exit_code_if_stopped,
     port_file,
     teacher,
     teacher_replay,
@@ -773,9 +790,11 @@ def learner_cmd(
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
-        learner.run()
+        summary = learner.run()
     except (EnvError, ValueError, LearnerError) as e:
         _fail(str(e))
+    if not summary.get("completed"):
+        sys.exit(exit_code_if_stopped)
 
 
 @main.command("actor")

@@ -1,7 +1,7 @@
 """Regenerate `proto/rlfleet_pb2.py` and `proto/rlfleet_pb2_grpc.py`.
 
 Usage: ``python -m rlfleet.proto.generate [OUT_DIR]`` from a checkout installed with
-``pip install -e .`` (it reads and writes the checkout's proto/ folder).
+``pip install -e ".[cpu]"`` (it reads and writes the checkout's proto/ folder).
 protoc compiles the file under the path it has in the installed package,
 ``rlfleet/proto/rlfleet.proto``, so the generated modules import each other as
 ``rlfleet.proto.*`` and register that name in the protobuf descriptor pool.

@@ -27,8 +27,9 @@ RUN = "ci"
 
 
 def _skip_reason() -> str | None:
-    if not DOCKER or not COMPOSE:
-        return "docker and docker-compose are not installed (.ci/run installs Debian's docker.io and docker-compose)"
+    missing = [t for t in ("docker", "docker-compose", "mmdebstrap", "python3.11") if not shutil.which(t)]
+    if missing:
+        return f"{', '.join(missing)} not installed (.ci/run installs Debian's docker.io, docker-compose, mmdebstrap)"
     res = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60)
     if res.returncode != 0:
         return f"no Docker engine answers ({res.stderr.strip()[:300]}); .ci/run starts a private dockerd as root"
@@ -99,8 +100,8 @@ def test_up_returns_the_learners_exit_status(image):
         # and summary.json; then replay and actors ended by themselves.
         finished, abort = out.find("rlfleet learner: finished"), out.find("Aborting on container exit")
         assert 0 <= finished < abort, out[-6000:]
-        assert "is over (phase done); stopping" in out and out.count("stopped after") == 2, out[-6000:]
-        cat = [DOCKER, "run", "--rm", "-v", f"{project}_runs:/runs", "--entrypoint", "cat", image]
+        assert out.count("stopped after") == 2, out[-6000:]  # both actors
+        cat = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{project}_runs:/runs", "--entrypoint", "cat", image]
         summary = json.loads(_run(*cat, "/runs/fg/summary.json").stdout)
         assert summary["completed"] and summary["env_steps"] >= 4000, summary
     finally:
@@ -226,19 +227,8 @@ def test_compose_cluster_under_docker(tmp_path, image):
             time.sleep(2)
         assert all(s == ["exited", "0"] for s in states.values()), states
         log(f"{len(everything)} other containers exited 0")
-        summary = json.loads(
-            _run(
-                DOCKER,
-                "run",
-                "--rm",
-                "-v",
-                f"{cluster}_runs:/runs",
-                "--entrypoint",
-                "cat",
-                IMAGE,
-                f"/runs/{RUN}/summary.json",
-            ).stdout  # fmt: skip
-        )
+        cat = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{cluster}_runs:/runs", "--entrypoint", "cat", IMAGE]
+        summary = json.loads(_run(*cat, f"/runs/{RUN}/summary.json").stdout)
         assert summary["completed"] and summary["env_steps"] >= TOTAL_STEPS, summary
         assert summary["final_eval_episodes"] > 0
         log(f"summary.json: env steps {summary['env_steps']}, final eval {summary['final_eval_return_mean']}")
