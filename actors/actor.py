@@ -193,19 +193,35 @@ class Actor:
         self.learner_address = learner_address
         self._heartbeats_failed = 0  # in a row
 
-    def _watch_replay(self):
-        """Counts the replay server's comebacks in `replay_epoch`: every second it opens a TCP connection to
-        the replay port. A refused connection means the process is gone (a busy server, e.g. one writing a
-        checkpoint, still accepts connections, so it is not mistaken for a restart)."""
+    def _replay_reachable(self) -> bool:
+        """Whether the replay server's port accepts a TCP connection (within 2 s). A refused connection means the
+        process is gone; a busy server (e.g. one writing a checkpoint) still accepts."""
         host, _, port = self.replay_address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    def _wait_for_replay(self) -> bool:
+        """Waits until the replay server accepts connections; False when the actor stops first (SIGTERM, the
+        learner's stop). Opening Reverb writers to a server that is down blocks inside Reverb, where no signal
+        handler runs, so the actor only opens them once the server answers."""
+        while not self._replay_reachable():
+            if self.stop.wait(1.0):
+                return False
+        return True
+
+    def _watch_replay(self):
+        """Counts the replay server's comebacks in `replay_epoch`: every second it checks the replay port
+        (`_replay_reachable`), so a busy server is not mistaken for a restart."""
         down = False
         while not self.stop.wait(1.0):
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+            if self._replay_reachable():
                 if down:
                     down = False
                     self.replay_epoch += 1
-            except OSError:
+            else:
                 if not down:
                     print(
                         f"rlfleet actor {self.actor_id}: replay server {self.replay_address} unreachable; "
@@ -294,6 +310,8 @@ class Actor:
                 flush=True,
             )
             while not self.stop.is_set():
+                if not self._wait_for_replay():
+                    break
                 try:
                     self.collect(self, venv, weights, self.replay_epoch)
                     break

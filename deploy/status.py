@@ -36,7 +36,8 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
                 raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
             raise StatusError(
                 f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
-                "check the address that `rlfleet up` printed and that the learner runs; with TLS, "
+                "check the address (`rlfleet up` prints it; under docker-compose it is the published port, "
+                "RLFLEET_LEARNER_PORT) and that the learner runs; with TLS, "
                 "pass --tls-ca (and --tls-cert/--tls-key when it requires client certificates)."
             ) from None
     return _to_dict(msg)

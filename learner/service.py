@@ -203,6 +203,13 @@ class Learner:
             self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
             self.agent.on_resume(self.count["env_steps"])
             print(f"rlfleet learner: resumed from {latest}", flush=True)
+            if total_steps and self.count["env_steps"] >= total_steps:
+                print(
+                    f"rlfleet learner: this run already has {self.count['env_steps']:,} of its {total_steps:,} env "
+                    "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
+                    "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
+                    flush=True,
+                )
         write_json(os.path.join(logdir, "run.json"), run)
 
         self.lock = threading.Lock()
