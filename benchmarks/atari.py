@@ -13,6 +13,9 @@
 4. Learner: gradient steps/s of DQN (batch 32, Nature CNN, n-step 3) and of QDagger
    (the same plus the teacher's forward pass and the distillation term) on replay-shaped
    batches, in this process.
+5. Where the learner's and the actor's time goes: the Nature CNN's forward pass and its
+   forward + backward pass alone (one `tf.function` call each) at the actor's batch (the
+   envs per actor) and the learner's (32), in milliseconds.
 
 Usage:
     python benchmarks/atari.py --env ALE/Pong-v5 --num-envs 8 --seconds 30
@@ -122,6 +125,43 @@ def learner_rates(env_id: str, seconds: float) -> dict:
     return out
 
 
+def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
+    """Milliseconds per call of the Nature CNN (4 stacked 84x84 frames, 6 actions): forward, and forward +
+    backward (the gradient of the summed Q-values), at each batch size, each a `tf.function`."""
+    import tensorflow as tf
+
+    from rlfleet.learner.networks import NatureCNN
+
+    net = NatureCNN(4, (84, 84), 6, 0, "q")
+    rng = np.random.default_rng(0)
+
+    @tf.function
+    def forward(frames):
+        return net(frames)
+
+    @tf.function
+    def forward_backward(frames):
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(net(frames))
+        grads = tape.gradient(total, net.trainable_variables)
+        return tf.add_n([tf.reduce_sum(g) for g in grads])  # every gradient is computed
+
+    def ms(fn, x) -> float:
+        for _ in range(3):
+            fn(x).numpy()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            fn(x).numpy()
+            count += 1
+        return 1000 * (time.perf_counter() - start) / count
+
+    out = {}
+    for b in batches:
+        x = tf.constant(rng.integers(0, 255, (b, 4, 84, 84), dtype=np.uint8))
+        out[b] = {"forward_ms": ms(forward, x), "forward_backward_ms": ms(forward_backward, x)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="ALE/Pong-v5")
@@ -141,6 +181,13 @@ def main() -> None:
         f"{4 * grads['dqn']:.0f} agent steps/s)",
         flush=True,
     )
+    costs = network_costs((args.num_envs, 32), args.seconds / 6)
+    for b, c in costs.items():
+        print(
+            f"Nature CNN, batch {b}: forward {c['forward_ms']:.2f} ms, forward + backward "
+            f"{c['forward_backward_ms']:.2f} ms",
+            flush=True,
+        )
     col = collection(args.env, args.num_envs, args.seconds, warmup=10)
     print(
         f"collection, 1 actor x {args.num_envs} envs: {col['written_agent_steps_per_second']:,.0f} agent steps/s "
@@ -158,6 +205,7 @@ def main() -> None:
                     num_envs=args.num_envs,
                     raw_agent_steps_per_second=raw,
                     learner_gradient_steps_per_second=grads,
+                    network_ms=costs,
                     collection=col,
                 ),
                 f,
