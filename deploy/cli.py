@@ -500,15 +500,16 @@ def replay_cmd(
 def _recorded_fault(logdir: str) -> str | None:
     """The fault that `logdir`'s summary.json records (a run that failed, e.g. diverged) when its latest checkpoint
     is the one the failed run left (a run resumed and checkpointed since is not held to an old fault), else None."""
+    import tensorflow as tf  # the learner imports it next anyway
+
     try:
         with open(os.path.join(logdir, "summary.json")) as f:
             summary = json.load(f)
-        with open(os.path.join(logdir, "checkpoints", "checkpoint")) as f:
-            latest = f.read()
     except (OSError, ValueError):
         return None
+    state = tf.train.get_checkpoint_state(os.path.join(logdir, "checkpoints"))
     left = os.path.basename(summary.get("checkpoint") or "")
-    if not summary.get("fault") or not left or f'"{left}"' not in latest.splitlines()[0]:
+    if not summary.get("fault") or not state or os.path.basename(state.model_checkpoint_path) != left:
         return None
     return summary["fault"]
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 
+import portpicker
 import pytest
 from conftest import ROOT
 
@@ -57,12 +58,6 @@ class Log:
         print(f"[{time.time() - self.t0:6.1f}s] {msg}", flush=True)
 
 
-def _free_port() -> int:
-    import portpicker
-
-    return portpicker.pick_unused_port()
-
-
 @pytest.fixture(scope="module")
 def image():
     """The image, built offline once for this module (the base tarball and wheels cached between runs)."""
@@ -86,7 +81,7 @@ def test_up_returns_the_learners_exit_status(image):
         RLFLEET_IMAGE=image,
         RLFLEET_TOTAL_STEPS="4000",
         RLFLEET_RUN="fg",
-        RLFLEET_LEARNER_PORT=str(_free_port()),
+        RLFLEET_LEARNER_PORT=str(portpicker.pick_unused_port()),
     )  # algo and env: the compose file's defaults (dqn, CartPole-v1)
     files = ["-f", "deploy/docker-compose.yml"]
     try:
@@ -114,7 +109,7 @@ def test_compose_cluster_under_docker(tmp_path, image):
 
     tag = f"rlct{os.getpid()}"
     cluster, machine, net = f"{tag}a", f"{tag}b", f"{tag}-machines"
-    learner_port, replay_port = _free_port(), _free_port()
+    learner_port, replay_port = portpicker.pick_unused_port(), portpicker.pick_unused_port()
     cluster_files = ["-f", "deploy/docker-compose.yml", "-f", "deploy/replay-private.yml"]
     machine_override = tmp_path / "machine-network.yml"  # the actor machine's own network, made below
     machine_files = ["-f", "deploy/actor-machine.yml", "-f", str(machine_override)]
