@@ -583,9 +583,9 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
         ]
         if diffs:
             _fail(
-                f"{out} holds the settings this run was started with, and they differ from the ones given "
-                f"({'; '.join(diffs)}). Give the run's own settings (with docker-compose: the same RLFLEET_ALGO, "
-                "RLFLEET_ENV, RLFLEET_CONFIG), or start a new run directory (RLFLEET_RUN)."
+                f"{out} holds other settings than the ones given ({'; '.join(diffs)}): a run keeps the settings it "
+                "started with. Give those settings (with docker-compose: the same RLFLEET_ALGO, RLFLEET_ENV, "
+                "RLFLEET_CONFIG), write to another path (docker-compose: a new RLFLEET_RUN), or remove the file."
             )
         click.echo(f"{who}: {out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
         return
