@@ -12,6 +12,7 @@ heartbeats its env steps and finished episodes, and runs the algorithm's writer
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import socket
 import threading
@@ -110,6 +111,70 @@ class _WeightsSubscriber(threading.Thread):
             backoff = min(backoff * 2, 10.0)
 
 
+class HeartbeatStream:
+    """The actor's end of the learner's Heartbeats stream (proto/rlfleet.proto): one stream for the actor's life,
+    a reply for each beat. Falls back to one unary Heartbeat call per beat when the learner predates the stream
+    (UNIMPLEMENTED). Used by one thread at a time.
+
+    Args:
+        stub: a `LearnerStub` on the actor's channel (its token and TLS apply to the stream too).
+    """
+
+    def __init__(self, stub):
+        self.stub = stub
+        self.unary = False  # the learner has no Heartbeats stream
+        self._requests: queue.SimpleQueue | None = None
+        self._responses = None
+
+    def beat(self, request: rlfleet_pb2.HeartbeatRequest, timeout_s: float) -> rlfleet_pb2.HeartbeatResponse:
+        """Sends one heartbeat and returns the learner's reply. A stream that fails or gives no reply within
+        `timeout_s` seconds is closed (the next beat opens a new one).
+
+        Raises:
+            grpc.RpcError: the beat failed (learner unreachable or restarting; CANCELLED after `timeout_s`).
+        """
+        if self.unary:
+            return self.stub.Heartbeat(request, timeout=timeout_s)
+        if self._responses is None:
+            self._requests = queue.SimpleQueue()
+            self._responses = self.stub.Heartbeats(iter(self._requests.get, None))
+        responses = self._responses
+        self._requests.put(request)
+        watchdog = threading.Timer(timeout_s, responses.cancel)
+        watchdog.start()
+        try:
+            return next(responses)
+        except StopIteration:  # the learner ended the stream (it stops): like an unreachable learner
+            self.close()
+            raise _StreamEnded() from None
+        except grpc.RpcError as e:
+            self.close()
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.unary = True
+            return self.stub.Heartbeat(request, timeout=timeout_s)
+        finally:
+            watchdog.cancel()
+
+    def close(self) -> None:
+        """Ends the stream (the learner sees it close); the next `beat` opens a new one."""
+        if self._requests is not None:
+            self._requests.put(None)
+        if self._responses is not None:
+            self._responses.cancel()
+        self._requests = self._responses = None
+
+
+class _StreamEnded(grpc.RpcError):
+    """The learner closed the heartbeat stream without an error (it is stopping)."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "the learner closed the heartbeat stream"
+
+
 class Actor:
     """One actor process.
 
@@ -192,6 +257,7 @@ class Actor:
         self._restarts = 0
         self.learner_address = learner_address
         self._heartbeats_failed = 0  # in a row
+        self.heartbeats = HeartbeatStream(self.stub)
 
     def _replay_reachable(self) -> bool:
         """Whether the replay server's port accepts a TCP connection (within 2 s). A refused connection means the
@@ -239,7 +305,7 @@ class Actor:
             returns, lengths = self.pending_returns, self.pending_lengths
             self.pending_returns, self.pending_lengths = [], []
         try:
-            resp = self.stub.Heartbeat(
+            resp = self.heartbeats.beat(
                 rlfleet_pb2.HeartbeatRequest(
                     actor_id=self.actor_id,
                     env_steps=self.env_steps,
@@ -250,7 +316,7 @@ class Actor:
                     host=self.host,
                     leaving=leaving,
                 ),
-                timeout=5,
+                timeout_s=5,
             )
             if self._heartbeats_failed:
                 print(
@@ -330,6 +396,7 @@ class Actor:
             if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
                 heartbeats.join(timeout=10)
             self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
+            self.heartbeats.close()
             print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
             if self.told_to_stop.is_set():
                 self._wait_for_run_end()

@@ -2,8 +2,8 @@
 
 Each simulated actor does what a real one does to the learner (`rlfleet.actors.actor.Actor`): it registers,
 holds a StreamWeights stream for its whole life (parsing every `Weights` message it gets) and heartbeats every
-`HEARTBEAT_S` seconds, on a gRPC connection of its own; it takes no env steps (its heartbeats report 0) and
-writes nothing to replay. One process runs many of them on one asyncio loop.
+`HEARTBEAT_S` seconds on a Heartbeats stream, on a gRPC connection of its own; it takes no env steps (its
+heartbeats report 0) and writes nothing to replay. One process runs many of them on one asyncio loop.
 
     python -m rlfleet.deploy.simulated_actors --learner HOST:PORT --actors 128 --seconds 60 --out stats.json
 
@@ -68,18 +68,27 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
                     stats["errors"].append(f"weights: {e.code().name}")
 
         stream = asyncio.create_task(weights())
+        beats = None  # the Heartbeats stream (opened again after a failure)
 
         async def beat(leaving=False):
+            nonlocal beats
             t = time.time()
             try:
-                r = await stub.Heartbeat(
-                    rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving),
-                    timeout=timeout_s,
+                if beats is None:
+                    beats = stub.Heartbeats()
+                await beats.write(
+                    rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving)
                 )
+                r = await asyncio.wait_for(beats.read(), timeout_s)
+                if r is grpc.aio.EOF:
+                    raise ConnectionError("the learner closed the heartbeat stream")
                 stats["heartbeat_s"].append(time.time() - t)
                 return r.stop
-            except grpc.aio.AioRpcError as e:
-                stats["errors"].append(f"heartbeat: {e.code().name}")
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as e:
+                stats["errors"].append(f"heartbeat: {e.code().name if hasattr(e, 'code') else type(e).__name__}")
+                if beats is not None:
+                    beats.cancel()
+                beats = None
                 return False
 
         while time.time() < until and not stop.is_set():
@@ -91,6 +100,8 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
                 break
         stats["closed_at"] = time.time()
         await beat(leaving=True)
+        if beats is not None:
+            await beats.done_writing()
         stream.cancel()
         try:
             await stream

@@ -150,6 +150,11 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
         stop = learner.record_heartbeat(request, peer_ip(context.peer()))
         return rlfleet_pb2.HeartbeatResponse(stop=stop)
 
+    async def heartbeats(request_iterator, context):
+        address = peer_ip(context.peer())
+        async for request in request_iterator:
+            yield rlfleet_pb2.HeartbeatResponse(stop=learner.record_heartbeat(request, address))
+
     async def get_status(request, context):
         return learner.status_proto()
 
@@ -169,9 +174,18 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
                 response_serializer=bytes,
             ),
             "Heartbeat": unary(heartbeat, rlfleet_pb2.HeartbeatRequest, rlfleet_pb2.HeartbeatResponse),
+            "Heartbeats": grpc.stream_stream_rpc_method_handler(
+                heartbeats,
+                request_deserializer=rlfleet_pb2.HeartbeatRequest.FromString,
+                response_serializer=rlfleet_pb2.HeartbeatResponse.SerializeToString,
+            ),
             "GetStatus": unary(get_status, rlfleet_pb2.GetStatusRequest, rlfleet_pb2.Status),
         },
     )
+
+
+# (request streaming, response streaming) of the rlfleet.Learner methods that stream (the others are unary).
+_STREAMING = {"StreamWeights": (False, True), "Heartbeats": (True, True)}
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
@@ -192,8 +206,11 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             await deny(request, context)
             yield b""  # never reached: abort raises
 
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
+        self._deny = {
+            (False, False): grpc.unary_unary_rpc_method_handler(deny),
+            (False, True): grpc.unary_stream_rpc_method_handler(deny_stream),
+            (True, True): grpc.stream_stream_rpc_method_handler(deny_stream),
+        }
 
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
@@ -202,7 +219,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         got = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY, "")
         if hmac.compare_digest(got.encode(), self.expected):
             return await continuation(handler_call_details)
-        return self._deny_stream if method.endswith("/StreamWeights") else self._deny_unary
+        # The refusal must have the method's kind (request and response streaming) to reach the caller.
+        kind = _STREAMING.get(method.rsplit("/", 1)[-1], (False, False))
+        return self._deny[kind]
 
 
 class BindError(RuntimeError):

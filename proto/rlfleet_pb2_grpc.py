@@ -34,6 +34,11 @@ class LearnerStub(object):
                 request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.Status.FromString,
                 )
+        self.Heartbeats = channel.stream_stream(
+                '/rlfleet.Learner/Heartbeats',
+                request_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
+                )
 
 
 class LearnerServicer(object):
@@ -52,13 +57,23 @@ class LearnerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One heartbeat per call (actors before the Heartbeats stream; still served, same meaning).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeats(self, request_iterator, context):
+        """The actor's heartbeats on one stream for its whole life: a HeartbeatResponse answers each HeartbeatRequest,
+        in order. The same messages and meaning as Heartbeat, at a fraction of the learner's work per beat (a
+        unary call opens an HTTP/2 stream each time); actors fall back to Heartbeat when this is UNIMPLEMENTED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,6 +100,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.FromString,
                     response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.Status.SerializeToString,
+            ),
+            'Heartbeats': grpc.stream_stream_rpc_method_handler(
+                    servicer.Heartbeats,
+                    request_deserializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.FromString,
+                    response_serializer=rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -161,5 +181,22 @@ class Learner(object):
         return grpc.experimental.unary_unary(request, target, '/rlfleet.Learner/GetStatus',
             rlfleet_dot_proto_dot_rlfleet__pb2.GetStatusRequest.SerializeToString,
             rlfleet_dot_proto_dot_rlfleet__pb2.Status.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Heartbeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/rlfleet.Learner/Heartbeats',
+            rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatRequest.SerializeToString,
+            rlfleet_dot_proto_dot_rlfleet__pb2.HeartbeatResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -90,7 +90,9 @@ class _CallDetails(
     pass
 
 
-class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _AddToken(
+    grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamStreamClientInterceptor
+):
     def __init__(self, token: str):
         self.metadata = (METADATA_KEY, f"Bearer {token}")
 
@@ -109,6 +111,9 @@ class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
 
 
 def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:

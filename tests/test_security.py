@@ -8,10 +8,12 @@ is refused with a clear error, and nothing of it reaches the learner or replay.
 import subprocess
 
 import conftest
+import grpc
 import pytest
 from conftest import rlfleet, start_replay_and_learner, wait_for
 
 from rlfleet.deploy.status import StatusError, get_status
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
@@ -77,6 +79,16 @@ def test_token_required(procs, tmp_path, free_port, monkeypatch):
         get_status(address, 5, ClientSecurity(token="wrong"))
     st = get_status(address, 5, good)
     assert st["actors"] == [] and _inserts(st) == 0, "a refused actor reached the learner or replay"
+    # The streaming methods are refused too, each in its own kind of call.
+    with grpc.insecure_channel(address) as ch:
+        stub = rlfleet_pb2_grpc.LearnerStub(ch)
+        for call in (
+            lambda: next(stub.StreamWeights(rlfleet_pb2.StreamWeightsRequest(actor_id=0), timeout=10)),
+            lambda: next(stub.Heartbeats(iter([rlfleet_pb2.HeartbeatRequest(actor_id=0, env_steps=99)]), timeout=10)),
+        ):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "token" in e.value.details()
 
     # The right token from the environment ($RLFLEET_TOKEN), as docker-compose passes it.
     monkeypatch.setitem(conftest.ENV, "RLFLEET_TOKEN", "s3cret")
@@ -88,6 +100,8 @@ def test_token_required(procs, tmp_path, free_port, monkeypatch):
         [learner, actor],
     )
     assert st["actors"][0]["address"] == "127.0.0.1"
+    # Its heartbeats (on the Heartbeats stream, with the token) are counted.
+    wait_for(lambda: get_status(address, 5, good)["actors"][0]["env_steps"] > 0, 60, "heartbeats", [learner, actor])
     assert rlfleet("status", "--learner", address, "--json").returncode == 0  # token from the environment
 
 

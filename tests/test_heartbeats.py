@@ -1,0 +1,128 @@
+"""The actor's heartbeats (`rlfleet.actors.actor.HeartbeatStream`) against gRPC servers on loopback: one
+Heartbeats stream carries every beat; a learner without the stream gets unary Heartbeat calls; a stream that
+gives no reply is given up after the timeout and the next beat opens a new one; a learner that went away and
+came back on the same port gets the beats again."""
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from rlfleet.actors.actor import HeartbeatStream
+from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+
+
+class _Learner(rlfleet_pb2_grpc.LearnerServicer):
+    """Books every beat it gets and how (stream or unary); `stream=False` leaves Heartbeats UNIMPLEMENTED,
+    `silent=True` reads stream beats but never answers them."""
+
+    def __init__(self, stream=True, silent=False):
+        self.stream, self.silent = stream, silent
+        self.unary_beats, self.stream_beats, self.streams_opened = [], [], 0
+        self.lock = threading.Lock()
+
+    def Heartbeat(self, request, context):
+        self.unary_beats.append(request.env_steps)
+        return rlfleet_pb2.HeartbeatResponse(stop=request.env_steps >= 100)
+
+    def Heartbeats(self, request_iterator, context):
+        with self.lock:
+            self.streams_opened += 1
+        if not self.stream:  # as the generated base class answers for a method the server lacks
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        for request in request_iterator:
+            self.stream_beats.append(request.env_steps)
+            if not self.silent:
+                yield rlfleet_pb2.HeartbeatResponse(stop=request.env_steps >= 100)
+
+
+def _serve(learner, port=0):
+    server = grpc.server(futures.ThreadPoolExecutor(8), options=[("grpc.so_reuseport", 0)])
+    rlfleet_pb2_grpc.add_LearnerServicer_to_server(learner, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, port
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(learner, port=0):
+        server, port = _serve(learner, port)
+        servers.append(server)
+        return server, port
+
+    yield start
+    for s in servers:
+        s.stop(0)
+
+
+def _beat(hb, steps, timeout_s=5.0):
+    return hb.beat(rlfleet_pb2.HeartbeatRequest(actor_id=3, env_steps=steps), timeout_s)
+
+
+def test_one_stream_carries_every_beat_and_the_replies_come_back_in_order(serve):
+    learner = _Learner()
+    _, port = serve(learner)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+        stops = [_beat(hb, steps).stop for steps in (10, 20, 100, 30)]
+        hb.close()
+    assert stops == [False, False, True, False]
+    assert learner.stream_beats == [10, 20, 100, 30] and learner.unary_beats == []
+    assert learner.streams_opened == 1 and not hb.unary
+
+
+def test_a_learner_without_the_stream_gets_unary_beats(serve):
+    learner = _Learner(stream=False)
+    _, port = serve(learner)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+        stops = [_beat(hb, steps).stop for steps in (10, 100, 20)]
+    assert stops == [False, True, False]
+    assert learner.unary_beats == [10, 100, 20] and learner.stream_beats == []
+    assert hb.unary and learner.streams_opened == 1  # asked once, then unary only
+
+
+def test_a_stream_without_replies_fails_after_the_timeout_and_the_next_beat_opens_another(serve):
+    learner = _Learner(silent=True)
+    _, port = serve(learner)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+        for steps in (10, 20):
+            t = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                _beat(hb, steps, timeout_s=1.0)
+            assert e.value.code() == grpc.StatusCode.CANCELLED
+            assert 0.9 < time.monotonic() - t < 5.0
+        learner.silent = False
+        assert _beat(hb, 100).stop
+        hb.close()
+    assert learner.streams_opened == 3 and learner.stream_beats == [10, 20, 100]
+
+
+def test_beats_reach_a_learner_that_came_back_on_the_same_port(serve):
+    first = _Learner()
+    server, port = serve(first)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+        _beat(hb, 10)
+        server.stop(0).wait()
+        with pytest.raises(grpc.RpcError) as e:
+            _beat(hb, 20)
+        assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        second = _Learner()
+        serve(second, port)
+        deadline = time.monotonic() + 30
+        while True:  # the channel reconnects with backoff
+            try:
+                _beat(hb, 30)
+                break
+            except grpc.RpcError:
+                assert time.monotonic() < deadline, "the beats never reached the restarted learner"
+                time.sleep(0.5)
+        hb.close()
+    assert first.stream_beats == [10] and second.stream_beats[-1] == 30 and not hb.unary
