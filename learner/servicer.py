@@ -112,7 +112,8 @@ class WeightsBroadcast:
             async with self._slots:
                 with self._lock:  # the newest version by now
                     latest, data = self.latest, self._latest_bytes
-                await asyncio.wait_for(write(data), WRITE_TIMEOUT_S)
+                async with asyncio.timeout(WRITE_TIMEOUT_S):  # no task per write, unlike wait_for
+                    await write(data)
             sent = latest.policy_version
 
 
