@@ -134,7 +134,7 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
 
 def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: int = 0) -> dict:
     """N simulated actors for `seconds` against the cluster's learner; the row of the results table."""
-    from rlfleet.deploy.simulated_actors import fan_out_seconds
+    from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats, slow_during_stalls
 
     poller, sampler = _StatusPoller(cluster.learner_address), _Sampler(cluster.procs[1].pid)
     sims, outs = _simulated(cluster.learner_address, n, seconds, workdir, nice) if n else ([], [])
@@ -150,7 +150,7 @@ def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: i
         sampler.stop.set()
         poller.join()
         sampler.join()
-    stats = [s for out in outs for s in json.load(open(out))]
+    stats, stalls = read_stats(outs)
     fan_out = list(fan_out_seconds(stats).values())
     mem = [mb for t, _, mb in sampler.rows]
     after_1min = [mb for t, _, mb in sampler.rows if t >= 60] or mem
@@ -164,6 +164,9 @@ def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: i
         fan_out_ms=_summary(fan_out),
         versions_measured=len(fan_out),
         versions_over_1s=sum(t > 1.0 for t in fan_out),
+        # of those, the versions during which a simulated actors' process stalled (its own delay, not the learner's)
+        versions_over_1s_during_client_stall=slow_during_stalls(stats, stalls)[1],
+        client_loop_stalls=dict(count=len(stalls), max_s=max((late for _, late in stalls), default=0.0)),
         errors=sorted({e for s in stats for e in s["errors"]}),
         learner_cpu_percent=round(float(np.mean([c for _, c, _ in sampler.rows])), 1) if sampler.rows else None,
         learner_rss_mb=dict(
@@ -221,7 +224,9 @@ def _row_text(kind: str, r: dict) -> str:
         f"status p50/p99/max {r['status_ms']['p50']}/{r['status_ms']['p99']}/{r['status_ms']['max']} ms "
         f"({r['status_failures']} failed); heartbeat {r['heartbeat_ms']['p50']}/{r['heartbeat_ms']['p99']}/"
         f"{r['heartbeat_ms']['max']} ms; fan-out {r['fan_out_ms']['p50']}/{r['fan_out_ms']['p99']}/"
-        f"{r['fan_out_ms']['max']} ms over {r['versions_measured']} versions ({r['versions_over_1s']} > 1 s); "
+        f"{r['fan_out_ms']['max']} ms over {r['versions_measured']} versions ({r['versions_over_1s']} > 1 s, "
+        f"{r['versions_over_1s_during_client_stall']} of them during a client stall; client stalls "
+        f"{r['client_loop_stalls']}); "
         f"learner CPU {r['learner_cpu_percent']}%, RSS {r['learner_rss_mb']}; errors {r['errors']}"
     )
 
@@ -289,7 +294,9 @@ def attach_run(args) -> dict:
     for i in range(args.real_actors):  # each actor's own count, printed when it stops
         text = open(os.path.join(logdir, "run", "logs", f"actor-{i}.log")).read()
         per_actor += [int(n) for n in re.findall(r"rlfleet actor \d+: stopped after (\d+) env steps", text)]
-    stats = [s for out in outs if os.path.exists(out) for s in json.load(open(out))]
+    from rlfleet.deploy.simulated_actors import read_stats
+
+    stats, _ = read_stats([out for out in outs if os.path.exists(out)])
     return dict(
         real_actors=args.real_actors,
         simulated_actors=args.attach,

@@ -7,10 +7,11 @@ heartbeats report 0) and writes nothing to replay. One process runs many of them
 
     python -m rlfleet.deploy.simulated_actors --learner HOST:PORT --actors 128 --seconds 60 --out stats.json
 
-The stats file holds, per actor, the heartbeat and registration latencies (seconds) and each weights message it
-received after its first: [policy_version, published_at, received_at] (Unix seconds; the learner stamps
+The stats file holds, per actor ("actors"), the heartbeat and registration latencies (seconds) and each weights
+message it received after its first: [policy_version, published_at, received_at] (Unix seconds; the learner stamps
 `published_at`), so that the time a version takes to reach every actor can be computed
-(`fan_out_seconds`). SIGTERM/SIGINT end the run early; each actor sends a last heartbeat with `leaving` set.
+(`fan_out_seconds`); and when this process's own event loop stalled ("loop_stalls", see `_watch_loop`).
+SIGTERM/SIGINT end the run early; each actor sends a last heartbeat with `leaving` set.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 
 import grpc
 
-from rlfleet.actors.actor import HEARTBEAT_S
+from rlfleet.actors.heartbeats import HEARTBEAT_S
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.arrays import GRPC_OPTIONS
 
@@ -110,14 +111,54 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
     return stats
 
 
-async def run(address: str, actors: int, seconds: float, first_index: int = 0) -> list[dict]:
-    """Runs `actors` simulated actors for `seconds` (or until SIGTERM/SIGINT); returns their stats."""
+async def _watch_loop(stalls: list, stop: asyncio.Event, period_s: float = 0.05, threshold_s: float = 0.25) -> None:
+    """Appends [Unix time, seconds] to `stalls` whenever this process's event loop ran more than `threshold_s`
+    late: the client's own delays, which its heartbeat and fan-out times then include."""
+    while not stop.is_set():
+        t = time.time()
+        await asyncio.sleep(period_s)
+        late = time.time() - t - period_s
+        if late > threshold_s:
+            stalls.append([t, round(late, 3)])
+
+
+async def run(address: str, actors: int, seconds: float, first_index: int = 0) -> dict:
+    """Runs `actors` simulated actors for `seconds` (or until SIGTERM/SIGINT); returns {"actors": [their stats],
+    "loop_stalls": [[Unix time, seconds] when this process's event loop was late by more than 0.25 s]}."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     until = time.time() + seconds
-    return list(await asyncio.gather(*(simulated_actor(address, first_index + i, until, stop) for i in range(actors))))
+    stalls: list = []
+    watch = asyncio.create_task(_watch_loop(stalls, stop))
+    stats = await asyncio.gather(*(simulated_actor(address, first_index + i, until, stop) for i in range(actors)))
+    stop.set()
+    await watch
+    return {"actors": list(stats), "loop_stalls": stalls}
+
+
+def read_stats(paths: list[str]) -> tuple[list[dict], list[list[float]]]:
+    """The actors' stats and the loop stalls of the stats files `paths` (written by this module's `main`)."""
+    actors, stalls = [], []
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        actors += d["actors"]
+        stalls += d["loop_stalls"]
+    return actors, stalls
+
+
+def slow_during_stalls(actors: list[dict], stalls: list[list[float]], limit_s: float = 1.0) -> tuple[int, int]:
+    """(versions whose fan-out took more than `limit_s`, those of them during which a client loop stalled):
+    a stall that overlaps [publication, publication + fan-out] delayed that version on the client's side."""
+    published = {v: t for s in actors for v, t, _ in s["versions"]}
+    slow = {v: t for v, t in fan_out_seconds(actors).items() if t > limit_s}
+    stalled = sum(
+        any(start < published[v] + took and start + late > published[v] for start, late in stalls)
+        for v, took in slow.items()
+    )
+    return len(slow), stalled
 
 
 def fan_out_seconds(stats: list[dict], settle_s: float = 5.0) -> dict[int, float]:

@@ -1,4 +1,4 @@
-"""The actor's heartbeats (`rlfleet.actors.actor.HeartbeatStream`) against gRPC servers on loopback: one
+"""The actor's heartbeats (`rlfleet.actors.heartbeats.HeartbeatStream`) against gRPC servers on loopback: one
 Heartbeats stream carries every beat; a learner without the stream gets unary Heartbeat calls; a stream that
 gives no reply is given up after the timeout and the next beat opens a new one; a learner that went away and
 came back on the same port gets the beats again."""
@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from rlfleet.actors.actor import HeartbeatStream
+from rlfleet.actors.heartbeats import HeartbeatStream
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
 

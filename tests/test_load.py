@@ -3,7 +3,6 @@ in one client process, each on its own connection): weight streams take no serve
 heartbeats and a new registration answer within a second, every simulated actor receives new policy
 versions, the real actor's env steps keep being counted, and leaving actors drop out of status at once."""
 
-import json
 import math
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 import grpc
 from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
-from rlfleet.deploy.simulated_actors import fan_out_seconds
+from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats
 from rlfleet.deploy.status import get_status
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
@@ -73,7 +72,7 @@ def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(pr
             sim.send_signal(signal.SIGKILL)
             sim.wait()
 
-    stats = json.loads(stats_path.read_text())
+    stats, _ = read_stats([stats_path])
     assert len(stats) == SIMULATED
     assert not [s["errors"] for s in stats if s["errors"]]
     # Heartbeat latencies are measured inside the client process, whose one event loop also parses every
@@ -138,6 +137,6 @@ def test_stalled_readers_do_not_hold_up_the_other_actors(procs, tmp_path, free_p
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-    fan_out = fan_out_seconds(json.loads((tmp_path / "healthy.json").read_text()))
+    fan_out = fan_out_seconds(read_stats([tmp_path / "healthy.json"])[0])
     assert len(fan_out) >= 20, fan_out  # about 4 versions a second for 25 s
     assert max(fan_out.values()) < 3.0, fan_out
