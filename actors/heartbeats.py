@@ -19,7 +19,8 @@ HEARTBEAT_S = 1.0  # seconds between an actor's heartbeats
 class HeartbeatStream:
     """The actor's end of the learner's Heartbeats stream (proto/rlfleet.proto): one stream for the actor's life,
     a reply for each beat. Falls back to one unary Heartbeat call per beat when the learner predates the stream
-    (UNIMPLEMENTED). Used by one thread at a time.
+    (UNIMPLEMENTED), and tries the stream again after a unary beat fails (the learner may have been upgraded
+    meanwhile). Used by one thread at a time.
 
     Args:
         stub: a `LearnerStub` on the actor's channel (its token and TLS apply to the stream too).
@@ -27,29 +28,36 @@ class HeartbeatStream:
 
     def __init__(self, stub):
         self.stub = stub
-        self.unary = False  # the learner has no Heartbeats stream
+        self.unary = False  # the learner answered the stream with UNIMPLEMENTED: beats are unary calls
         self._requests: queue.SimpleQueue | None = None
         self._responses = None
 
     def beat(self, request: rlfleet_pb2.HeartbeatRequest, timeout_s: float) -> rlfleet_pb2.HeartbeatResponse:
-        """Sends one heartbeat and returns the learner's reply. A stream that fails or gives no reply within
-        `timeout_s` seconds is closed (the next beat opens a new one).
+        """Sends one heartbeat and returns the learner's reply. A stream that ended since the last beat (the
+        learner restarted, keepalive closed the connection) is replaced before sending; one that fails or gives
+        no reply within `timeout_s` seconds is closed (the next beat opens a new one).
 
         Raises:
             grpc.RpcError: the beat failed (learner unreachable or restarting; CANCELLED after `timeout_s`).
         """
         if self.unary:
-            return self.stub.Heartbeat(request, timeout=timeout_s)
+            try:
+                return self.stub.Heartbeat(request, timeout=timeout_s)
+            except grpc.RpcError:
+                self.unary = False  # the next beat asks for the stream again
+                raise
+        if self._responses is not None and self._responses.done():
+            self.close()
         if self._responses is None:
             self._requests = queue.SimpleQueue()
             self._responses = self.stub.Heartbeats(iter(self._requests.get, None))
         responses = self._responses
         self._requests.put(request)
-        watchdog = threading.Timer(timeout_s, responses.cancel)
+        watchdog = threading.Timer(timeout_s, responses.cancel)  # cancels this beat's call only
         watchdog.start()
         try:
             return next(responses)
-        except StopIteration:  # the learner ended the stream (it stops): like an unreachable learner
+        except StopIteration:  # the stream ended without an error (e.g. a proxy closed it)
             self.close()
             raise _StreamEnded() from None
         except grpc.RpcError as e:
@@ -71,10 +79,11 @@ class HeartbeatStream:
 
 
 class _StreamEnded(grpc.RpcError):
-    """The learner closed the heartbeat stream without an error (it is stopping)."""
+    """The heartbeat stream ended without an error status before the reply (an rlfleet learner does not end it;
+    a proxy in between may): treated like an unreachable learner."""
 
     def code(self):
         return grpc.StatusCode.UNAVAILABLE
 
     def details(self):
-        return "the learner closed the heartbeat stream"
+        return "the heartbeat stream ended before the learner's reply"

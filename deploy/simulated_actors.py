@@ -74,18 +74,18 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
         async def beat(leaving=False):
             nonlocal beats
             t = time.time()
+            request = rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving)
             try:
-                if beats is None:
+                if beats is None or beats.done():  # none yet, or it ended since the last beat (learner restart)
                     beats = stub.Heartbeats()
-                await beats.write(
-                    rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving)
-                )
-                r = await asyncio.wait_for(beats.read(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await beats.write(request)
+                    r = await beats.read()
                 if r is grpc.aio.EOF:
-                    raise ConnectionError("the learner closed the heartbeat stream")
+                    raise ConnectionError("the heartbeat stream ended before the reply")
                 stats["heartbeat_s"].append(time.time() - t)
                 return r.stop
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as e:
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as e:
                 stats["errors"].append(f"heartbeat: {e.code().name if hasattr(e, 'code') else type(e).__name__}")
                 if beats is not None:
                     beats.cancel()
@@ -102,7 +102,7 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
         stats["closed_at"] = time.time()
         await beat(leaving=True)
         if beats is not None:
-            await beats.done_writing()
+            beats.cancel()
         stream.cancel()
         try:
             await stream
@@ -111,7 +111,12 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
     return stats
 
 
-async def _watch_loop(stalls: list, stop: asyncio.Event, period_s: float = 0.05, threshold_s: float = 0.25) -> None:
+_STALL_PERIOD_S = 0.05  # seconds between the loop watcher's checks
+
+
+async def _watch_loop(
+    stalls: list, stop: asyncio.Event, period_s: float = _STALL_PERIOD_S, threshold_s: float = 0.25
+) -> None:
     """Appends [Unix time, seconds] to `stalls` whenever this process's event loop ran more than `threshold_s`
     late: the client's own delays, which its heartbeat and fan-out times then include."""
     while not stop.is_set():
@@ -149,13 +154,16 @@ def read_stats(paths: list[str]) -> tuple[list[dict], list[list[float]]]:
     return actors, stalls
 
 
-def slow_during_stalls(actors: list[dict], stalls: list[list[float]], limit_s: float = 1.0) -> tuple[int, int]:
+def slow_during_stalls(
+    actors: list[dict], stalls: list[list[float]], limit_s: float = 1.0, period_s: float = _STALL_PERIOD_S
+) -> tuple[int, int]:
     """(versions whose fan-out took more than `limit_s`, those of them during which a client loop stalled):
-    a stall that overlaps [publication, publication + fan-out] delayed that version on the client's side."""
+    a stall that overlaps [publication, publication + fan-out] delayed that version on the client's side. A
+    stall recorded as [t, late] lies within [t, t + period_s + late] (`_watch_loop`'s sleep of `period_s`)."""
     published = {v: t for s in actors for v, t, _ in s["versions"]}
     slow = {v: t for v, t in fan_out_seconds(actors).items() if t > limit_s}
     stalled = sum(
-        any(start < published[v] + took and start + late > published[v] for start, late in stalls)
+        any(start < published[v] + took and start + period_s + late > published[v] for start, late in stalls)
         for v, took in slow.items()
     )
     return len(slow), stalled

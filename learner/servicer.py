@@ -185,10 +185,6 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
     )
 
 
-# (request streaming, response streaming) of the rlfleet.Learner methods that stream (the others are unary).
-_STREAMING = {"StreamWeights": (False, True), "Heartbeats": (True, True)}
-
-
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every `rlfleet.Learner` call whose metadata lacks `authorization: Bearer TOKEN`
     (UNAUTHENTICATED, before the handler runs); the health service is not checked."""
@@ -207,9 +203,12 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             await deny(request, context)
             yield b""  # never reached: abort raises
 
+        # One refusal of each kind (request streaming, response streaming): a handler reaches the caller only
+        # when its kind is the method's.
         self._deny = {
             (False, False): grpc.unary_unary_rpc_method_handler(deny),
             (False, True): grpc.unary_stream_rpc_method_handler(deny_stream),
+            (True, False): grpc.stream_unary_rpc_method_handler(deny),
             (True, True): grpc.stream_stream_rpc_method_handler(deny_stream),
         }
 
@@ -218,11 +217,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if not method.startswith(PROTECTED_PREFIX):
             return await continuation(handler_call_details)
         got = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY, "")
-        if hmac.compare_digest(got.encode(), self.expected):
-            return await continuation(handler_call_details)
-        # The refusal must have the method's kind (request and response streaming) to reach the caller.
-        kind = _STREAMING.get(method.rsplit("/", 1)[-1], (False, False))
-        return self._deny[kind]
+        handler = await continuation(handler_call_details)
+        if handler is None or hmac.compare_digest(got.encode(), self.expected):
+            return handler  # None: an unknown method (UNIMPLEMENTED)
+        return self._deny[(handler.request_streaming, handler.response_streaming)]
 
 
 class BindError(RuntimeError):

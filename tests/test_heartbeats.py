@@ -1,7 +1,8 @@
 """The actor's heartbeats (`rlfleet.actors.heartbeats.HeartbeatStream`) against gRPC servers on loopback: one
 Heartbeats stream carries every beat; a learner without the stream gets unary Heartbeat calls; a stream that
 gives no reply is given up after the timeout and the next beat opens a new one; a learner that went away and
-came back on the same port gets the beats again."""
+came back on the same port gets the next beat; the learner's own server (`LearnerServer`) answers on the stream,
+with and without a token."""
 
 import threading
 import time
@@ -11,7 +12,9 @@ import grpc
 import pytest
 
 from rlfleet.actors.heartbeats import HeartbeatStream
+from rlfleet.learner.servicer import LearnerServer, WeightsBroadcast
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+from rlfleet.proto.security import ClientSecurity, channel
 
 
 class _Learner(rlfleet_pb2_grpc.LearnerServicer):
@@ -116,13 +119,43 @@ def test_beats_reach_a_learner_that_came_back_on_the_same_port(serve):
         assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         second = _Learner()
         serve(second, port)
-        deadline = time.monotonic() + 30
-        while True:  # the channel reconnects with backoff
-            try:
-                _beat(hb, 30)
-                break
-            except grpc.RpcError:
-                assert time.monotonic() < deadline, "the beats never reached the restarted learner"
-                time.sleep(0.5)
+        grpc.channel_ready_future(ch).result(timeout=30)  # the channel reconnects with backoff
+        _beat(hb, 30)  # the first beat after the restart reaches it: the dead stream is replaced before sending
         hb.close()
-    assert first.stream_beats == [10] and second.stream_beats[-1] == 30 and not hb.unary
+    assert first.stream_beats == [10] and second.stream_beats == [30] and not hb.unary
+
+
+class _Book:
+    """What `LearnerServer` needs of a learner for heartbeats: `weights` and `record_heartbeat`."""
+
+    def __init__(self):
+        self.weights = WeightsBroadcast()
+        self.beats = []
+
+    def record_heartbeat(self, request, address):
+        self.beats.append((request.actor_id, request.env_steps, address))
+        return request.env_steps >= 100
+
+
+@pytest.mark.parametrize("token", ["", "s3cret"])
+def test_the_learner_server_answers_beats_on_the_stream(token):
+    book = _Book()
+    server = LearnerServer(book, "127.0.0.1:0", [], token=token)
+    server.start()
+    try:
+        security = ClientSecurity(token=token) if token else None
+        with channel(f"127.0.0.1:{server.port}", security) as ch:
+            hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+            stops = [_beat(hb, steps).stop for steps in (10, 100)]
+            hb.close()
+        assert stops == [False, True] and not hb.unary
+        assert book.beats == [(3, 10, "127.0.0.1"), (3, 100, "127.0.0.1")]
+        if token:  # without the token the stream is refused (no unary fallback either)
+            with channel(f"127.0.0.1:{server.port}") as ch:
+                hb = HeartbeatStream(rlfleet_pb2_grpc.LearnerStub(ch))
+                with pytest.raises(grpc.RpcError) as e:
+                    _beat(hb, 20)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and not hb.unary
+            assert len(book.beats) == 2
+    finally:
+        server.stop()
