@@ -227,7 +227,8 @@ def serve(
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
-        scratch = tempfile.mkdtemp(prefix="rlfleet-replay-")
+        _sweep_scratch()
+        scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
     try:
         _check_port_free(port)
@@ -290,6 +291,28 @@ def serve(
             flush=True,
         )
     print("rlfleet replay: stopped", flush=True)
+
+
+_SCRATCH_PREFIX = "rlfleet-replay-"  # + the server's pid: its checkpoint folder when started without --checkpoint-dir
+
+
+def _sweep_scratch() -> None:
+    """Removes the empty scratch folders of replay servers that were killed (SIGKILL, OOM) before they could:
+    folders in the temporary directory named by `_SCRATCH_PREFIX` and a pid that no process has now. A folder
+    with anything in it (a checkpoint someone asked for) is kept."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(_SCRATCH_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(_SCRATCH_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that server still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # a process of another user has that pid
+            continue
+        _remove_if_empty(os.path.join(root, name))
 
 
 def _remove_if_empty(path: str | None) -> bool:

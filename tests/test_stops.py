@@ -5,7 +5,8 @@
 - SIGTERM during an evaluation (here the final one, made long on purpose) stops the learner within seconds,
   with a checkpoint written.
 - An actor stopped with SIGTERM leaves the learner's status at once (its last heartbeat says so).
-- A replay server started without --checkpoint-dir leaves no temporary folder behind.
+- A replay server started without --checkpoint-dir leaves no temporary folder behind (killed with SIGKILL, it
+  cannot: the next replay server started removes that folder).
 """
 
 import json
@@ -128,27 +129,42 @@ def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, fr
 
 
 def test_replay_without_checkpoint_dir_leaves_no_temporary_folder(procs, free_port, tmp_path):
+    """Stopped with SIGTERM, the server removes its scratch folder; killed with SIGKILL it cannot, and the next
+    server started on the machine removes it (empty, and its pid gone), keeping a live server's folder."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    port = free_port()
     env = dict(ENV, TMPDIR=str(scratch))
-    with open(tmp_path / "replay.log", "wb") as log:
-        replay = subprocess.Popen(
-            [sys.executable, "-m", "rlfleet.deploy.cli", "replay", *DQN, "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+
+    def start(name):
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "rlfleet.deploy.cli", "replay", *DQN, "--port", str(free_port())],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(lambda: "serving on port" in (tmp_path / f"{name}.log").read_text(), 120, f"replay server {name}")
+        return p
+
+    started = []
     try:
-        wait_for(lambda: "serving on port" in (tmp_path / "replay.log").read_text(), 120, "the replay server")
-        during = os.listdir(scratch)
-        replay.send_signal(signal.SIGTERM)
-        assert replay.wait(60) == 0
+        started.append(killed := start("killed"))
+        left = os.listdir(scratch)
+        killed.kill()
+        killed.wait()
+        assert len(left) == 1 and os.listdir(scratch) == left, "SIGKILL should leave the folder (nothing can run)"
+        started.append(first := start("first"))
+        started.append(second := start("second"))
+        during = set(os.listdir(scratch))
+        assert left[0] not in during and len(during) == 2, (left, during)  # swept; both live folders kept
+        for p in (second, first):
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(60) == 0
     finally:
-        if replay.poll() is None:
-            replay.kill()
-            replay.wait()
-    assert during, "the server made no scratch folder where its TMPDIR points"
-    assert os.listdir(scratch) == [], (during, os.listdir(scratch))
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert os.listdir(scratch) == [], os.listdir(scratch)
