@@ -1,7 +1,8 @@
 """Reincarnation: env steps a QDagger student needs to reach its teacher's return, against DQN from scratch.
 
 1. Teacher: `rlfleet up --algo dqn` with seed 0 for --teacher-steps env steps (reused when its
-   directory already holds a finished run).
+   directory already holds a run that completed that budget; a stopped one, or one of a smaller budget,
+   continues with --resume, so the long Atari runs can be done over several sessions).
 2. DQN from scratch: the teacher run itself plus seeds 1..K-1 (K = --scratch-seeds, default --seeds), each
    for --teacher-steps env steps.
 3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
@@ -32,11 +33,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _up(args: list[str], logdir: str) -> None:
-    if os.path.exists(os.path.join(logdir, "summary.json")):
-        print(f"reusing {logdir}", flush=True)
-        return
-    cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args, "--logdir", logdir, "--report-interval", "2"]
-    print("$ rlfleet up " + " ".join(args + ["--logdir", logdir]), flush=True)
+    """Runs `rlfleet up ARGS --logdir LOGDIR` (ARGS hold --total-steps): reuses a run there that completed
+    that budget, continues one that was stopped or had a smaller budget (`--resume`: long runs go on over
+    several sessions), else starts it.
+
+    Raises:
+        RuntimeError: the run failed (its output's end attached).
+    """
+    budget = int(args[args.index("--total-steps") + 1])
+    summary_path = os.path.join(logdir, "summary.json")
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        if summary.get("completed") and summary["env_steps"] >= budget:
+            print(f"reusing {logdir}", flush=True)
+            return
+    resume = ["--resume", logdir] if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")) else []
+    cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args, "--logdir", logdir, *resume]
+    cmd += ["--report-interval", "2"]
+    print("$ rlfleet up " + " ".join(args + ["--logdir", logdir, *resume]), flush=True)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({logdir}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
