@@ -17,8 +17,15 @@
    forward + backward pass alone (one `tf.function` call each) at the actor's batch (the
    envs per actor) and the learner's (32), in milliseconds.
 
+6. With --policy-loop B [B ...]: the actor's ceiling without replay, the env and the behaviour policy alone:
+   AtariVectorEnv xB stepped with the argmax of the Nature CNN's forward pass (one `tf.function` call per
+   batch), one batch at a time, and with AtariVectorEnv's asynchronous batches (2B envs, B per call: one
+   half steps in ale-py's threads while the network runs on the other); agent steps/s against the raw
+   rate of the same B, measured in the same run.
+
 Usage:
     python benchmarks/atari.py --env ALE/Pong-v5 --num-envs 8 --seconds 30
+    python benchmarks/atari.py --env ALE/Pong-v5 --seconds 30 --policy-loop 8 32 64
 """
 
 from __future__ import annotations
@@ -162,13 +169,77 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
     return out
 
 
+def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
+    """{B: {"raw", "sync", "async"}}: agent steps/s of AtariVectorEnv xB with random actions (raw), with the
+    Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs (async)."""
+    import gymnasium as gym
+    import tensorflow as tf
+
+    from rlfleet.actors.envs import ATARI, atari_game
+    from rlfleet.learner.networks import NatureCNN
+
+    spec = env_spec(env_id)
+    net = NatureCNN(4, (84, 84), spec.action_dim, 0, "q")
+    forward = tf.function(lambda frames: tf.argmax(net(frames), axis=1))
+    rng = np.random.default_rng(0)
+
+    def rate(num_envs: int, batch: int, policy: bool) -> float:
+        from ale_py.vector_env import AtariVectorEnv
+
+        kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **ATARI)
+        if batch < num_envs:
+            kwargs["batch_size"] = batch
+        venv = AtariVectorEnv(atari_game(env_id), num_envs, **kwargs)
+        try:
+            obs, _ = venv.reset(seed=0)  # the first `batch` envs' observations
+            steps, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                if policy:
+                    actions = forward(tf.constant(obs)).numpy()
+                else:
+                    actions = rng.integers(0, spec.action_dim, len(obs))
+                if batch < num_envs:
+                    venv.send(actions)
+                    obs = venv.recv()[0]
+                else:
+                    obs = venv.step(actions)[0]
+                steps += len(obs)
+            return steps / (time.perf_counter() - start)
+        finally:
+            venv.close()
+
+    forward(tf.constant(np.zeros((1, 4, 84, 84), np.uint8)))
+    return {b: dict(raw=rate(b, b, False), sync=rate(b, b, True), async_=rate(2 * b, b, True)) for b in batches}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="ALE/Pong-v5")
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--policy-loop",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="B",
+        help="only item 6: the env and the policy's forward pass, without replay, at these envs per actor",
+    )
     args = p.parse_args()
+    if args.policy_loop:
+        loops = policy_loop_rates(args.env, args.policy_loop, args.seconds / 3)
+        for b, r in loops.items():
+            print(
+                f"AtariVectorEnv x{b}: raw {r['raw']:,.0f} agent steps/s; with the Nature CNN one batch at a time "
+                f"{r['sync']:,.0f} ({100 * r['sync'] / r['raw']:.0f}% of raw); asynchronous batches of {b} of "
+                f"{2 * b} envs {r['async_']:,.0f} ({100 * r['async_'] / r['raw']:.0f}%)",
+                flush=True,
+            )
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(env=args.env, policy_loop=loops), f, indent=2)
+        return
     raw = raw_rate(args.env, args.num_envs, args.seconds / 2)
     print(
         f"raw AtariVectorEnv x{args.num_envs}, random actions: {raw:,.0f} agent steps/s ({4 * raw:,.0f} frames/s)",
