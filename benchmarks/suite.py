@@ -66,10 +66,12 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
     if done and done.get("completed", True) and done["env_steps"] >= total_steps:
         print(f"# {logdir}: finished earlier, kept", flush=True)
         return
-    if algo == "sb3-ppo":
+    if algo.startswith("sb3-"):
         cmd = [
             sys.executable,
             os.path.join(ROOT, "benchmarks", "sb3_peer.py"),
+            "--algo",
+            algo.removeprefix("sb3-"),
             "--env",
             env,
             "--seed",
@@ -166,8 +168,8 @@ def report(runs: list[dict]) -> dict:
             ]
         out[f"{algo} {env} {budget}"] = row
     for row in out.values():  # rlfleet vs the peer at the same budget
-        peer = out.get(f"sb3-ppo {row['env']} {row['env_steps']}")
-        if row["algo"] == "ppo" and peer:
+        peer = out.get(f"sb3-{row['algo']} {row['env']} {row['env_steps']}")
+        if row["algo"] in ("ppo", "dqn") and peer:
             row["peer"] = dict(
                 median=peer["median"],
                 median_wall_seconds=peer["median_wall_seconds"],
@@ -184,7 +186,7 @@ def plot(runs: list[dict], folder: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"ppo": "tab:blue", "sb3-ppo": "tab:orange", "dqn": "tab:green"}
+    colors = {"ppo": "tab:blue", "sb3-ppo": "tab:orange", "dqn": "tab:green", "sb3-dqn": "tab:red"}
     paths = []
     for env in sorted({r["summary"]["env_id"] for r in runs}):
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -198,7 +200,7 @@ def plot(runs: list[dict], folder: str) -> list[str]:
                 if row.get("eval_return_mean") is not None
             ]
             pts.append((s["env_steps"], s["final_eval_return_mean"]))
-            label = "rlfleet " + s["algo"] if s["algo"] != "sb3-ppo" else "SB3 PPO"
+            label = "SB3 " + s["algo"][4:].upper() if s["algo"].startswith("sb3-") else "rlfleet " + s["algo"]
             ax.plot(
                 *zip(*sorted(pts)), color=colors.get(s["algo"], "k"), alpha=0.8, label=f"{label} seed {s.get('seed')}"
             )
@@ -243,7 +245,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train what is missing, then report")
-    r.add_argument("--algo", choices=["ppo", "dqn", "sb3-ppo"], required=True)
+    r.add_argument("--algo", choices=["ppo", "dqn", "sb3-ppo", "sb3-dqn"], required=True)
     r.add_argument("--envs", nargs="+", required=True)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
