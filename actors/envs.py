@@ -128,8 +128,10 @@ def _atari_spec(env_id: str) -> EnvSpec:
         venv.close()
 
 
-def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0) -> gym.vector.VectorEnv:
+def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0, batch_size: int = 0) -> gym.vector.VectorEnv:
     """ale-py's C++ `AtariVectorEnv` for `env_id` with the `ATARI` preprocessing and SAME_STEP autoreset.
+    With 0 < `batch_size` < `num_envs` it is asynchronous: `send(actions)` / `recv()` step `batch_size` envs at
+    a time (whichever are ready; `info["env_id"]` names them) while the others keep stepping.
 
     Shapes/dtypes: obs uint8 [B, 4, 84, 84] (oldest frame first; at an episode
     start the 3 older frames are zeros), reward float32 [B] (unclipped),
@@ -141,6 +143,7 @@ def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0) -> gym.vect
         atari_game(env_id),
         num_envs,
         num_threads=num_threads,
+        batch_size=batch_size,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         **ATARI,
     )

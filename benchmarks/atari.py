@@ -170,35 +170,24 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
 
 
 def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
-    """{B: {"raw", "sync", "async"}}: agent steps/s of AtariVectorEnv xB with random actions (raw), with the
-    Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs (async)."""
-    import gymnasium as gym
+    """{B: {"raw", "sync", "async_"}}: agent steps/s of AtariVectorEnv xB with random actions (`raw_rate`), with
+    the Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs."""
     import tensorflow as tf
 
-    from rlfleet.actors.envs import ATARI, atari_game
     from rlfleet.learner.networks import NatureCNN
 
-    spec = env_spec(env_id)
-    net = NatureCNN(4, (84, 84), spec.action_dim, 0, "q")
+    net = NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q")
     forward = tf.function(lambda frames: tf.argmax(net(frames), axis=1))
-    rng = np.random.default_rng(0)
 
-    def rate(num_envs: int, batch: int, policy: bool) -> float:
-        from ale_py.vector_env import AtariVectorEnv
-
-        kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **ATARI)
-        if batch < num_envs:
-            kwargs["batch_size"] = batch
-        venv = AtariVectorEnv(atari_game(env_id), num_envs, **kwargs)
+    def rate(num_envs: int, batch: int) -> float:
+        asynchronous = batch < num_envs
+        venv = make_atari_env(env_id, num_envs, batch_size=batch if asynchronous else 0)
         try:
-            obs, _ = venv.reset(seed=0)  # the first `batch` envs' observations
+            obs, _ = venv.reset(seed=0)  # asynchronous: the first `batch` envs' observations
             steps, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
-                if policy:
-                    actions = forward(tf.constant(obs)).numpy()
-                else:
-                    actions = rng.integers(0, spec.action_dim, len(obs))
-                if batch < num_envs:
+                actions = forward(tf.constant(obs)).numpy()
+                if asynchronous:
                     venv.send(actions)
                     obs = venv.recv()[0]
                 else:
@@ -209,7 +198,7 @@ def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
             venv.close()
 
     forward(tf.constant(np.zeros((1, 4, 84, 84), np.uint8)))
-    return {b: dict(raw=rate(b, b, False), sync=rate(b, b, True), async_=rate(2 * b, b, True)) for b in batches}
+    return {b: dict(raw=raw_rate(env_id, b, seconds), sync=rate(b, b), async_=rate(2 * b, b)) for b in batches}
 
 
 def main() -> None:

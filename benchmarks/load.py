@@ -151,7 +151,8 @@ def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: i
         poller.join()
         sampler.join()
     stats, stalls = read_stats(outs)
-    fan_out = list(fan_out_seconds(stats).values())
+    by_version = fan_out_seconds(stats)
+    fan_out = list(by_version.values())
     mem = [mb for t, _, mb in sampler.rows]
     after_1min = [mb for t, _, mb in sampler.rows if t >= 60] or mem
     return dict(
@@ -165,7 +166,7 @@ def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: i
         versions_measured=len(fan_out),
         versions_over_1s=sum(t > 1.0 for t in fan_out),
         # of those, the versions during which a simulated actors' process stalled (its own delay, not the learner's)
-        versions_over_1s_during_client_stall=slow_during_stalls(stats, stalls)[1],
+        versions_over_1s_during_client_stall=slow_during_stalls(stats, stalls, by_version),
         client_loop_stalls=dict(count=len(stalls), max_s=max((late for _, late in stalls), default=0.0)),
         errors=sorted({e for s in stats for e in s["errors"]}),
         learner_cpu_percent=round(float(np.mean([c for _, c, _ in sampler.rows])), 1) if sampler.rows else None,

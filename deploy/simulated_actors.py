@@ -155,18 +155,22 @@ def read_stats(paths: list[str]) -> tuple[list[dict], list[list[float]]]:
 
 
 def slow_during_stalls(
-    actors: list[dict], stalls: list[list[float]], limit_s: float = 1.0, period_s: float = _STALL_PERIOD_S
-) -> tuple[int, int]:
-    """(versions whose fan-out took more than `limit_s`, those of them during which a client loop stalled):
-    a stall that overlaps [publication, publication + fan-out] delayed that version on the client's side. A
-    stall recorded as [t, late] lies within [t, t + period_s + late] (`_watch_loop`'s sleep of `period_s`)."""
+    actors: list[dict],
+    stalls: list[list[float]],
+    fan_out: dict[int, float],
+    limit_s: float = 1.0,
+    period_s: float = _STALL_PERIOD_S,
+) -> int:
+    """How many versions whose fan-out (`fan_out_seconds(actors)`) took more than `limit_s` overlapped a stall of
+    a client loop: a stall that overlaps [publication, publication + fan-out] delayed that version on the client's
+    side. A stall recorded as [t, late] lies within [t, t + period_s + late] (`_watch_loop`'s sleep of
+    `period_s`)."""
     published = {v: t for s in actors for v, t, _ in s["versions"]}
-    slow = {v: t for v, t in fan_out_seconds(actors).items() if t > limit_s}
-    stalled = sum(
+    return sum(
         any(start < published[v] + took and start + period_s + late > published[v] for start, late in stalls)
-        for v, took in slow.items()
+        for v, took in fan_out.items()
+        if took > limit_s
     )
-    return len(slow), stalled
 
 
 def fan_out_seconds(stats: list[dict], settle_s: float = 5.0) -> dict[int, float]:

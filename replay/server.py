@@ -302,7 +302,7 @@ def _sweep_scratch() -> None:
     with anything in it (a checkpoint someone asked for) is kept."""
     root = tempfile.gettempdir()
     for name in os.listdir(root):
-        pid = name[len(_SCRATCH_PREFIX) :].split("-", 1)[0]
+        pid = name.removeprefix(_SCRATCH_PREFIX).split("-", 1)[0]
         if not name.startswith(_SCRATCH_PREFIX) or not pid.isdigit():
             continue
         try:
