@@ -4,14 +4,18 @@
    directory already holds a run that completed that budget; a stopped one, or one of a smaller budget,
    continues with --resume, so the long Atari runs can be done over several sessions).
 2. DQN from scratch: the teacher run itself plus seeds 1..K-1 (K = --scratch-seeds, default --seeds), each
-   for --teacher-steps env steps.
+   for --scratch-steps env steps (default --teacher-steps; at least --student-steps, the budget they are
+   compared at).
 3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
    (after the preset's offline pretraining, or --offline-steps).
 For each run: the env steps of the first progress row whose latest evaluation return reaches the
 target (the teacher's evaluation return as the students measured it at their start, times
---fraction), the final evaluation return, and the return at the students' budget. Then the ratio
-of median env steps (student / scratch), IQM of final returns with bootstrap CIs (rliable, when
-installed) and a learning-curve plot (benchmarks/report.py).
+--fraction), the final evaluation return, and the return at the students' budget. A run that never
+reached the target counts as its budget, a lower bound, and the output says which way that bends the
+ratio of median env steps (student / scratch). Then IQMs with stratified-bootstrap 95% CIs (rliable,
+when installed) of human-normalized returns (raw returns for envs without reference scores): at the
+students' budget for every run (the same online budget), and final; and a learning-curve plot
+(benchmarks/report.py) with the target drawn.
 
 Usage:
     python benchmarks/reincarnation.py --env CartPole-v1 --seeds 3 --teacher-steps 30000 \
@@ -66,21 +70,19 @@ def steps_to_reach(rows: list[dict], target: float) -> int | None:
     )
 
 
-def return_at(rows: list[dict], env_steps: int) -> float | None:
-    """Latest evaluation return recorded at or before `env_steps`."""
-    values = [
-        r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None
-    ]
-    return values[-1] if values else None
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--teacher-steps", type=int, default=30000)
-    p.add_argument("--student-steps", type=int, default=15000)
-    p.add_argument("--offline-steps", type=int, default=None)
+    p.add_argument("--teacher-steps", type=int, default=30000, help="the teacher's env steps (DQN seed 0)")
+    p.add_argument("--student-steps", type=int, default=15000, help="each student's online env steps")
+    p.add_argument(
+        "--scratch-steps",
+        type=int,
+        default=None,
+        help="env steps of DQN-from-scratch seeds 1.. (default --teacher-steps; at least --student-steps)",
+    )
+    p.add_argument("--offline-steps", type=int, default=None, help="students' offline gradient steps (preset's)")
     p.add_argument("--fraction", type=float, default=1.0, help="target = fraction x teacher return")
     p.add_argument(
         "--scratch-seeds", type=int, default=None, help="DQN-from-scratch runs, the teacher included (default: --seeds)"
@@ -95,6 +97,12 @@ def main() -> None:
     )
     p.add_argument("--workdir", default="runs/reincarnation")
     args = p.parse_args()
+    scratch_steps = args.scratch_steps or args.teacher_steps
+    if min(scratch_steps, args.teacher_steps) < args.student_steps:
+        p.error(
+            f"the DQN-from-scratch runs ({min(scratch_steps, args.teacher_steps):,} env steps) must reach the "
+            f"students' budget ({args.student_steps:,}) to be compared at it: raise --scratch-steps/--teacher-steps"
+        )
     sets = [a for kv in args.sets for a in ("--set", kv)]
     name = args.env.replace("/", "-")
     teacher = os.path.join(args.workdir, f"{name}-dqn-s0")
@@ -102,7 +110,8 @@ def main() -> None:
     scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in range(1, scratch_seeds)]
     students = [os.path.join(args.workdir, f"{name}-qdagger-s{s}") for s in range(args.seeds)]
     for s, d in enumerate(scratch):
-        _up(["--algo", "dqn", "--env", args.env, "--total-steps", str(args.teacher_steps), "--seed", str(s), *sets], d)
+        budget = args.teacher_steps if s == 0 else scratch_steps
+        _up(["--algo", "dqn", "--env", args.env, "--total-steps", str(budget), "--seed", str(s), *sets], d)
     offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
     for s, d in enumerate(students):
         student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
@@ -137,7 +146,7 @@ def main() -> None:
                 run=os.path.basename(d),
                 algo=r["summary"]["algo"],
                 env_steps_to_target=steps_to_reach(r["rows"], target),
-                return_at_student_budget=return_at(r["rows"], args.student_steps),
+                return_at_student_budget=report_lib.return_at(r["rows"], args.student_steps),
                 final_eval_return=r["summary"]["final_eval_return_mean"],
                 env_steps=r["summary"]["env_steps"],
             )
@@ -149,24 +158,26 @@ def main() -> None:
         at = "-" if t["return_at_student_budget"] is None else f"{t['return_at_student_budget']:.1f}"
         print(f"{t['run']:<28} {reach:>20} {at:>16} {t['final_eval_return']:>8.1f}")
 
-    def median_steps(algo: str, budget: int) -> float:
-        # A run that never reached the target counts as its whole budget (a lower bound).
-        return float(
-            np.median(
-                [
-                    t["env_steps_to_target"] if t["env_steps_to_target"] is not None else budget
-                    for t in table
-                    if t["algo"] == algo
-                ]
-            )
-        )
+    def median_steps(algo: str) -> tuple[float, bool]:
+        # A run that never reached the target counts as its whole budget: a lower bound (flagged).
+        steps = [t["env_steps_to_target"] for t in table if t["algo"] == algo]
+        budgets = [t["env_steps"] for t in table if t["algo"] == algo]
+        values = [s if s is not None else b for s, b in zip(steps, budgets)]
+        return float(np.median(values)), any(s is None for s in steps)
 
-    student_med = median_steps("qdagger", args.student_steps)
-    scratch_med = median_steps("dqn", args.teacher_steps)
+    student_med, student_censored = median_steps("qdagger")
+    scratch_med, scratch_censored = median_steps("dqn")
     ratio = student_med / scratch_med if scratch_med else float("nan")
+    bound = ""
+    if scratch_censored and not student_censored:
+        bound = " (some DQN runs never reached the target: their budgets are lower bounds; the ratio is at most this)"
+    elif student_censored and not scratch_censored:
+        bound = " (some students never reached the target: the ratio is at least this)"
+    elif student_censored and scratch_censored:
+        bound = " (runs of both kinds never reached the target: the ratio is not bounded either way)"
     print(
         f"median env steps to target: QDagger {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} "
-        f"-> ratio {ratio:.3f} (target <= 0.10)"
+        f"-> ratio {ratio:.3f}{bound} (target <= 0.10)"
     )
     result = dict(
         env=args.env,
@@ -177,12 +188,20 @@ def main() -> None:
         median_steps_qdagger=student_med,
         median_steps_dqn=scratch_med,
         ratio=ratio,
+        students_censored=student_censored,
+        scratch_censored=scratch_censored,
     )
     try:
         result["report"] = report_lib.report(runs)
-        for algo, a in result["report"]["iqm"].items():
-            print(f"{algo}: IQM final return {a['iqm']:.1f}, 95% CI [{a['ci95'][0]:.1f}, {a['ci95'][1]:.1f}]")
-        report_lib.plot(runs, os.path.join(args.workdir, f"{name}-curves.png"))
+        result["report_at_student_budget"] = report_lib.report(runs, args.student_steps)
+        for key, when in (("report_at_student_budget", f"at {args.student_steps:,} env steps"), ("report", "final")):
+            for algo, a in result[key]["iqm"].items():
+                print(
+                    f"{algo}: IQM ({a['scale']}) {when} {a['iqm']:.3f}, 95% CI [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"
+                )
+        longest_other = max([scratch_steps if len(scratch) > 1 else 0, args.student_steps])
+        zoom = longest_other if longest_other < args.teacher_steps else None
+        report_lib.plot(runs, os.path.join(args.workdir, f"{name}-curves.png"), target=target, zoom_env_steps=zoom)
         print(f"plot: {os.path.join(args.workdir, name + '-curves.png')}")
     except ImportError as e:
         print(f"(no IQM / plot: {e}; pip install -e '.[cpu,report]')")

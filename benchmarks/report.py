@@ -3,7 +3,8 @@ interquartile mean (IQM) across runs with stratified-bootstrap 95% confidence in
 Agarwal et al. 2021), plus a learning-curve plot (evaluation return against env steps).
 
 Runs are grouped by (algo, env); each run contributes its final evaluation return (the mean over
-its `final_eval_episodes`, ε_eval = 0.001 for DQN/QDagger). Human-normalized score =
+its `final_eval_episodes`, ε_eval = 0.001 for DQN/QDagger), or with `--at-env-steps N` its latest
+evaluation at or before N env steps (to compare runs of different lengths at the same budget). Human-normalized score =
 (return − random) / (human − random), with the published per-game random and human reference
 scores (`REFERENCE_SCORES`, as tabulated with the Nature DQN results and in Dopamine); envs
 without references are reported on raw returns.
@@ -74,12 +75,45 @@ def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, flo
     return float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])
 
 
-def report(runs: list[dict]) -> dict:
-    """Per (algo, env) returns and normalized scores; per algo the IQM across runs and games."""
+def return_at(rows: list[dict], env_steps: int) -> float | None:
+    """The latest evaluation return in metrics rows at or before `env_steps` env steps (None: none yet)."""
+    values = [
+        r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None
+    ]
+    return values[-1] if values else None
+
+
+def run_score(run: dict, at_env_steps: int | None = None) -> float:
+    """A run's score: its final evaluation return, or (`at_env_steps`) its latest evaluation at or before that
+    many env steps; a run whose final evaluation is at or before the budget counts its final one.
+
+    Raises:
+        ValueError: the run has no evaluation by then (name the run and the budget).
+    """
+    s = run["summary"]
+    final = s.get("final_eval_return_mean")
+    if at_env_steps is None or (final is not None and s["env_steps"] <= at_env_steps):
+        score = final
+    else:
+        score = return_at(run["rows"], at_env_steps)
+    if score is None:
+        when = "no final evaluation" if at_env_steps is None else f"no evaluation by {at_env_steps:,} env steps"
+        raise ValueError(f"{run['dir']}: {when}; finish the run (rlfleet up ... --resume DIR) or lower the budget")
+    return score
+
+
+def report(runs: list[dict], at_env_steps: int | None = None) -> dict:
+    """Per (algo, env) returns and normalized scores; per algo the IQM across runs and games.
+
+    Scores are final evaluation returns, or the returns at `at_env_steps` env steps (`run_score`).
+
+    Raises:
+        ValueError: a run without an evaluation to score.
+    """
     groups = collections.defaultdict(list)
     for r in runs:
         s = r["summary"]
-        groups[(s["algo"], s["env_id"])].append(s["final_eval_return_mean"])
+        groups[(s["algo"], s["env_id"])].append(run_score(r, at_env_steps))
     per_game = {
         f"{algo} {env}": dict(
             returns=v, mean=float(np.mean(v)), runs=len(v), human_normalized=[human_normalized(env, x) for x in v]
@@ -102,27 +136,34 @@ def report(runs: list[dict]) -> dict:
             games=envs,
             scale="human_normalized" if normalized else "return",
         )
-    return dict(per_game=per_game, iqm=aggregates)
+    return dict(per_game=per_game, iqm=aggregates, at_env_steps=at_env_steps)
 
 
-def plot(runs: list[dict], path: str) -> None:
-    """Evaluation return against env steps, one line per run (matplotlib, PNG)."""
+def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_steps: int | None = None) -> None:
+    """Evaluation return against env steps, one line per run (matplotlib, PNG); `target` draws a horizontal
+    line at that return, and `zoom_env_steps` adds a second panel of the first that many env steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in runs:
-        pts = [
-            (row["env_steps"], row["eval_return_mean"]) for row in r["rows"] if row.get("eval_return_mean") is not None
-        ]
-        if pts:
-            s = r["summary"]
-            ax.plot(*zip(*pts), label=f"{s['algo']} {s['env_id']} ({os.path.basename(r['dir'].rstrip('/'))})")
-    ax.set_xlabel("env steps (agent steps)")
-    ax.set_ylabel("evaluation return")
-    ax.legend(fontsize=7)
+    panels = [None, zoom_env_steps] if zoom_env_steps else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
+    for ax, xmax in zip(axes[0], panels):
+        for r in runs:
+            pts = [
+                (row["env_steps"], row["eval_return_mean"])
+                for row in r["rows"]
+                if row.get("eval_return_mean") is not None and (xmax is None or row["env_steps"] <= xmax)
+            ]
+            if pts:
+                s = r["summary"]
+                ax.plot(*zip(*pts), label=f"{s['algo']} {s['env_id']} ({os.path.basename(r['dir'].rstrip('/'))})")
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.1f}")
+        ax.set_xlabel("env steps (agent steps)" + (f", first {xmax:,}" if xmax else ""))
+        ax.set_ylabel("evaluation return")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -132,9 +173,18 @@ def main() -> None:
     p.add_argument("runs", nargs="+", help="run directories (with summary.json)")
     p.add_argument("--plot", default=None, help="write a learning-curve PNG here")
     p.add_argument("--out", default=None, help="write the report as JSON here")
+    p.add_argument(
+        "--at-env-steps",
+        type=int,
+        default=None,
+        help="score each run by its latest evaluation at or before this many env steps (default: its final one)",
+    )
     args = p.parse_args()
     runs = load_runs(args.runs)
-    result = report(runs)
+    try:
+        result = report(runs, args.at_env_steps)
+    except ValueError as e:
+        raise SystemExit(f"report.py: {e}") from None
     for name, g in result["per_game"].items():
         norm = [x for x in g["human_normalized"] if x is not None]
         print(
