@@ -307,7 +307,7 @@ class Actor:
                     return 0
             print(
                 f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
-                f"-> {self.replay_address}",
+                f"writing to replay at {self.replay_address}",
                 flush=True,
             )
             while not self.stop.is_set():

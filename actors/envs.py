@@ -193,8 +193,10 @@ def make_env(env_id: str) -> gym.Env:
     try:
         return gym.make(env_id)
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
+        reason = str(e).strip()
+        reason += "" if reason.endswith((".", "?", "!")) else "."  # gymnasium's "Did you mean: `X`?" keeps its "?"
         raise EnvError(
-            f"unknown or unavailable environment id {env_id!r}: {str(e).rstrip('.')}. "
+            f"unknown or unavailable environment id {env_id!r}: {reason} "
             "Use a gymnasium id such as HalfCheetah-v5 or InvertedPendulum-v5."
         ) from e
 

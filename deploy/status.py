@@ -158,7 +158,8 @@ def format_status(st: dict) -> str:
         lines.append("   ".join(f"{label} {text}" for label, text in _algorithm_values(st["algo"], values)))
     lines.append("")
     lines.append(
-        f"{'actor':>5}  {'host':<20} {'address':<16} {'envs':>5} {'policy ver':>10} {'env steps':>12} {'heartbeat':>10}"
+        f"{'actor':>5}  {'host':<20} {'ip address':<16} {'envs':>5} {'policy ver':>10} "
+        f"{'env steps':>12} {'heartbeat':>10}"
     )
     for a in st.get("actors", []):
         lines.append(

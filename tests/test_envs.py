@@ -111,6 +111,13 @@ def test_unknown_env_id(backend):
         make_batched_env("NoSuchEnv-v0", 2, backend)
 
 
+def test_misspelled_env_id_keeps_gymnasiums_suggestion_as_a_sentence():
+    with pytest.raises(EnvError) as e:
+        make_batched_env("CartPol-v1", 2, "sync")
+    message = str(e.value)
+    assert "Did you mean: `CartPole`? Use a gymnasium id" in message and "?." not in message
+
+
 def test_env_envpool_lacks_or_cannot_match():
     _backend("envpool")
     with pytest.raises(EnvError, match=r"CartPole-v1.*--env-backend async"):
