@@ -214,6 +214,13 @@ def env_spec(env_id: str) -> EnvSpec:
     try:
         obs, act = env.observation_space, env.action_space
         if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
+            rom = env.spec and env.spec.entry_point == "ale_py.env:AtariEnv" and env.spec.kwargs.get("game")
+            if rom:  # a legacy Atari id (PongNoFrameskip-v4, Pong-v0...): raw frames; rlfleet's pipeline needs v5
+                game = "".join(w.capitalize() for w in rom.split("_"))
+                raise EnvError(
+                    f"{env_id}: rlfleet's Atari pipeline (84x84 grey, 4-frame stack, frame skip 4, sticky actions "
+                    f"0.25, Machado et al. 2018) takes the ALE v5 id of this game: --env ALE/{game}-v5."
+                )
             raise EnvError(
                 f"{env_id}: observation space {obs} is not a flat Box; rlfleet's MLP policies need vector observations."
             )

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from rlfleet.actors.envs import BACKENDS, EnvError, make_batched_env
+from rlfleet.actors.envs import BACKENDS, EnvError, env_spec, make_batched_env
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 
@@ -116,6 +116,14 @@ def test_misspelled_env_id_keeps_gymnasiums_suggestion_as_a_sentence():
         make_batched_env("CartPol-v1", 2, "sync")
     message = str(e.value)
     assert "Did you mean: `CartPole`? Use a gymnasium id" in message and "?." not in message
+
+
+@pytest.mark.parametrize(
+    "legacy, v5", [("PongNoFrameskip-v4", "ALE/Pong-v5"), ("SpaceInvaders-v0", "ALE/SpaceInvaders-v5")]
+)
+def test_legacy_atari_ids_point_to_the_v5_id(legacy, v5):
+    with pytest.raises(EnvError, match=f"--env {v5}"):
+        env_spec(legacy)
 
 
 def test_env_envpool_lacks_or_cannot_match():
