@@ -24,11 +24,13 @@ QDAGGER = register(
         keeps_replay=True,
         unused_settings=frozenset({"lr_schedule", "lr_final_fraction"}),
         unused_reason="its learning rate follows the distillation coefficient: learning_rate → learning_rate_final",
-        legacy_settings=dict(double_q=False),
+        # Before these settings: the teacher measured over eval_episodes, λ set from each evaluation alone.
+        legacy_settings=dict(double_q=False, teacher_eval_episodes=0, distillation_score_episodes=0),
         status_values={
             "distillation_coefficient": ("distillation coefficient", "{:.3f}"),
             "teacher_eval_return_mean": ("teacher eval return", "{:,.1f}"),
             "random_eval_return_mean": ("random policy return", "{:,.1f}"),
+            "distillation_score_return": ("student score (sets λ)", "{:,.1f}"),
         },
         progress_values={"distillation_coefficient": ("distillation", "{:.2f}")},
     )

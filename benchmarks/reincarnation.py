@@ -9,13 +9,13 @@
 3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
    (after the preset's offline pretraining, or --offline-steps).
 For each run: the env steps of the first progress row whose latest evaluation return reaches the
-target (the teacher's evaluation return as the students measured it at their start, times
---fraction), the final evaluation return, and the return at the students' budget. A run that never
-reached the target counts as its budget, a lower bound, and the output says which way that bends the
-ratio of median env steps (student / scratch). Then IQMs with stratified-bootstrap 95% CIs (rliable,
-when installed) of human-normalized returns (raw returns for envs without reference scores): at the
-students' budget for every run (the same online budget), and final; and a learning-curve plot
-(benchmarks/report.py) with the target drawn.
+target (--fraction of the way from a random policy's evaluation return to the teacher's, both as the
+students measured them at their start), the final evaluation return, and the return at the students'
+budget. A run that never reached the target counts as its budget, a lower bound, and the output says
+which way that bends the ratio of median env steps (student / scratch). Then IQMs with
+stratified-bootstrap 95% CIs (rliable, when installed) of human-normalized returns (raw returns for
+envs without reference scores): at the students' budget for every run (the same online budget), and
+final; and a learning-curve plot (benchmarks/report.py) with the target drawn.
 
 Usage:
     python benchmarks/reincarnation.py --env CartPole-v1 --seeds 3 --teacher-steps 30000 \
@@ -83,7 +83,12 @@ def main() -> None:
         help="env steps of DQN-from-scratch seeds 1.. (default --teacher-steps; at least --student-steps)",
     )
     p.add_argument("--offline-steps", type=int, default=None, help="students' offline gradient steps (preset's)")
-    p.add_argument("--fraction", type=float, default=1.0, help="target = fraction x teacher return")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="target = random return + fraction x (teacher return - random return), as the students measured them",
+    )
     p.add_argument(
         "--scratch-seeds", type=int, default=None, help="DQN-from-scratch runs, the teacher included (default: --seeds)"
     )
@@ -137,7 +142,10 @@ def main() -> None:
     runs = report_lib.load_runs(scratch + students)
     by_dir = {r["dir"]: r for r in runs}
     teacher_return = float(np.mean([by_dir[d]["summary"]["teacher_eval_return_mean"] for d in students]))
-    target = args.fraction * teacher_return
+    random_return = float(np.mean([by_dir[d]["summary"]["random_eval_return_mean"] for d in students]))
+    # The fraction of the way from a random policy's return to the teacher's (a plain multiple of a negative
+    # return, Pong's, would make a fraction below 1 a harder target, not an easier one).
+    target = random_return + args.fraction * (teacher_return - random_return)
     table = []
     for d in scratch + students:
         r = by_dir[d]
@@ -183,6 +191,7 @@ def main() -> None:
         env=args.env,
         teacher=teacher,
         teacher_return=teacher_return,
+        random_return=random_return,
         target=target,
         runs=table,
         median_steps_qdagger=student_med,

@@ -152,6 +152,8 @@ RANGES = {
     "obs_clip": (lambda v: v > 0, "> 0"),
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
     "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "teacher_eval_episodes": (lambda v: v >= 0, ">= 0 (0: eval_episodes)"),
+    "distillation_score_episodes": (lambda v: v >= 0, ">= 0 (0: each evaluation's own episodes)"),
 }
 
 
@@ -338,6 +340,10 @@ class QDaggerConfig(DQNConfig):
     then on; 0 = no cutoff). The learning rate moves from `learning_rate`
     (λ = base) to `learning_rate_final` (λ = 0) with λ/base. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
+    λ is set only from online evaluations, from the mean return of the latest
+    `distillation_score_episodes` evaluation episodes (λ holds its value until
+    that many were played): reincarnating_rl decays λ once per 250k-agent-step
+    iteration from a 125k-agent-step evaluation, never from pretraining scores.
     """
 
     learning_rate_final: float = 1e-5  # Adam step size once λ reaches 0 (per gradient step)
@@ -347,6 +353,8 @@ class QDaggerConfig(DQNConfig):
     distillation_cutoff_env_steps: int = 1_000_000  # online env steps after which λ = 0 (0: no cutoff)
     epsilon_start: float = 0.01  # actors' ε at env step 0 (the student starts competent: ε_end)
     random_eval_episodes: int = 10  # episodes of a uniform-random policy for the status baseline
+    teacher_eval_episodes: int = 30  # episodes of the teacher's evaluation at start, λ's R_T (0: eval_episodes)
+    distillation_score_episodes: int = 30  # latest online eval episodes averaged to set λ (0: each evaluation alone)
 
 
 QDAGGER_PRESETS = {"default": {}}

@@ -6,13 +6,19 @@ checkpoint restored read-only, `rlfleet.replay.checkpoints.open_teacher_replay`)
 the QDagger loss: Huber TD loss on n-step targets + λ·KL(softmax(Q_T/τ) ‖
 softmax(Q_S/τ)). Online phase (`online`): the student's weights go to the
 actors, which fill the student's own replay table; the teacher labels the
-student's minibatches with its Q-values for the same loss. After every
-evaluation λ = base·max(0, 1 − (R_S − R_rand)/(R_T − R_rand)) (R_T the
-teacher's and R_rand a uniformly random policy's evaluation return, both
-measured at start), forced to 0 after `distillation_cutoff_env_steps` online
-env steps; the learning rate moves with λ from `learning_rate` to
-`learning_rate_final`. Values: reincarnating_rl QDagger configs (base 3.0,
-τ 0.1, lr 1e-4 → 1e-5).
+student's minibatches with its Q-values for the same loss. The target network is
+copied from the student when the online phase begins. After every online
+evaluation λ = base·max(0, 1 − (R_S − R_rand)/(R_T − R_rand)), R_S the mean
+return of the latest `distillation_score_episodes` online evaluation episodes
+(λ holds its value until that many were played; evaluations of the offline
+phase, the one at its end included, never move it), R_T the teacher's
+(`teacher_eval_episodes`) and R_rand a uniformly random policy's evaluation
+return, both measured at start; λ is forced to 0 after
+`distillation_cutoff_env_steps` online env steps, and once 0 it stays 0. The
+learning rate moves with λ from `learning_rate` to `learning_rate_final`.
+Values: reincarnating_rl QDagger configs (base 3.0, τ 0.1, lr 1e-4 → 1e-5);
+its students decay λ only from online scores, once per 250k-agent-step
+iteration, each from a 125k-agent-step evaluation (`record_score`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from rlfleet.learner.teacher import Teacher
 log = logging.getLogger("rlfleet.qdagger")
 
 OFFLINE, ONLINE = "offline_pretraining", "online"
+# Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
+# seeds (its seed + 10**6 + episode), so that no student evaluates on the episodes that define its target.
+TEACHER_EVAL_SEED, RANDOM_EVAL_SEED = 10**9, 10**9 + 10**5
 
 
 class QDaggerAgent(DQNAgent):
@@ -57,6 +66,10 @@ class QDaggerAgent(DQNAgent):
         self.teacher_return = math.nan
         self.random_return = math.nan
         self.online_start_env_steps = tf.Variable(-1, dtype=tf.int64)  # env steps when the online phase began
+        # The latest online evaluation returns (a ring of distillation_score_episodes) and how many were played.
+        self.score_returns = tf.Variable(tf.zeros([max(1, config.distillation_score_episodes)], tf.float32))
+        self.score_episodes = tf.Variable(0, dtype=tf.int64)
+        self.score_return = math.nan  # R_S that λ was last set from
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
@@ -64,6 +77,8 @@ class QDaggerAgent(DQNAgent):
             super().checkpoint_items(),
             distillation_coefficient=self.coefficient,
             online_start_env_steps=self.online_start_env_steps,
+            distillation_score_returns=self.score_returns,
+            distillation_score_episodes=self.score_episodes,
         )
 
     def sync_from_checkpoint(self) -> None:
@@ -77,11 +92,13 @@ class QDaggerAgent(DQNAgent):
         return self.phase == ONLINE
 
     def on_start(self) -> None:
-        """Measures the teacher's and a uniformly random policy's evaluation returns (λ's normalisation)."""
+        """Measures the teacher's (`teacher_eval_episodes`) and a uniformly random policy's evaluation returns
+        (λ's normalisation)."""
         c = self.config
+        episodes = c.teacher_eval_episodes or c.eval_episodes
         self.teacher_return = float(
             np.mean(
-                evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, c.eval_episodes, 10**6 + 1, c.epsilon_eval)
+                evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, episodes, TEACHER_EVAL_SEED, c.epsilon_eval)
             )
         )
         rng = np.random.default_rng(1)
@@ -90,7 +107,7 @@ class QDaggerAgent(DQNAgent):
                 run_batched_episodes(
                     self.spec.env_id,
                     c.random_eval_episodes,
-                    10**6 + 2,
+                    RANDOM_EVAL_SEED,
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
                 )
             )
@@ -103,8 +120,8 @@ class QDaggerAgent(DQNAgent):
                 self.random_return,
             )
         print(
-            f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f}, "
-            f"a random policy at {self.random_return:.1f}",
+            f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f} "
+            f"({episodes} episodes), a random policy at {self.random_return:.1f}",
             flush=True,
         )
 
@@ -151,6 +168,8 @@ class QDaggerAgent(DQNAgent):
             return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
         if steps == c.offline_steps:  # end of the offline phase: actors start with these weights
             self.online_start_env_steps.assign(env_steps)
+            if steps % c.target_update_period:  # the online phase bootstraps from the student as it is now
+                self._copy_target()
             print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase", flush=True)
             return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - int(self.online_start_env_steps.numpy())
@@ -174,15 +193,33 @@ class QDaggerAgent(DQNAgent):
         self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
 
     def on_evaluation(self, returns: list[float], env_steps: int) -> None:
-        """Online: updates λ from the student's evaluation return (and the learning rate with it)."""
+        """Online: records the evaluation's episode returns and sets λ (and the learning rate with it) from the
+        mean of the latest `distillation_score_episodes` of them, once that many were played."""
         c = self.config
-        if self.phase != ONLINE or not self.teacher_return > self.random_return or float(self.coefficient.numpy()) == 0:
-            return  # offline, the student distils at the base coefficient (it has no env data of its own yet)
-        online_steps = max(0, env_steps - int(self.online_start_env_steps.numpy()))
+        start = int(self.online_start_env_steps.numpy())
+        if self.phase != ONLINE or start < 0 or env_steps <= start or float(self.coefficient.numpy()) == 0:
+            return  # offline (and at its end) the student distils at the base coefficient: no online data yet
+        window = c.distillation_score_episodes
+        if window:
+            ring, played = self.score_returns.numpy(), int(self.score_episodes.numpy())
+            for r in returns:
+                ring[played % window] = r
+                played += 1
+            self.score_returns.assign(ring)
+            self.score_episodes.assign(played)
+            if played < window:
+                return  # too few episodes yet for a score that one lucky evaluation cannot fake
+            score = float(np.mean(ring))
+        else:
+            score = float(np.mean(returns))
+        if not self.teacher_return > self.random_return:
+            return
+        self.score_return = score
+        online_steps = env_steps - start
         self.coefficient.assign(
             dqn_math.distillation_coefficient(
                 c.distillation_base,
-                float(np.mean(returns)),
+                score,
                 self.teacher_return,
                 self.random_return,
                 online_steps,
@@ -205,6 +242,7 @@ class QDaggerAgent(DQNAgent):
             "distillation_coefficient": float(self.coefficient.numpy()),
             "teacher_eval_return_mean": self.teacher_return,
             "random_eval_return_mean": self.random_return,
+            "distillation_score_return": self.score_return,
         }
 
 

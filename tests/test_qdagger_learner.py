@@ -36,12 +36,14 @@ def test_offline_phase_ends_after_offline_steps_and_then_publishes():
 
 
 def test_coefficient_follows_the_student_return_online_only():
-    agent, cfg = make_agent()
+    agent, cfg = make_agent(distillation_score_episodes=1)
     rng = np.random.default_rng(1)
     agent.on_evaluation([110.0], env_steps=0)  # offline: stays at the base coefficient
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
     for _ in range(3):
         agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+    agent.on_evaluation([250.0], env_steps=0)  # the evaluation at the end of pretraining: no online data yet
+    assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
     agent.on_evaluation([110.0], env_steps=1000)  # halfway from random (20) to teacher (200)
     assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
     lr = float(agent.optimizer.learning_rate.numpy())
@@ -49,6 +51,37 @@ def test_coefficient_follows_the_student_return_online_only():
     agent.on_evaluation([250.0], env_steps=2000)  # above the teacher: no more distillation
     assert float(agent.coefficient.numpy()) == 0.0
     assert float(agent.optimizer.learning_rate.numpy()) == pytest.approx(cfg.learning_rate_final)
+    agent.on_evaluation([20.0], env_steps=3000)  # once 0, λ stays 0 (reincarnating_rl's record_score)
+    assert float(agent.coefficient.numpy()) == 0.0
+
+
+def test_coefficient_waits_for_a_window_of_episodes_and_uses_their_mean():
+    agent, cfg = make_agent(distillation_score_episodes=4)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+    base = cfg.distillation_base
+    agent.on_evaluation([300.0, 300.0], env_steps=1000)  # one lucky evaluation, 2 of 4 episodes: λ holds
+    assert float(agent.coefficient.numpy()) == pytest.approx(base) and math.isnan(agent.score_return)
+    agent.on_evaluation([20.0, 20.0], env_steps=2000)  # mean of 300, 300, 20, 20 = 160: 7/9 of the way
+    assert float(agent.coefficient.numpy()) == pytest.approx(base * (1 - 140 / 180), rel=1e-5)
+    assert agent.score_return == pytest.approx(160.0)
+    agent.on_evaluation([20.0, 20.0], env_steps=3000)  # the two 300s leave the window: the mean is random's
+    assert float(agent.coefficient.numpy()) == pytest.approx(base)
+    # The window is part of the checkpoint: a resumed student continues from the same episodes.
+    items = agent.checkpoint_items()
+    assert int(items["distillation_score_episodes"].numpy()) == 6
+    assert sorted(items["distillation_score_returns"].numpy().tolist()) == [20.0, 20.0, 20.0, 20.0]
+
+
+def test_online_phase_starts_with_the_target_network_copied_from_the_student():
+    agent, cfg = make_agent(target_update_period=1000)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+    assert agent.phase == ONLINE
+    for t, s in zip(agent.target_q.trainable_variables, agent.q.trainable_variables):
+        np.testing.assert_array_equal(t.numpy(), s.numpy())
 
 
 def test_hard_cutoff_stops_distillation():
