@@ -102,11 +102,12 @@ def main() -> None:
     )
     p.add_argument("--workdir", default="runs/reincarnation")
     args = p.parse_args()
-    scratch_steps = args.scratch_steps or args.teacher_steps
-    if min(scratch_steps, args.teacher_steps) < args.student_steps:
+    scratch_steps = args.teacher_steps if args.scratch_steps is None else args.scratch_steps
+    shortest = min([args.teacher_steps] + ([scratch_steps] if (args.scratch_seeds or args.seeds) > 1 else []))
+    if shortest < args.student_steps:
         p.error(
-            f"the DQN-from-scratch runs ({min(scratch_steps, args.teacher_steps):,} env steps) must reach the "
-            f"students' budget ({args.student_steps:,}) to be compared at it: raise --scratch-steps/--teacher-steps"
+            f"the DQN-from-scratch runs ({shortest:,} env steps) must reach the students' budget "
+            f"({args.student_steps:,}) to be compared at it: raise --scratch-steps/--teacher-steps"
         )
     sets = [a for kv in args.sets for a in ("--set", kv)]
     name = args.env.replace("/", "-")
@@ -201,9 +202,16 @@ def main() -> None:
         scratch_censored=scratch_censored,
     )
     try:
-        result["report"] = report_lib.report(runs)
-        result["report_at_student_budget"] = report_lib.report(runs, args.student_steps)
-        for key, when in (("report_at_student_budget", f"at {args.student_steps:,} env steps"), ("report", "final")):
+        for key, when, at in (
+            ("report_at_student_budget", f"at {args.student_steps:,} env steps", args.student_steps),
+            ("report", "final", None),
+        ):
+            try:
+                result[key] = report_lib.report(runs, at)
+            except ValueError as e:  # a run without an evaluation by then: the other numbers still stand
+                result[key] = dict(error=str(e))
+                print(f"no IQM {when}: {e}")
+                continue
             for algo, a in result[key]["iqm"].items():
                 print(
                     f"{algo}: IQM ({a['scale']}) {when} {a['iqm']:.3f}, 95% CI [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"

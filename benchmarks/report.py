@@ -97,8 +97,12 @@ def run_score(run: dict, at_env_steps: int | None = None) -> float:
     else:
         score = return_at(run["rows"], at_env_steps)
     if score is None:
-        when = "no final evaluation" if at_env_steps is None else f"no evaluation by {at_env_steps:,} env steps"
-        raise ValueError(f"{run['dir']}: {when}; finish the run (rlfleet up ... --resume DIR) or lower the budget")
+        if at_env_steps is None:
+            raise ValueError(f"{run['dir']}: no final evaluation; finish the run (rlfleet up ... --resume DIR)")
+        raise ValueError(
+            f"{run['dir']}: no evaluation by {at_env_steps:,} env steps; compare at a budget after its first "
+            "evaluation, or let the run reach one (rlfleet up ... --resume DIR)"
+        )
     return score
 
 

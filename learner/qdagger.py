@@ -44,6 +44,7 @@ OFFLINE, ONLINE = "offline_pretraining", "online"
 # Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
 # seeds (its seed + 10**6 + episode), so that no student evaluates on the episodes that define its target.
 TEACHER_EVAL_SEED, RANDOM_EVAL_SEED = 10**9, 10**9 + 10**5
+LEGACY_EVAL_SEEDS = 10**6 + 1, 10**6 + 2  # runs from before teacher_eval_episodes (0): their teacher seeds
 
 
 class QDaggerAgent(DQNAgent):
@@ -68,21 +69,25 @@ class QDaggerAgent(DQNAgent):
         self.online_start_env_steps = tf.Variable(-1, dtype=tf.int64)  # env steps when the online phase began
         # The latest online evaluation returns (a ring of distillation_score_episodes) and how many were played.
         self.score_returns = tf.Variable(tf.zeros([max(1, config.distillation_score_episodes)], tf.float32))
-        self.score_episodes = tf.Variable(0, dtype=tf.int64)
+        self.score_played = tf.Variable(0, dtype=tf.int64)
         self.score_return = math.nan  # R_S that λ was last set from
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
-        return dict(
+        items = dict(
             super().checkpoint_items(),
             distillation_coefficient=self.coefficient,
             online_start_env_steps=self.online_start_env_steps,
-            distillation_score_returns=self.score_returns,
-            distillation_score_episodes=self.score_episodes,
         )
+        if self.config.distillation_score_episodes:  # 0 (runs from before the window): their checkpoint layout
+            items.update(distillation_score_returns=self.score_returns, distillation_score_played=self.score_played)
+        return items
 
     def sync_from_checkpoint(self) -> None:
         self._set_learning_rate()
+        window = self.config.distillation_score_episodes
+        if window and int(self.score_played.numpy()) >= window:
+            self.score_return = float(np.mean(self.score_returns.numpy()))
 
     @property
     def phase(self) -> str:
@@ -96,10 +101,9 @@ class QDaggerAgent(DQNAgent):
         (λ's normalisation)."""
         c = self.config
         episodes = c.teacher_eval_episodes or c.eval_episodes
+        seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else LEGACY_EVAL_SEEDS
         self.teacher_return = float(
-            np.mean(
-                evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, episodes, TEACHER_EVAL_SEED, c.epsilon_eval)
-            )
+            np.mean(evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, episodes, seeds[0], c.epsilon_eval))
         )
         rng = np.random.default_rng(1)
         self.random_return = float(
@@ -107,7 +111,7 @@ class QDaggerAgent(DQNAgent):
                 run_batched_episodes(
                     self.spec.env_id,
                     c.random_eval_episodes,
-                    RANDOM_EVAL_SEED,
+                    seeds[1],
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
                 )
             )
@@ -166,11 +170,13 @@ class QDaggerAgent(DQNAgent):
         if steps < c.offline_steps:
             evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
             return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
-        if steps == c.offline_steps:  # end of the offline phase: actors start with these weights
+        if steps == c.offline_steps or int(self.online_start_env_steps.numpy()) < 0:
+            # The offline phase's end (with offline_steps 0: the first step): actors start with these weights.
             self.online_start_env_steps.assign(env_steps)
             if steps % c.target_update_period:  # the online phase bootstraps from the student as it is now
                 self._copy_target()
-            print(f"rlfleet learner: offline pretraining done ({steps} gradient steps); online phase", flush=True)
+            done = f"offline pretraining done ({steps} gradient steps)" if c.offline_steps else "no offline pretraining"
+            print(f"rlfleet learner: {done}; online phase", flush=True)
             return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - int(self.online_start_env_steps.numpy())
         if (
@@ -197,16 +203,18 @@ class QDaggerAgent(DQNAgent):
         mean of the latest `distillation_score_episodes` of them, once that many were played."""
         c = self.config
         start = int(self.online_start_env_steps.numpy())
-        if self.phase != ONLINE or start < 0 or env_steps <= start or float(self.coefficient.numpy()) == 0:
+        # Learner steps, not env steps, tell the evaluation at the end of the offline phase: actors already step
+        # while it runs.
+        if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0 or float(self.coefficient.numpy()) == 0:
             return  # offline (and at its end) the student distils at the base coefficient: no online data yet
         window = c.distillation_score_episodes
         if window:
-            ring, played = self.score_returns.numpy(), int(self.score_episodes.numpy())
+            ring, played = self.score_returns.numpy(), int(self.score_played.numpy())
             for r in returns:
                 ring[played % window] = r
                 played += 1
             self.score_returns.assign(ring)
-            self.score_episodes.assign(played)
+            self.score_played.assign(played)
             if played < window:
                 return  # too few episodes yet for a score that one lucky evaluation cannot fake
             score = float(np.mean(ring))
@@ -215,7 +223,7 @@ class QDaggerAgent(DQNAgent):
         if not self.teacher_return > self.random_return:
             return
         self.score_return = score
-        online_steps = env_steps - start
+        online_steps = max(0, env_steps - start)
         self.coefficient.assign(
             dqn_math.distillation_coefficient(
                 c.distillation_base,

@@ -134,11 +134,23 @@ def _plain(value, like):
 PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time
 
 
+def _json_safe(value):
+    """`value` with every non-finite float (NaN: not measured yet, ±inf) as None, which JSON can hold."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_json(path: str, value: dict) -> None:
-    """Writes `value` to `path` as indented JSON, atomically (a reader never sees half a file)."""
+    """Writes `value` to `path` as indented JSON, atomically (a reader never sees half a file); a float that is
+    not finite (NaN: a value not measured yet) is written as null, since JSON has no NaN."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=2)
+        json.dump(_json_safe(value), f, indent=2, allow_nan=False)
     os.replace(tmp, path)
 
 

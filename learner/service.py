@@ -709,8 +709,9 @@ class Learner:
             self.run_over = completed
             self.phase = "evaluating" if completed else "stopping"
         summary = self._run_identity(completed=completed, status_address=self.address)
-        summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
         returns = self._evaluate(c.eval_episodes) if completed else None
+        # After the final evaluation, which the algorithm sees too (QDagger's λ may move with it).
+        summary.update({k: v for k, v in self.agent.status_extras().items() if k != "phase"})
         if returns is None and completed:  # SIGTERM/SIGINT during the final evaluation: --resume runs it
             completed = summary["completed"] = False
         if returns is not None:

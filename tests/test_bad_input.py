@@ -290,6 +290,24 @@ def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_pa
         check_run_dir(str(run), str(run), ppo)
 
 
+def test_run_files_hold_valid_json_where_a_value_is_not_measured_yet(tmp_path):
+    """summary.json / run.json: a NaN (e.g. QDagger's student score before its window filled) is written as
+    null, since JSON has no NaN and strict readers (jq, JavaScript) refuse the file otherwise."""
+    import json
+    import math
+
+    from rlfleet.learner.run_dir import write_json
+
+    path = tmp_path / "summary.json"
+    write_json(str(path), {"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2.5}, "e": "x"})
+
+    def strict(name):
+        raise ValueError(name)
+
+    expected = {"a": None, "b": [1.0, None], "c": {"d": 2.5}, "e": "x"}
+    assert json.loads(path.read_text(), parse_constant=strict) == expected
+
+
 def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
     """gRPC and Reverb set SO_REUSEPORT: without a check, a second server on a held port starts and splits
     the clients between the two. Each service refuses such a port at start instead."""

@@ -16,7 +16,7 @@ SPEC = env_spec("CartPole-v1")
 
 
 def make_agent(**overrides):
-    cfg = make_algo_config("qdagger", "default", "CartPole-v1", dict(offline_steps=3, publish_every=2, **overrides))
+    cfg = make_algo_config("qdagger", "default", "CartPole-v1", {"offline_steps": 3, "publish_every": 2, **overrides})
     teacher = Teacher("teacher-dir", make_q_network(SPEC, cfg, 7, "teacher_q"), "-", None)
     agent = QDaggerAgent(SPEC, cfg, 0, teacher, "-")
     agent.teacher_return, agent.random_return = 200.0, 20.0
@@ -42,8 +42,11 @@ def test_coefficient_follows_the_student_return_online_only():
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
     for _ in range(3):
         agent.consume(make_batch(cfg, rng), 0, env_steps=0)
-    agent.on_evaluation([250.0], env_steps=0)  # the evaluation at the end of pretraining: no online data yet
+    # The evaluation at the end of pretraining: actors step while it runs, so env steps have moved on, but the
+    # student has learned nothing online yet.
+    agent.on_evaluation([250.0], env_steps=40)
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
+    agent.consume(make_batch(cfg, rng), 1, env_steps=60)
     agent.on_evaluation([110.0], env_steps=1000)  # halfway from random (20) to teacher (200)
     assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
     lr = float(agent.optimizer.learning_rate.numpy())
@@ -58,7 +61,7 @@ def test_coefficient_follows_the_student_return_online_only():
 def test_coefficient_waits_for_a_window_of_episodes_and_uses_their_mean():
     agent, cfg = make_agent(distillation_score_episodes=4)
     rng = np.random.default_rng(3)
-    for _ in range(3):
+    for _ in range(4):  # 3 offline steps, 1 online
         agent.consume(make_batch(cfg, rng), 0, env_steps=0)
     base = cfg.distillation_base
     agent.on_evaluation([300.0, 300.0], env_steps=1000)  # one lucky evaluation, 2 of 4 episodes: λ holds
@@ -70,8 +73,35 @@ def test_coefficient_waits_for_a_window_of_episodes_and_uses_their_mean():
     assert float(agent.coefficient.numpy()) == pytest.approx(base)
     # The window is part of the checkpoint: a resumed student continues from the same episodes.
     items = agent.checkpoint_items()
-    assert int(items["distillation_score_episodes"].numpy()) == 6
+    assert int(items["distillation_score_played"].numpy()) == 6  # episodes played; the ring keeps the last 4
     assert sorted(items["distillation_score_returns"].numpy().tolist()) == [20.0, 20.0, 20.0, 20.0]
+    resumed, _ = make_agent(distillation_score_episodes=4)
+    for key in ("distillation_score_played", "distillation_score_returns"):
+        resumed.checkpoint_items()[key].assign(items[key])
+    resumed.sync_from_checkpoint()
+    assert resumed.score_return == pytest.approx(20.0)
+
+
+def test_a_run_from_before_the_window_keeps_its_checkpoint_layout():
+    """distillation_score_episodes = 0, the value a run.json without it means: λ from each evaluation alone,
+    and no ring in the checkpoint (a checkpoint written before it has none to restore)."""
+    agent, cfg = make_agent(distillation_score_episodes=0, teacher_eval_episodes=0)
+    assert "distillation_score_returns" not in agent.checkpoint_items()
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+    agent.on_evaluation([110.0], env_steps=100)
+    assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
+
+
+def test_without_offline_pretraining_the_online_phase_starts_at_the_first_step():
+    agent, cfg = make_agent(offline_steps=0, distillation_score_episodes=1)
+    rng = np.random.default_rng(6)
+    assert agent.phase == ONLINE
+    agent.consume(make_batch(cfg, rng), 0, env_steps=500)
+    assert int(agent.online_start_env_steps.numpy()) == 500
+    agent.on_evaluation([110.0], env_steps=900)
+    assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
 
 
 def test_online_phase_starts_with_the_target_network_copied_from_the_student():
