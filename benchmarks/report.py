@@ -143,6 +143,19 @@ def report(runs: list[dict], at_env_steps: int | None = None) -> dict:
     return dict(per_game=per_game, iqm=aggregates, at_env_steps=at_env_steps)
 
 
+def eval_points(rows: list[dict], max_env_steps: int | None = None) -> list[tuple[int, float]]:
+    """(env steps, evaluation return) per evaluation: metrics rows repeat the latest evaluation until the next,
+    so each value is placed at the first row that reports it (a repeat of the same value is not told apart)."""
+    pts = []
+    for row in rows:
+        value = row.get("eval_return_mean")
+        if value is None or (max_env_steps is not None and row["env_steps"] > max_env_steps):
+            continue
+        if not pts or pts[-1][1] != value:
+            pts.append((row["env_steps"], value))
+    return pts
+
+
 def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_steps: int | None = None) -> None:
     """Evaluation return against env steps, one line per run (matplotlib, PNG); `target` draws a horizontal
     line at that return, and `zoom_env_steps` adds a second panel of the first that many env steps."""
@@ -155,14 +168,11 @@ def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_step
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
     for ax, xmax in zip(axes[0], panels):
         for r in runs:
-            pts = [
-                (row["env_steps"], row["eval_return_mean"])
-                for row in r["rows"]
-                if row.get("eval_return_mean") is not None and (xmax is None or row["env_steps"] <= xmax)
-            ]
+            pts = eval_points(r["rows"], xmax)
             if pts:
                 s = r["summary"]
-                ax.plot(*zip(*pts), label=f"{s['algo']} {s['env_id']} ({os.path.basename(r['dir'].rstrip('/'))})")
+                name = os.path.basename(r["dir"].rstrip("/"))
+                ax.plot(*zip(*pts), marker=".", label=f"{s['algo']} {s['env_id']} ({name})")
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.1f}")
         ax.set_xlabel("env steps (agent steps)" + (f", first {xmax:,}" if xmax else ""))
