@@ -141,12 +141,21 @@ def main() -> None:
         )
 
     runs = report_lib.load_runs(scratch + students)
+    budgets = {teacher: args.teacher_steps, **{d: scratch_steps for d in scratch[1:]}}
+    budgets.update({d: args.student_steps for d in students})
     by_dir = {r["dir"]: r for r in runs}
     teacher_return = float(np.mean([by_dir[d]["summary"]["teacher_eval_return_mean"] for d in students]))
     random_return = float(np.mean([by_dir[d]["summary"]["random_eval_return_mean"] for d in students]))
     # The fraction of the way from a random policy's return to the teacher's (a plain multiple of a negative
     # return, Pong's, would make a fraction below 1 a harder target, not an easier one).
     target = random_return + args.fraction * (teacher_return - random_return)
+
+    def score_at_student_budget(d: str) -> float | None:
+        try:
+            return report_lib.run_score(by_dir[d], args.student_steps, budgets[d])
+        except ValueError:  # no evaluation by then
+            return None
+
     table = []
     for d in scratch + students:
         r = by_dir[d]
@@ -155,7 +164,7 @@ def main() -> None:
                 run=os.path.basename(d),
                 algo=r["summary"]["algo"],
                 env_steps_to_target=steps_to_reach(r["rows"], target),
-                return_at_student_budget=report_lib.return_at(r["rows"], args.student_steps),
+                return_at_student_budget=score_at_student_budget(d),
                 final_eval_return=r["summary"]["final_eval_return_mean"],
                 env_steps=r["summary"]["env_steps"],
             )
@@ -207,7 +216,7 @@ def main() -> None:
             ("report", "final", None),
         ):
             try:
-                result[key] = report_lib.report(runs, at)
+                result[key] = report_lib.report(runs, at, budgets)
             except ValueError as e:  # a run without an evaluation by then: the other numbers still stand
                 result[key] = dict(error=str(e))
                 print(f"no IQM {when}: {e}")

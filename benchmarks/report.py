@@ -83,16 +83,18 @@ def return_at(rows: list[dict], env_steps: int) -> float | None:
     return values[-1] if values else None
 
 
-def run_score(run: dict, at_env_steps: int | None = None) -> float:
+def run_score(run: dict, at_env_steps: int | None = None, budget: int | None = None) -> float:
     """A run's score: its final evaluation return, or (`at_env_steps`) its latest evaluation at or before that
-    many env steps; a run whose final evaluation is at or before the budget counts its final one.
+    many env steps. A run whose budget (`budget`, else summary.json's `total_steps`, else its env steps) is at
+    most `at_env_steps` counts its final evaluation: a run stops a batch of env steps past its budget.
 
     Raises:
         ValueError: the run has no evaluation by then (name the run and the budget).
     """
     s = run["summary"]
     final = s.get("final_eval_return_mean")
-    if at_env_steps is None or (final is not None and s["env_steps"] <= at_env_steps):
+    budget = budget or s.get("total_steps") or s["env_steps"]
+    if at_env_steps is None or (final is not None and budget <= at_env_steps):
         score = final
     else:
         score = return_at(run["rows"], at_env_steps)
@@ -106,10 +108,11 @@ def run_score(run: dict, at_env_steps: int | None = None) -> float:
     return score
 
 
-def report(runs: list[dict], at_env_steps: int | None = None) -> dict:
+def report(runs: list[dict], at_env_steps: int | None = None, budgets: dict | None = None) -> dict:
     """Per (algo, env) returns and normalized scores; per algo the IQM across runs and games.
 
-    Scores are final evaluation returns, or the returns at `at_env_steps` env steps (`run_score`).
+    Scores are final evaluation returns, or the returns at `at_env_steps` env steps (`run_score`, with each
+    run's env-step budget from `budgets`, {run dir: env steps}, where given).
 
     Raises:
         ValueError: a run without an evaluation to score.
@@ -117,7 +120,7 @@ def report(runs: list[dict], at_env_steps: int | None = None) -> dict:
     groups = collections.defaultdict(list)
     for r in runs:
         s = r["summary"]
-        groups[(s["algo"], s["env_id"])].append(run_score(r, at_env_steps))
+        groups[(s["algo"], s["env_id"])].append(run_score(r, at_env_steps, (budgets or {}).get(r["dir"])))
     per_game = {
         f"{algo} {env}": dict(
             returns=v, mean=float(np.mean(v)), runs=len(v), human_normalized=[human_normalized(env, x) for x in v]

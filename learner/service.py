@@ -558,8 +558,11 @@ class Learner:
         return os.path.dirname(path)
 
     def _run_identity(self, **more) -> dict:
-        """The summary's first fields: algo, env_id, preset, seed, then `more`."""
-        return dict(algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed, **more)
+        """The summary's first fields: algo, env_id, preset, seed, total_steps (the env-step budget; 0: none),
+        then `more`."""
+        return dict(
+            algo=self.algo, env_id=self.env_id, preset=self.preset, seed=self.seed, total_steps=self.total_steps, **more
+        )
 
     @staticmethod
     def _counts(st: dict) -> dict:
