@@ -170,7 +170,8 @@ class QDaggerAgent(DQNAgent):
         if steps < c.offline_steps:
             evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
             return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
-        if steps == c.offline_steps or int(self.online_start_env_steps.numpy()) < 0:
+        start = int(self.online_start_env_steps.numpy())
+        if steps == c.offline_steps or start < 0:
             # The offline phase's end (with offline_steps 0: the first step): actors start with these weights.
             self.online_start_env_steps.assign(env_steps)
             if steps % c.target_update_period:  # the online phase bootstraps from the student as it is now
@@ -178,7 +179,7 @@ class QDaggerAgent(DQNAgent):
             done = f"offline pretraining done ({steps} gradient steps)" if c.offline_steps else "no offline pretraining"
             print(f"rlfleet learner: {done}; online phase", flush=True)
             return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
-        online_steps = env_steps - int(self.online_start_env_steps.numpy())
+        online_steps = env_steps - start
         if (
             c.distillation_cutoff_env_steps
             and online_steps >= c.distillation_cutoff_env_steps
