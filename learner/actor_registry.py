@@ -41,9 +41,20 @@ class ActorRegistry:
         timeout_s: seconds without a heartbeat after which `evict_stale` removes an actor.
         base_env_steps: env steps of the run counted before this book (a restored checkpoint's).
         next_actor_id / away: a restored checkpoint's `progress()` (see there).
+        restored: whether base_env_steps, next_actor_id and away come from a checkpoint. An unknown actor with
+            an id from next_actor_id on then joined the run after that checkpoint: none of its env steps are in
+            base_env_steps, so all of them count. Without a checkpoint an unknown actor (one of an earlier
+            learner process whose state is gone) counts from its first heartbeat.
     """
 
-    def __init__(self, timeout_s: float, base_env_steps: int = 0, next_actor_id: int = 0, away: dict | None = None):
+    def __init__(
+        self,
+        timeout_s: float,
+        base_env_steps: int = 0,
+        next_actor_id: int = 0,
+        away: dict | None = None,
+        restored: bool = False,
+    ):
         self.timeout_s = timeout_s
         self.base_env_steps = base_env_steps
         self.next_actor_id = next_actor_id
@@ -51,6 +62,8 @@ class ActorRegistry:
         self.departed_env_steps = 0  # counted steps of actors that left
         # Actors not in the book whose env steps up to some point are counted: {id: cumulative env steps}.
         self.away: dict[int, int] = dict(away or {})
+        # Ids given out after the restored checkpoint start here (None: no checkpoint was restored).
+        self.first_id_after_checkpoint = next_actor_id if restored else None
 
     def register(self, host: str, address: str, num_envs: int, now: float) -> int:
         """Adds a new actor; returns its id (never one that an actor that is away may come back with)."""
@@ -63,11 +76,15 @@ class ActorRegistry:
         self, actor_id: int, env_steps: int, policy_version: int, now: float, host="", address="", num_envs=0
     ) -> bool:
         """Records a heartbeat; an unknown id (an actor that was away) is re-admitted, counted from where it
-        left. Returns True when it was re-admitted."""
+        left: from its count in `away`, from 0 when it joined after the restored checkpoint, else from now.
+        A count below the one it left with (the actor process restarted) counts from now. Returns True when
+        it was re-admitted."""
         a = self.actors.get(actor_id)
         rejoined = a is None
         if rejoined:
-            before = min(self.away.pop(actor_id, env_steps), env_steps)
+            after_checkpoint = self.first_id_after_checkpoint is not None and actor_id >= self.first_id_after_checkpoint
+            left_at = self.away.pop(actor_id, 0 if after_checkpoint else env_steps)
+            before = min(left_at, env_steps)
             a = self.actors[actor_id] = ActorRecord(host, address, num_envs, env_steps=env_steps, steps_before=before)
             self.next_actor_id = max(self.next_actor_id, actor_id + 1)
         a.env_steps, a.policy_version, a.last_seen = env_steps, policy_version, now

@@ -224,6 +224,7 @@ class Learner:
             base_env_steps=self.count["env_steps"],  # restored
             next_actor_id=progress["next_actor_id"],
             away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
+            restored=bool(resume),
         )
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
         self.earlier_wall_s = progress["wall_seconds"]

@@ -63,3 +63,21 @@ def test_checkpoint_record_round_trip():
     assert restored.register("h9", "z", 8, now=0.0) == 2  # ids 0 and 1 stay reserved for the old actors
     restored.heartbeat(b, 40, 2, now=0.0)  # b never moved: nothing new to count
     assert restored.env_steps() == 170
+
+
+def test_an_actor_that_joined_after_the_checkpoint_counts_all_its_steps():
+    # The old learner's book: actors 0 and 1 at the checkpoint (150 env steps); actor 2 joined after it.
+    restored = ActorRegistry(3, base_env_steps=150, next_actor_id=2, away={0: 100, 1: 50}, restored=True)
+    restored.heartbeat(0, 110, 5, now=0.0)
+    restored.heartbeat(1, 50, 5, now=0.0)
+    restored.heartbeat(2, 30, 5, now=0.0)  # none of its 30 steps are in the checkpoint's 150
+    assert restored.env_steps() == 150 + 10 + 30
+    # A restarted actor process (its own count fell below the one it left with) counts from now.
+    again = ActorRegistry(3, base_env_steps=150, next_actor_id=2, away={0: 100, 1: 50}, restored=True)
+    again.heartbeat(0, 7, 5, now=0.0)
+    assert again.env_steps() == 150
+    # A fresh learner (no checkpoint) knows nothing of an earlier process's actors: it counts from now.
+    fresh = ActorRegistry(3)
+    fresh.heartbeat(4, 500, 5, now=0.0)
+    fresh.heartbeat(4, 520, 5, now=1.0)
+    assert fresh.env_steps() == 20
