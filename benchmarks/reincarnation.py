@@ -1,13 +1,16 @@
 """Reincarnation: env steps a QDagger student needs to reach its teacher's return, against DQN from scratch.
 
-1. Teacher: `rlfleet up --algo dqn` with seed 0 for --teacher-steps env steps (reused when its
-   directory already holds a run that completed that budget; a stopped one, or one of a smaller budget,
-   continues with --resume, so the long Atari runs can be done over several sessions).
-2. DQN from scratch: the teacher run itself plus seeds 1..K-1 (K = --scratch-seeds, default --seeds), each
-   for --scratch-steps env steps (default --teacher-steps; at least --student-steps, the budget they are
-   compared at).
+1. Teacher: `rlfleet up --algo dqn` with --teacher-seed (0) for --teacher-steps env steps.
+2. DQN from scratch: the teacher run itself plus K-1 more seeds, the first from 0 that are not the teacher's
+   (K = --scratch-seeds, default --seeds), each for --scratch-steps env steps (default --teacher-steps; at
+   least --student-steps, the budget they are compared at).
 3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
    (after the preset's offline pretraining, or --offline-steps).
+Every run is reused when its directory holds a run that completed its budget, or (--records) when its record
+does; a stopped one, or one of a smaller budget, continues with --resume, so the long Atari runs can be done
+over several sessions. With --records each finished run leaves a record (summary and evaluations, a few KB)
+that stands in for its directory later, so DQN-from-scratch runs need not be kept; a student that still has to
+run needs its teacher's directory (checkpoint and replay).
 For each run: the env steps of the first progress row whose latest evaluation return reaches the
 target (--fraction of the way from a random policy's evaluation return to the teacher's, both as the
 students measured them at their start), the final evaluation return, and the return at the students'
@@ -36,30 +39,45 @@ import report as report_lib  # benchmarks/report.py (this script's folder is on 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _up(args: list[str], logdir: str) -> None:
-    """Runs `rlfleet up ARGS --logdir LOGDIR` (ARGS hold --total-steps): reuses a run there that completed
-    that budget, continues one that was stopped or had a smaller budget (`--resume`: long runs go on over
-    several sessions), else starts it.
+def _completed(summary: dict, budget: int) -> bool:
+    """Whether a run's summary says it completed a budget of at least `budget` env steps."""
+    return bool(summary.get("completed")) and summary["env_steps"] >= budget
+
+
+def finished_source(logdir: str, budget: int, records: str | None) -> str | None:
+    """Where a run that completed `budget` env steps is: its directory, else its record in the folder
+    `records` (RECORDS/NAME.json, `report.save_record`), else None (it has to run)."""
+    summary_path = os.path.join(logdir, "summary.json")
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            if _completed(json.load(f), budget):
+                return logdir
+    record = os.path.join(records, report_lib.run_name(logdir) + ".json") if records else None
+    if record and os.path.exists(record):
+        with open(record) as f:
+            if _completed(json.load(f)["summary"], budget):
+                return record
+    return None
+
+
+def _up(args: list[str], logdir: str) -> str:
+    """Runs `rlfleet up ARGS --logdir LOGDIR` (ARGS hold --total-steps): continues a run there that was
+    stopped or had a smaller budget (`--resume`: long runs go on over several sessions), else starts it.
+    Returns the command as a user would type it.
 
     Raises:
         RuntimeError: the run failed (its output's end attached).
     """
-    budget = int(args[args.index("--total-steps") + 1])
-    summary_path = os.path.join(logdir, "summary.json")
-    if os.path.exists(summary_path):
-        with open(summary_path) as f:
-            summary = json.load(f)
-        if summary.get("completed") and summary["env_steps"] >= budget:
-            print(f"reusing {logdir}", flush=True)
-            return
     resume = ["--resume", logdir] if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")) else []
     cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args, "--logdir", logdir, *resume]
     cmd += ["--report-interval", "2"]
-    print("$ rlfleet up " + " ".join(args + ["--logdir", logdir, *resume]), flush=True)
+    typed = "rlfleet up " + " ".join(args + ["--logdir", logdir, *resume])
+    print("$ " + typed, flush=True)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({logdir}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     print(out.stdout.strip().splitlines()[-1], flush=True)
+    return typed
 
 
 def steps_to_reach(rows: list[dict], target: float) -> int | None:
@@ -101,6 +119,15 @@ def main() -> None:
         help="KEY=VALUE for the QDagger students only (after --set)",
     )
     p.add_argument("--workdir", default="runs/reincarnation")
+    p.add_argument(
+        "--teacher-seed", type=int, default=0, help="the teacher's seed (DQN from scratch takes the others from 0)"
+    )
+    p.add_argument(
+        "--records",
+        default=None,
+        help="folder of run records (RUN.json: summary and evaluations, a few KB): each finished run writes one, "
+        "and a run whose directory is gone is read from its record (Atari run directories are GBs)",
+    )
     args = p.parse_args()
     scratch_steps = args.teacher_steps if args.scratch_steps is None else args.scratch_steps
     shortest = min([args.teacher_steps] + ([scratch_steps] if (args.scratch_seeds or args.seeds) > 1 else []))
@@ -111,36 +138,51 @@ def main() -> None:
         )
     sets = [a for kv in args.sets for a in ("--set", kv)]
     name = args.env.replace("/", "-")
-    teacher = os.path.join(args.workdir, f"{name}-dqn-s0")
+    teacher = os.path.join(args.workdir, f"{name}-dqn-s{args.teacher_seed}")
     scratch_seeds = args.scratch_seeds or args.seeds
-    scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in range(1, scratch_seeds)]
-    students = [os.path.join(args.workdir, f"{name}-qdagger-s{s}") for s in range(args.seeds)]
-    for s, d in enumerate(scratch):
-        budget = args.teacher_steps if s == 0 else scratch_steps
-        _up(["--algo", "dqn", "--env", args.env, "--total-steps", str(budget), "--seed", str(s), *sets], d)
+    others = [s for s in range(scratch_seeds + 1) if s != args.teacher_seed][: scratch_seeds - 1]
+    scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in others]
+    # Students are named for their teacher unless it is seed 0 (the names of runs made before --teacher-seed).
+    of = "" if args.teacher_seed == 0 else f"-t{args.teacher_seed}"
+    students = [os.path.join(args.workdir, f"{name}-qdagger{of}-s{s}") for s in range(args.seeds)]
     offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
-    for s, d in enumerate(students):
-        student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
-        _up(
-            [
-                "--algo",
-                "qdagger",
-                "--env",
-                args.env,
-                "--teacher",
-                teacher,
-                "--total-steps",
-                str(args.student_steps),
-                "--seed",
-                str(s),
-                *offline,
-                *sets,
-                *student_sets,
-            ],
-            d,
+    student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
+    plan = [(teacher, args.teacher_seed, args.teacher_steps, ["--algo", "dqn"])]
+    plan += [(d, s, scratch_steps, ["--algo", "dqn"]) for d, s in zip(scratch[1:], others)]
+    plan += [
+        (d, s, args.student_steps, ["--algo", "qdagger", "--teacher", teacher, *offline])
+        for s, d in enumerate(students)
+    ]
+    to_teach = [d for d in students if finished_source(d, args.student_steps, args.records) is None]
+    teacher_source = finished_source(teacher, args.teacher_steps, args.records)
+    if to_teach and teacher_source is not None and teacher_source != teacher:
+        raise SystemExit(
+            f"reincarnation.py: the teacher's run directory {teacher} is gone (its record {teacher_source} is "
+            f"left), and {len(to_teach)} student(s) still have to run: a student needs its teacher's checkpoint and "
+            "replay. Train a new teacher: give another --teacher-seed (or another --workdir); the finished "
+            "DQN-from-scratch runs are reused from --records."
         )
+    sources = {}
+    for d, seed, budget, algo in plan:
+        source = finished_source(d, budget, args.records)
+        command = None
+        if source is None:
+            extra = student_sets if d in students else []
+            run_args = [*algo, "--env", args.env, "--total-steps", str(budget), "--seed", str(seed), *sets, *extra]
+            command, source = _up(run_args, d), d
+        else:
+            print(f"reusing {source}", flush=True)
+        if args.records and source == d:  # a record of every finished run, beside the run directory
+            record = os.path.join(args.records, report_lib.run_name(d) + ".json")
+            if command is None and os.path.exists(record):  # keep the command a record already holds
+                with open(record) as f:
+                    command = json.load(f).get("command")
+            report_lib.save_record(report_lib.load_runs([d])[0], record, **({"command": command} if command else {}))
+        sources[d] = source
 
-    runs = report_lib.load_runs(scratch + students)
+    runs = report_lib.load_runs([sources[d] for d in scratch + students])
+    for r, d in zip(runs, scratch + students):
+        r["dir"] = d  # a run read from its record is still known by its directory
     budgets = {teacher: args.teacher_steps, **{d: scratch_steps for d in scratch[1:]}}
     budgets.update({d: args.student_steps for d in students})
     by_dir = {r["dir"]: r for r in runs}

@@ -48,13 +48,19 @@ def human_normalized(env_id: str, score: float) -> float | None:
 
 
 def load_runs(dirs: list[str]) -> list[dict]:
-    """summary.json (and metrics.jsonl rows) of each run directory.
+    """summary.json (and metrics.jsonl rows) of each run directory, or a run record (`save_record`'s JSON file)
+    in its place: {"dir": the path given, "summary": dict, "rows": list of metrics rows}.
 
     Raises:
-        FileNotFoundError: a directory without summary.json (an unfinished run).
+        FileNotFoundError: a directory without summary.json (an unfinished run), or no such record.
     """
     runs = []
     for d in dirs:
+        if d.endswith(".json"):
+            with open(d) as f:
+                record = json.load(f)
+            runs.append(dict(dir=d, summary=record["summary"], rows=record["rows"]))
+            continue
         with open(os.path.join(d, "summary.json")) as f:
             summary = json.load(f)
         rows = []
@@ -63,6 +69,29 @@ def load_runs(dirs: list[str]) -> list[dict]:
                 rows = [json.loads(line) for line in f]
         runs.append(dict(dir=d, summary=summary, rows=rows))
     return runs
+
+
+def run_name(path: str) -> str:
+    """A run's name: its directory's (or record's, without .json) base name."""
+    name = os.path.basename(path.rstrip("/"))
+    return name[: -len(".json")] if name.endswith(".json") else name
+
+
+def save_record(run: dict, path: str, **extra) -> None:
+    """Writes a run record to `path`: the run's summary.json and one metrics row per evaluation (env steps,
+    learner steps, evaluation return; `eval_points`), plus `extra` fields (e.g. the command). A record is a
+    few KB and stands in for its run directory in `load_runs`, so results outlive the run directories
+    (checkpoints and replay of a long Atari run are GBs and not kept)."""
+    rows, last = [], None
+    for row in run["rows"]:
+        value = row.get("eval_return_mean")
+        if value is not None and value != last:
+            steps = dict(env_steps=row["env_steps"], learner_steps=row.get("learner_steps"))
+            rows.append(dict(**steps, eval_return_mean=value))
+        last = value
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(dict(run=run_name(run["dir"]), **extra, summary=run["summary"], rows=rows), f, indent=1)
 
 
 def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:
@@ -174,7 +203,7 @@ def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_step
             pts = eval_points(r["rows"], xmax)
             if pts:
                 s = r["summary"]
-                name = os.path.basename(r["dir"].rstrip("/"))
+                name = run_name(r["dir"])
                 ax.plot(*zip(*pts), marker=".", label=f"{s['algo']} {s['env_id']} ({name})")
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.1f}")
@@ -187,9 +216,10 @@ def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_step
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories (with summary.json)")
+    p.add_argument("runs", nargs="+", help="run directories (with summary.json), or run records (.json)")
     p.add_argument("--plot", default=None, help="write a learning-curve PNG here")
     p.add_argument("--out", default=None, help="write the report as JSON here")
+    p.add_argument("--save-records", default=None, help="write each run's record (DIR/RUN.json) in this folder")
     p.add_argument(
         "--at-env-steps",
         type=int,
@@ -198,6 +228,9 @@ def main() -> None:
     )
     args = p.parse_args()
     runs = load_runs(args.runs)
+    if args.save_records:
+        for r in runs:
+            save_record(r, os.path.join(args.save_records, run_name(r["dir"]) + ".json"))
     try:
         result = report(runs, args.at_env_steps)
     except ValueError as e:

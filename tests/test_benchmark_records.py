@@ -1,0 +1,98 @@
+"""Run records (benchmarks/report.py): a few-KB stand-in for a run directory, so benchmark results outlive the
+run directories (an Atari run's checkpoints and replay are GBs); and how benchmarks/reincarnation.py reuses them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+import reincarnation  # noqa: E402
+import report  # noqa: E402
+
+
+def _write_run(d, *, completed=True, total_steps=3000, algo="dqn"):
+    """A run directory as the learner leaves it: summary.json and metrics.jsonl (a row per report, each
+    repeating the latest evaluation)."""
+    os.makedirs(d)
+    evals = [None, None, 10.0, 10.0, 10.0, 35.5, 35.5, 20.0, 20.0, 60.0]
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for i, e in enumerate(evals):
+            f.write(json.dumps(dict(env_steps=300 * (i + 1), learner_steps=40 * i, eval_return_mean=e, loss=0.1)))
+            f.write("\n")
+    summary = dict(
+        algo=algo,
+        env_id="CartPole-v1",
+        completed=completed,
+        env_steps=3000,
+        total_steps=total_steps,
+        final_eval_return_mean=71.0 if completed else None,
+    )
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(summary, f)
+
+
+def test_a_record_scores_and_plots_as_its_run_directory(tmp_path):
+    d = str(tmp_path / "CartPole-v1-dqn-s1")
+    _write_run(d)
+    (run,) = report.load_runs([d])
+    record = str(tmp_path / "records" / "CartPole-v1-dqn-s1.json")
+    report.save_record(run, record, command="rlfleet up ...")
+    (back,) = report.load_runs([record])
+    with open(record) as f:
+        saved = json.load(f)
+    assert saved["run"] == "CartPole-v1-dqn-s1" and saved["command"] == "rlfleet up ..."
+    # One row per evaluation, placed at the first row that reported it; no other metrics.
+    assert [(r["env_steps"], r["eval_return_mean"]) for r in back["rows"]] == [
+        (900, 10.0),
+        (1800, 35.5),
+        (2400, 20.0),
+        (3000, 60.0),
+    ]
+    assert back["summary"] == run["summary"]
+    for at in (800, 900, 2000, 2999, 3000, None):
+        try:
+            expected = report.run_score(run, at)
+        except ValueError:
+            with pytest.raises(ValueError):
+                report.run_score(back, at)
+            continue
+        assert report.run_score(back, at) == expected
+    assert report.eval_points(back["rows"]) == report.eval_points(run["rows"])
+    assert report.run_name(record) == report.run_name(d) == "CartPole-v1-dqn-s1"
+
+
+def test_finished_runs_are_found_in_their_directory_then_their_record(tmp_path):
+    records = str(tmp_path / "records")
+    d = str(tmp_path / "CartPole-v1-dqn-s1")
+    assert reincarnation.finished_source(d, 3000, records) is None  # nothing yet: it has to run
+    _write_run(d)
+    assert reincarnation.finished_source(d, 3000, records) == d
+    assert reincarnation.finished_source(d, 5000, records) is None  # a larger budget: it continues
+    (run,) = report.load_runs([d])
+    report.save_record(run, os.path.join(records, "CartPole-v1-dqn-s1.json"))
+    os.rename(d, d + "-gone")
+    assert reincarnation.finished_source(d, 3000, records) == os.path.join(records, "CartPole-v1-dqn-s1.json")
+    assert reincarnation.finished_source(d, 3000, None) is None
+    stopped = str(tmp_path / "CartPole-v1-dqn-s2")
+    _write_run(stopped, completed=False)  # a run stopped with Ctrl-C is not finished
+    assert reincarnation.finished_source(stopped, 3000, records) is None
+
+
+def test_students_without_their_teachers_directory_stop_before_any_run(tmp_path):
+    """Only the teacher's record is left: the students cannot be taught, and the script says so at once
+    (it starts no run and does not retrain a different teacher under the old one's name)."""
+    records, workdir = str(tmp_path / "records"), str(tmp_path / "work")
+    teacher = str(tmp_path / "CartPole-v1-dqn-s0")
+    _write_run(teacher, total_steps=3000)
+    (run,) = report.load_runs([teacher])
+    report.save_record(run, os.path.join(records, "CartPole-v1-dqn-s0.json"))
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "reincarnation.py"), "--teacher-steps", "3000"]
+    cmd += ["--student-steps", "1000", "--scratch-seeds", "1", "--records", records, "--workdir", workdir]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "the teacher's run directory" in out.stderr and "--teacher-seed" in out.stderr, out.stderr
+    assert not os.path.exists(workdir) or os.listdir(workdir) == []
