@@ -88,6 +88,20 @@ def steps_to_reach(rows: list[dict], target: float) -> int | None:
     )
 
 
+def at_budget(run: dict, budget: int) -> dict:
+    """A run as it stood at `budget` env steps when it ran for more (a longer run reused, e.g. an earlier
+    teacher as a DQN-from-scratch seed): its rows up to there, and its latest evaluation by then as its final
+    return (summary `truncated_from`: the env steps it ran). A run of at most that budget is returned as is."""
+    s = run["summary"]
+    ran = s.get("total_steps") or s["env_steps"]
+    if ran <= budget:
+        return run
+    rows = [r for r in run["rows"] if r["env_steps"] <= budget]
+    final = report_lib.return_at(rows, budget)
+    summary = dict(s, env_steps=budget, total_steps=budget, final_eval_return_mean=final, truncated_from=ran)
+    return dict(run, rows=rows, summary=summary)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
@@ -180,11 +194,12 @@ def main() -> None:
             report_lib.save_record(report_lib.load_runs([d])[0], record, **({"command": command} if command else {}))
         sources[d] = source
 
+    budgets = {teacher: args.teacher_steps, **{d: scratch_steps for d in scratch[1:]}}
+    budgets.update({d: args.student_steps for d in students})
     runs = report_lib.load_runs([sources[d] for d in scratch + students])
     for r, d in zip(runs, scratch + students):
         r["dir"] = d  # a run read from its record is still known by its directory
-    budgets = {teacher: args.teacher_steps, **{d: scratch_steps for d in scratch[1:]}}
-    budgets.update({d: args.student_steps for d in students})
+    runs = [at_budget(r, budgets[r["dir"]]) for r in runs]
     by_dir = {r["dir"]: r for r in runs}
     teacher_return = float(np.mean([by_dir[d]["summary"]["teacher_eval_return_mean"] for d in students]))
     random_return = float(np.mean([by_dir[d]["summary"]["random_eval_return_mean"] for d in students]))
@@ -209,6 +224,7 @@ def main() -> None:
                 return_at_student_budget=score_at_student_budget(d),
                 final_eval_return=r["summary"]["final_eval_return_mean"],
                 env_steps=r["summary"]["env_steps"],
+                budget=budgets[d],
             )
         )
     print(f"\nteacher {teacher}: evaluation return {teacher_return:.1f}; target {target:.1f}")
@@ -216,12 +232,13 @@ def main() -> None:
     for t in table:
         reach = "never" if t["env_steps_to_target"] is None else f"{t['env_steps_to_target']:,}"
         at = "-" if t["return_at_student_budget"] is None else f"{t['return_at_student_budget']:.1f}"
-        print(f"{t['run']:<28} {reach:>20} {at:>16} {t['final_eval_return']:>8.1f}")
+        final = "-" if t["final_eval_return"] is None else f"{t['final_eval_return']:.1f}"
+        print(f"{t['run']:<28} {reach:>20} {at:>16} {final:>8}")
 
     def median_steps(algo: str) -> tuple[float, bool]:
         # A run that never reached the target counts as its whole budget: a lower bound (flagged).
         steps = [t["env_steps_to_target"] for t in table if t["algo"] == algo]
-        budgets = [t["env_steps"] for t in table if t["algo"] == algo]
+        budgets = [t["budget"] for t in table if t["algo"] == algo]
         values = [s if s is not None else b for s, b in zip(steps, budgets)]
         return float(np.median(values)), any(s is None for s in steps)
 

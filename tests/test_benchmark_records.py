@@ -96,3 +96,51 @@ def test_students_without_their_teachers_directory_stop_before_any_run(tmp_path)
     assert out.returncode != 0
     assert "the teacher's run directory" in out.stderr and "--teacher-seed" in out.stderr, out.stderr
     assert not os.path.exists(workdir) or os.listdir(workdir) == []
+
+
+def _record(records, name, algo, evals, total_steps, final, **summary):
+    """A record as save_record writes it: evaluations [(env steps, return)], the run's budget and final return."""
+    rows = [dict(env_steps=n, learner_steps=None, eval_return_mean=v) for n, v in evals]
+    s = dict(algo=algo, env_id="CartPole-v1", completed=True, env_steps=total_steps + 8, total_steps=total_steps)
+    s.update(final_eval_return_mean=final, **summary)
+    os.makedirs(records, exist_ok=True)
+    with open(os.path.join(records, name + ".json"), "w") as f:
+        json.dump(dict(run=name, summary=s, rows=rows), f)
+
+
+def test_the_reincarnation_table_from_records_alone(tmp_path):
+    """Every run finished and only its record left: the script runs nothing and reports from the records; a
+    DQN run longer than the scratch budget (an earlier teacher reused) is compared as it stood at that budget."""
+    records, workdir = str(tmp_path / "records"), str(tmp_path / "work")
+    os.makedirs(workdir)
+    # Teacher seed 2 (500 steps); scratch seeds 0 and 1, seed 0 a longer run (900 steps) that reached the
+    # target only after the 500-step budget.
+    _record(records, "CartPole-v1-dqn-s2", "dqn", [(100, 9.0), (300, 60.0), (500, 200.0)], 500, 200.0)
+    _record(records, "CartPole-v1-dqn-s0", "dqn", [(100, 9.0), (400, 90.0), (700, 180.0)], 900, 190.0)
+    _record(records, "CartPole-v1-dqn-s1", "dqn", [(100, 9.0), (200, 150.0), (400, 185.0)], 500, 185.0)
+    teacher = dict(teacher_eval_return_mean=200.0, random_eval_return_mean=20.0)
+    _record(records, "CartPole-v1-qdagger-t2-s0", "qdagger", [(0, 120.0), (50, 190.0)], 100, 195.0, **teacher)
+    _record(records, "CartPole-v1-qdagger-t2-s1", "qdagger", [(0, 100.0), (60, 150.0)], 100, 160.0, **teacher)
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "reincarnation.py"), "--teacher-steps", "500"]
+    cmd += ["--student-steps", "100", "--scratch-steps", "500", "--seeds", "2", "--scratch-seeds", "3"]
+    cmd += ["--teacher-seed", "2", "--fraction", "0.9", "--records", records, "--workdir", workdir]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "$ rlfleet up" not in out.stdout  # nothing ran
+    with open(os.path.join(workdir, "CartPole-v1-reincarnation.json")) as f:
+        result = json.load(f)
+    assert result["target"] == pytest.approx(20.0 + 0.9 * 180.0)  # 182
+    reach = {t["run"]: t["env_steps_to_target"] for t in result["runs"]}
+    # The seed-0 run reached 182 only at 700 steps, past the 500-step budget: it never reached it within it.
+    assert reach == {
+        "CartPole-v1-dqn-s2": 500,
+        "CartPole-v1-dqn-s0": None,
+        "CartPole-v1-dqn-s1": 400,
+        "CartPole-v1-qdagger-t2-s0": 50,
+        "CartPole-v1-qdagger-t2-s1": None,
+    }
+    finals = {t["run"]: t["final_eval_return"] for t in result["runs"]}
+    assert finals["CartPole-v1-dqn-s0"] == 90.0  # its latest evaluation by 500 steps, not its 190 at 900
+    # Medians with the runs that never reached the target counted at their budgets (lower bounds).
+    assert result["median_steps_dqn"] == 500 and result["median_steps_qdagger"] == 75
+    assert result["scratch_censored"] and result["students_censored"]
