@@ -60,10 +60,10 @@ def finished_source(logdir: str, budget: int, records: str | None) -> str | None
     return None
 
 
-def _up(args: list[str], logdir: str) -> str:
+def _up(args: list[str], logdir: str) -> bool:
     """Runs `rlfleet up ARGS --logdir LOGDIR` (ARGS hold --total-steps): continues a run there that was
     stopped or had a smaller budget (`--resume`: long runs go on over several sessions), else starts it.
-    Returns the command as a user would type it.
+    Returns whether it continued one.
 
     Raises:
         RuntimeError: the run failed (its output's end attached).
@@ -71,13 +71,12 @@ def _up(args: list[str], logdir: str) -> str:
     resume = ["--resume", logdir] if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")) else []
     cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args, "--logdir", logdir, *resume]
     cmd += ["--report-interval", "2"]
-    typed = "rlfleet up " + " ".join(args + ["--logdir", logdir, *resume])
-    print("$ " + typed, flush=True)
+    print("$ rlfleet up " + " ".join(args + ["--logdir", logdir, *resume]), flush=True)
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"run failed ({logdir}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     print(out.stdout.strip().splitlines()[-1], flush=True)
-    return typed
+    return bool(resume)
 
 
 def steps_to_reach(rows: list[dict], target: float) -> int | None:
@@ -106,13 +105,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--teacher-steps", type=int, default=30000, help="the teacher's env steps (DQN seed 0)")
+    p.add_argument("--teacher-steps", type=int, default=30000, help="the teacher's env steps (DQN, --teacher-seed)")
     p.add_argument("--student-steps", type=int, default=15000, help="each student's online env steps")
     p.add_argument(
         "--scratch-steps",
         type=int,
         default=None,
-        help="env steps of DQN-from-scratch seeds 1.. (default --teacher-steps; at least --student-steps)",
+        help="env steps of the other DQN-from-scratch seeds (default --teacher-steps; at least --student-steps); "
+        "all DQN runs are compared at the smaller of this and --teacher-steps",
     )
     p.add_argument("--offline-steps", type=int, default=None, help="students' offline gradient steps (preset's)")
     p.add_argument(
@@ -167,34 +167,65 @@ def main() -> None:
         (d, s, args.student_steps, ["--algo", "qdagger", "--teacher", teacher, *offline])
         for s, d in enumerate(students)
     ]
+
+    def record_of(d: str) -> dict | None:
+        path = os.path.join(args.records, report_lib.run_name(d) + ".json") if args.records else None
+        if path and os.path.exists(path):
+            with open(path) as f:
+                return dict(json.load(f), path=path)
+        return None
+
+    def has_checkpoint(d: str) -> bool:
+        return os.path.exists(os.path.join(d, "checkpoints", "checkpoint"))
+
     to_teach = [d for d in students if finished_source(d, args.student_steps, args.records) is None]
-    teacher_source = finished_source(teacher, args.teacher_steps, args.records)
-    if to_teach and teacher_source is not None and teacher_source != teacher:
+    if to_teach and not has_checkpoint(teacher) and record_of(teacher):
         raise SystemExit(
-            f"reincarnation.py: the teacher's run directory {teacher} is gone (its record {teacher_source} is "
-            f"left), and {len(to_teach)} student(s) still have to run: a student needs its teacher's checkpoint and "
-            "replay. Train a new teacher: give another --teacher-seed (or another --workdir); the finished "
-            "DQN-from-scratch runs are reused from --records."
+            f"reincarnation.py: the teacher's run directory {teacher} is gone (its record "
+            f"{record_of(teacher)['path']} is left), and {len(to_teach)} student(s) still have to run: a student "
+            "needs its teacher's checkpoint and replay. Train a new teacher: give another --teacher-seed (or another "
+            "--workdir); the finished DQN-from-scratch runs are reused from --records."
         )
-    sources = {}
+    # Every run's arguments, checked against its record before anything runs.
+    todo = []
     for d, seed, budget, algo in plan:
-        source = finished_source(d, budget, args.records)
-        command = None
+        extra = student_sets if d in students else []
+        run_args = [*algo, "--env", args.env, "--total-steps", str(budget), "--seed", str(seed), *sets, *extra]
+        at = run_args.index("--total-steps")
+        settings = run_args[:at] + run_args[at + 2 :]  # what the run is, its budget aside
+        source, record = finished_source(d, budget, args.records), record_of(d)
+        if record and record.get("args") is not None and record["args"] != settings:
+            raise SystemExit(
+                f"reincarnation.py: {record['path']} is a run of {' '.join(record['args'])}, not of "
+                f"{' '.join(settings)}: give another --records folder (or remove that record to run it again)."
+            )
+        if source is None and record and not has_checkpoint(d):
+            raise SystemExit(
+                f"reincarnation.py: {d} has to run to {budget:,} env steps, but only its record is left "
+                f"({record['path']}, {record['summary']['env_steps']:,} env steps): a run continues only from "
+                "its directory. Compare at at most the recorded budget, or remove the record to run it again "
+                "from the start."
+            )
+        todo.append((d, run_args, settings, source))
+    sources = {}
+    for d, run_args, settings, source in todo:
+        fields = {}
         if source is None:
-            extra = student_sets if d in students else []
-            run_args = [*algo, "--env", args.env, "--total-steps", str(budget), "--seed", str(seed), *sets, *extra]
-            command, source = _up(run_args, d), d
+            resumed = _up(run_args, d)
+            source = d
+            fields = dict(command="rlfleet up " + " ".join(run_args + ["--logdir", d]), args=settings)
+            if resumed:
+                fields["continued_with_resume"] = True
         else:
             print(f"reusing {source}", flush=True)
-        if args.records and source == d:  # a record of every finished run, beside the run directory
-            record = os.path.join(args.records, report_lib.run_name(d) + ".json")
-            if command is None and os.path.exists(record):  # keep the command a record already holds
-                with open(record) as f:
-                    command = json.load(f).get("command")
-            report_lib.save_record(report_lib.load_runs([d])[0], record, **({"command": command} if command else {}))
+        if args.records and source == d:  # a record of every finished run (a record's other fields are kept)
+            path = os.path.join(args.records, report_lib.run_name(d) + ".json")
+            report_lib.save_record(report_lib.load_runs([d])[0], path, **fields)
         sources[d] = source
 
-    budgets = {teacher: args.teacher_steps, **{d: scratch_steps for d in scratch[1:]}}
+    # Every DQN run is compared at one budget (a teacher trained longer than the scratch seeds counts to theirs).
+    dqn_budget = min(args.teacher_steps, scratch_steps) if len(scratch) > 1 else args.teacher_steps
+    budgets = {d: dqn_budget for d in scratch}
     budgets.update({d: args.student_steps for d in students})
     runs = report_lib.load_runs([sources[d] for d in scratch + students])
     for r, d in zip(runs, scratch + students):

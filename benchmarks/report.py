@@ -49,7 +49,8 @@ def human_normalized(env_id: str, score: float) -> float | None:
 
 def load_runs(dirs: list[str]) -> list[dict]:
     """summary.json (and metrics.jsonl rows) of each run directory, or a run record (`save_record`'s JSON file)
-    in its place: {"dir": the path given, "summary": dict, "rows": list of metrics rows}.
+    in its place: {"dir": the path given, "summary": dict, "rows": list of metrics rows}, and for a record
+    "extra": its other fields (command, ...).
 
     Raises:
         FileNotFoundError: a directory without summary.json (an unfinished run), or no such record.
@@ -59,7 +60,8 @@ def load_runs(dirs: list[str]) -> list[dict]:
         if d.endswith(".json"):
             with open(d) as f:
                 record = json.load(f)
-            runs.append(dict(dir=d, summary=record["summary"], rows=record["rows"]))
+            extra = {k: v for k, v in record.items() if k not in ("run", "summary", "rows")}
+            runs.append(dict(dir=d, summary=record["summary"], rows=record["rows"], extra=extra))
             continue
         with open(os.path.join(d, "summary.json")) as f:
             summary = json.load(f)
@@ -79,9 +81,16 @@ def run_name(path: str) -> str:
 
 def save_record(run: dict, path: str, **extra) -> None:
     """Writes a run record to `path`: the run's summary.json and one metrics row per evaluation (env steps,
-    learner steps, evaluation return; `eval_points`), plus `extra` fields (e.g. the command). A record is a
-    few KB and stands in for its run directory in `load_runs`, so results outlive the run directories
+    learner steps, evaluation return; `eval_points`), plus `extra` fields (e.g. the command); the other fields
+    of a run read from a record, and of a record already at `path`, are kept unless given again. A record is
+    a few KB and stands in for its run directory in `load_runs`, so results outlive the run directories
     (checkpoints and replay of a long Atari run are GBs and not kept)."""
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = {k: v for k, v in json.load(f).items() if k not in ("run", "summary", "rows")}
+    kept.update(run.get("extra", {}))
+    kept.update(extra)
     rows, last = [], None
     for row in run["rows"]:
         value = row.get("eval_return_mean")
@@ -91,7 +100,7 @@ def save_record(run: dict, path: str, **extra) -> None:
         last = value
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(dict(run=run_name(run["dir"]), **extra, summary=run["summary"], rows=rows), f, indent=1)
+        json.dump(dict(run=run_name(run["dir"]), **kept, summary=run["summary"], rows=rows), f, indent=1)
 
 
 def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:

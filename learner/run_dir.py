@@ -169,9 +169,10 @@ def write_progress(checkpoint: str, progress: dict) -> None:
 def read_progress(checkpoint: str | None) -> dict:
     """What `write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
     time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
-    steps}}; ids from 0 and no time for a new run (None) and for checkpoints written before it existed."""
+    steps}, "recorded": bool (False: no record, so ids from 0 and no time: a new run (None), or a checkpoint
+    written before records existed)}."""
     if checkpoint is None:
-        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={})
+        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={}, recorded=False)
     try:
         with open(progress_path(checkpoint)) as f:
             p = json.load(f)
@@ -181,7 +182,21 @@ def read_progress(checkpoint: str | None) -> dict:
         next_actor_id=int(p["next_actor_id"]),
         wall_seconds=float(p["wall_seconds"]),
         actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()},
+        recorded=True,
     )
+
+
+ACTOR_IDS_FILE = "actor_ids.json"  # {"next_actor_id": int}: written at every registration
+
+
+def read_next_actor_id(logdir: str) -> int:
+    """The next actor id that RUN/actor_ids.json records (0 when there is none): ids below it were given out,
+    checkpointed or not, so a restored learner gives out none of them again."""
+    try:
+        with open(os.path.join(logdir, ACTOR_IDS_FILE)) as f:
+            return int(json.load(f)["next_actor_id"])
+    except FileNotFoundError:
+        return 0
 
 
 def prune_progress(directory: str, kept_checkpoints: list[str]) -> None:

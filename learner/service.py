@@ -43,9 +43,11 @@ from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.agents import Agent
 from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import (
+    ACTOR_IDS_FILE,
     MetricsLog,
     check_run_dir,
     prune_progress,
+    read_next_actor_id,
     read_progress,
     run_identity,
     write_json,
@@ -224,8 +226,13 @@ class Learner:
             base_env_steps=self.count["env_steps"],  # restored
             next_actor_id=progress["next_actor_id"],
             away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
-            restored=bool(resume),
+            # Without a progress record (an old checkpoint) nothing tells which actors its count holds.
+            restored=bool(resume) and progress["recorded"],
         )
+        if resume:
+            # Ids the earlier process gave out after its last checkpoint are not given out again: their actors
+            # rejoin with them (ActorRegistry.heartbeat) and a newcomer must not share one.
+            self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(resume))
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
         self.earlier_wall_s = progress["wall_seconds"]
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
@@ -261,6 +268,7 @@ class Learner:
         """Registers a new actor; returns its id."""
         with self.lock:
             actor_id = self.registry.register(host, address, self.config.envs_per_actor, time.time())
+            write_json(os.path.join(self.logdir, ACTOR_IDS_FILE), dict(next_actor_id=self.registry.next_actor_id))
         log.info("actor %d registered from %s", actor_id, host)
         return actor_id
 

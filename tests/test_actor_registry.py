@@ -81,3 +81,24 @@ def test_an_actor_that_joined_after_the_checkpoint_counts_all_its_steps():
     fresh.heartbeat(4, 500, 5, now=0.0)
     fresh.heartbeat(4, 520, 5, now=1.0)
     assert fresh.env_steps() == 20
+
+
+def test_what_a_restored_learner_knows_of_ids_and_counts(tmp_path):
+    from rlfleet.learner.run_dir import ACTOR_IDS_FILE, read_next_actor_id, read_progress, write_json, write_progress
+
+    ckpt = str(tmp_path / "checkpoints" / "ckpt-3")
+    # A checkpoint without a progress record (written before records existed): nothing says which actors its
+    # count holds, so the learner must not take rejoining actors for ones that joined after it.
+    assert read_progress(ckpt)["recorded"] is False
+    old = ActorRegistry(3, base_env_steps=1000, restored=read_progress(ckpt)["recorded"])
+    old.heartbeat(0, 610, 5, now=0.0)
+    old.heartbeat(1, 400, 5, now=0.0)
+    assert old.env_steps() == 1000  # not 2010: their steps are in the restored 1000
+    write_progress(ckpt, dict(next_actor_id=2, wall_seconds=5.0, actor_env_steps={"0": 600, "1": 400}))
+    assert read_progress(ckpt) == dict(
+        next_actor_id=2, wall_seconds=5.0, actor_env_steps={0: 600, 1: 400}, recorded=True
+    )
+    # Ids given out after the last checkpoint are on record too (the learner writes them at each registration).
+    assert read_next_actor_id(str(tmp_path)) == 0
+    write_json(str(tmp_path / ACTOR_IDS_FILE), dict(next_actor_id=4))
+    assert read_next_actor_id(str(tmp_path)) == 4

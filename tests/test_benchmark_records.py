@@ -116,7 +116,7 @@ def test_the_reincarnation_table_from_records_alone(tmp_path):
     # Teacher seed 2 (500 steps); scratch seeds 0 and 1, seed 0 a longer run (900 steps) that reached the
     # target only after the 500-step budget.
     _record(records, "CartPole-v1-dqn-s2", "dqn", [(100, 9.0), (300, 60.0), (500, 200.0)], 500, 200.0)
-    _record(records, "CartPole-v1-dqn-s0", "dqn", [(100, 9.0), (400, 90.0), (700, 180.0)], 900, 190.0)
+    _record(records, "CartPole-v1-dqn-s0", "dqn", [(100, 9.0), (400, 90.0), (700, 190.0)], 900, 195.0)
     _record(records, "CartPole-v1-dqn-s1", "dqn", [(100, 9.0), (200, 150.0), (400, 185.0)], 500, 185.0)
     teacher = dict(teacher_eval_return_mean=200.0, random_eval_return_mean=20.0)
     _record(records, "CartPole-v1-qdagger-t2-s0", "qdagger", [(0, 120.0), (50, 190.0)], 100, 195.0, **teacher)
@@ -140,7 +140,35 @@ def test_the_reincarnation_table_from_records_alone(tmp_path):
         "CartPole-v1-qdagger-t2-s1": None,
     }
     finals = {t["run"]: t["final_eval_return"] for t in result["runs"]}
-    assert finals["CartPole-v1-dqn-s0"] == 90.0  # its latest evaluation by 500 steps, not its 190 at 900
+    assert finals["CartPole-v1-dqn-s0"] == 90.0  # its latest evaluation by 500 steps, not its 195 at 900
     # Medians with the runs that never reached the target counted at their budgets (lower bounds).
     assert result["median_steps_dqn"] == 500 and result["median_steps_qdagger"] == 75
     assert result["scratch_censored"] and result["students_censored"]
+
+
+def test_records_of_other_settings_or_too_short_stop_before_any_run(tmp_path):
+    records, workdir = str(tmp_path / "records"), str(tmp_path / "work")
+    os.makedirs(workdir)
+    base = [sys.executable, os.path.join(BENCHMARKS, "reincarnation.py"), "--teacher-steps", "500"]
+    base += ["--student-steps", "100", "--seeds", "1", "--scratch-seeds", "1", "--records", records]
+    base += ["--workdir", workdir]
+    _record(records, "CartPole-v1-dqn-s0", "dqn", [(500, 200.0)], 500, 200.0)
+    teacher = dict(teacher_eval_return_mean=200.0, random_eval_return_mean=20.0)
+    _record(records, "CartPole-v1-qdagger-s0", "qdagger", [(50, 190.0)], 100, 195.0, **teacher)
+    with open(os.path.join(records, "CartPole-v1-dqn-s0.json")) as f:
+        record = json.load(f)
+    record["args"] = ["--algo", "dqn", "--env", "CartPole-v1", "--seed", "0", "--set", "learning_rate=0.01"]
+    with open(os.path.join(records, "CartPole-v1-dqn-s0.json"), "w") as f:
+        json.dump(record, f)
+    out = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "learning_rate=0.01" in out.stderr and "another --records" in out.stderr, out
+    # Asked for more env steps than the record holds, with the run's directory gone: it cannot continue.
+    out = subprocess.run(base + ["--set", "learning_rate=0.01"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr  # the same settings: reused
+    longer = [a if a != "500" else "800" for a in base] + ["--set", "learning_rate=0.01"]
+    out = subprocess.run(longer, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "only its record is left" in out.stderr, out
+    # No run was started: the workdir holds only the first (reusing) invocation's report files, no run directory.
+    assert "$ rlfleet up" not in out.stdout and not any(
+        os.path.isdir(os.path.join(workdir, n)) for n in os.listdir(workdir)
+    )
