@@ -178,6 +178,7 @@ def main() -> None:
     def has_checkpoint(d: str) -> bool:
         return os.path.exists(os.path.join(d, "checkpoints", "checkpoint"))
 
+    os.makedirs(args.workdir, exist_ok=True)  # the report goes there, even when every run is read from records
     to_teach = [d for d in students if finished_source(d, args.student_steps, args.records) is None]
     if to_teach and not has_checkpoint(teacher) and record_of(teacher):
         raise SystemExit(
