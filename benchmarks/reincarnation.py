@@ -44,6 +44,16 @@ def _completed(summary: dict, budget: int) -> bool:
     return bool(summary.get("completed")) and summary["env_steps"] >= budget
 
 
+def read_record(records: str | None, logdir: str) -> dict | None:
+    """The record of the run in `logdir` in the folder `records` (`report.save_record`), with its "path";
+    None without one."""
+    path = report_lib.record_path(records, logdir) if records else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return dict(json.load(f), path=path)
+    return None
+
+
 def finished_source(logdir: str, budget: int, records: str | None) -> str | None:
     """Where a run that completed `budget` env steps is: its directory, else its record in the folder
     `records` (RECORDS/NAME.json, `report.save_record`), else None (it has to run)."""
@@ -52,12 +62,8 @@ def finished_source(logdir: str, budget: int, records: str | None) -> str | None
         with open(summary_path) as f:
             if _completed(json.load(f), budget):
                 return logdir
-    record = os.path.join(records, report_lib.run_name(logdir) + ".json") if records else None
-    if record and os.path.exists(record):
-        with open(record) as f:
-            if _completed(json.load(f)["summary"], budget):
-                return record
-    return None
+    record = read_record(records, logdir)
+    return record["path"] if record and _completed(record["summary"], budget) else None
 
 
 def _up(args: list[str], logdir: str) -> bool:
@@ -168,25 +174,10 @@ def main() -> None:
         for s, d in enumerate(students)
     ]
 
-    def record_of(d: str) -> dict | None:
-        path = os.path.join(args.records, report_lib.run_name(d) + ".json") if args.records else None
-        if path and os.path.exists(path):
-            with open(path) as f:
-                return dict(json.load(f), path=path)
-        return None
-
     def has_checkpoint(d: str) -> bool:
         return os.path.exists(os.path.join(d, "checkpoints", "checkpoint"))
 
     os.makedirs(args.workdir, exist_ok=True)  # the report goes there, even when every run is read from records
-    to_teach = [d for d in students if finished_source(d, args.student_steps, args.records) is None]
-    if to_teach and not has_checkpoint(teacher) and record_of(teacher):
-        raise SystemExit(
-            f"reincarnation.py: the teacher's run directory {teacher} is gone (its record "
-            f"{record_of(teacher)['path']} is left), and {len(to_teach)} student(s) still have to run: a student "
-            "needs its teacher's checkpoint and replay. Train a new teacher: give another --teacher-seed (or another "
-            "--workdir); the finished DQN-from-scratch runs are reused from --records."
-        )
     # Every run's arguments, checked against its record before anything runs.
     todo = []
     for d, seed, budget, algo in plan:
@@ -194,11 +185,20 @@ def main() -> None:
         run_args = [*algo, "--env", args.env, "--total-steps", str(budget), "--seed", str(seed), *sets, *extra]
         at = run_args.index("--total-steps")
         settings = run_args[:at] + run_args[at + 2 :]  # what the run is, its budget aside
-        source, record = finished_source(d, budget, args.records), record_of(d)
+        source, record = finished_source(d, budget, args.records), read_record(args.records, d)
         if record and record.get("args") is not None and record["args"] != settings:
             raise SystemExit(
                 f"reincarnation.py: {record['path']} is a run of {' '.join(record['args'])}, not of "
                 f"{' '.join(settings)}: give another --records folder (or remove that record to run it again)."
+            )
+        if d == teacher:
+            teacher_record = record
+        elif source is None and d in students and not has_checkpoint(teacher) and teacher_record:
+            raise SystemExit(
+                f"reincarnation.py: the teacher's run directory {teacher} is gone (its record "
+                f"{teacher_record['path']} is left), and student {d} still has to run: a student needs its "
+                "teacher's checkpoint and replay. Train a new teacher: give another --teacher-seed (or another "
+                "--workdir); the finished DQN-from-scratch runs are reused from --records."
             )
         if source is None and record and not has_checkpoint(d):
             raise SystemExit(
@@ -220,8 +220,7 @@ def main() -> None:
         else:
             print(f"reusing {source}", flush=True)
         if args.records and source == d:  # a record of every finished run (a record's other fields are kept)
-            path = os.path.join(args.records, report_lib.run_name(d) + ".json")
-            report_lib.save_record(report_lib.load_runs([d])[0], path, **fields)
+            report_lib.save_record(report_lib.load_runs([d])[0], report_lib.record_path(args.records, d), **fields)
         sources[d] = source
 
     # Every DQN run is compared at one budget (a teacher trained longer than the scratch seeds counts to theirs).

@@ -79,6 +79,11 @@ def run_name(path: str) -> str:
     return name[: -len(".json")] if name.endswith(".json") else name
 
 
+def record_path(records: str, run_dir: str) -> str:
+    """The path of the record of the run in `run_dir` in the folder `records` (RECORDS/RUN.json)."""
+    return os.path.join(records, run_name(run_dir) + ".json")
+
+
 def save_record(run: dict, path: str, **extra) -> None:
     """Writes a run record to `path`: the run's summary.json and one metrics row per evaluation (env steps,
     learner steps, evaluation return; `eval_points`), plus `extra` fields (e.g. the command); the other fields
@@ -91,13 +96,10 @@ def save_record(run: dict, path: str, **extra) -> None:
             kept = {k: v for k, v in json.load(f).items() if k not in ("run", "summary", "rows")}
     kept.update(run.get("extra", {}))
     kept.update(extra)
-    rows, last = [], None
-    for row in run["rows"]:
-        value = row.get("eval_return_mean")
-        if value is not None and value != last:
-            steps = dict(env_steps=row["env_steps"], learner_steps=row.get("learner_steps"))
-            rows.append(dict(**steps, eval_return_mean=value))
-        last = value
+    rows = [
+        dict(env_steps=r["env_steps"], learner_steps=r.get("learner_steps"), eval_return_mean=r["eval_return_mean"])
+        for r in eval_rows(run["rows"])
+    ]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(dict(run=run_name(run["dir"]), **kept, summary=run["summary"], rows=rows), f, indent=1)
@@ -184,17 +186,24 @@ def report(runs: list[dict], at_env_steps: int | None = None, budgets: dict | No
     return dict(per_game=per_game, iqm=aggregates, at_env_steps=at_env_steps)
 
 
-def eval_points(rows: list[dict], max_env_steps: int | None = None) -> list[tuple[int, float]]:
-    """(env steps, evaluation return) per evaluation: metrics rows repeat the latest evaluation until the next,
-    so each value is placed at the first row that reports it (a repeat of the same value is not told apart)."""
-    pts = []
+def eval_rows(rows: list[dict]) -> list[dict]:
+    """The metrics rows that report a new evaluation: rows repeat the latest evaluation until the next, so
+    each value is placed at the first row that reports it (a repeat of the same value is not told apart)."""
+    out = []
     for row in rows:
         value = row.get("eval_return_mean")
-        if value is None or (max_env_steps is not None and row["env_steps"] > max_env_steps):
-            continue
-        if not pts or pts[-1][1] != value:
-            pts.append((row["env_steps"], value))
-    return pts
+        if value is not None and (not out or out[-1]["eval_return_mean"] != value):
+            out.append(row)
+    return out
+
+
+def eval_points(rows: list[dict], max_env_steps: int | None = None) -> list[tuple[int, float]]:
+    """(env steps, evaluation return) per evaluation (`eval_rows`), up to `max_env_steps` when given."""
+    return [
+        (r["env_steps"], r["eval_return_mean"])
+        for r in eval_rows(rows)
+        if max_env_steps is None or r["env_steps"] <= max_env_steps
+    ]
 
 
 def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_steps: int | None = None) -> None:
@@ -239,7 +248,7 @@ def main() -> None:
     runs = load_runs(args.runs)
     if args.save_records:
         for r in runs:
-            save_record(r, os.path.join(args.save_records, run_name(r["dir"]) + ".json"))
+            save_record(r, record_path(args.save_records, r["dir"]))
     try:
         result = report(runs, args.at_env_steps)
     except ValueError as e:
