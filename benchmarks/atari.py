@@ -15,7 +15,9 @@
    batches, in this process.
 5. Where the learner's and the actor's time goes: the Nature CNN's forward pass and its
    forward + backward pass alone (one `tf.function` call each) at the actor's batch (the
-   envs per actor) and the learner's (32), in milliseconds.
+   envs per actor) and the learner's (32), in milliseconds; and the ceiling the CPU's
+   arithmetic puts on the learner: the GFLOP of one DQN step against the machine's
+   float32 matmul rate (GFLOP/s), measured in the same run.
 
 6. With --policy-loop B [B ...]: the actor's ceiling without replay, the env and the behaviour policy alone:
    AtariVectorEnv xB stepped with the argmax of the Nature CNN's forward pass (one `tf.function` call per
@@ -169,6 +171,60 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
     return out
 
 
+def nature_cnn_flops(net, frame_shape=(84, 84)) -> dict:
+    """Floating-point operations per sample (a multiply-add counts 2) of `net` (a `NatureCNN`): "forward", and
+    "forward_backward", the forward pass plus the gradients of every weight and of every layer's input but the
+    first (the frames need none): 3x the forward's, less the first convolution's once. Biases and ReLUs (under 1%)
+    are left out."""
+    from rlfleet.learner.networks import CONV_STRIDES
+
+    (h, w), layers = frame_shape, []
+    for kernel, stride in zip(net.conv_kernels, CONV_STRIDES):
+        k, _, c_in, c_out = kernel.shape
+        h, w = (h - k) // stride + 1, (w - k) // stride + 1
+        layers.append(2 * h * w * c_out * k * k * c_in)
+    layers += [2 * kernel.shape[0] * kernel.shape[1] for kernel in net.kernels]
+    forward = sum(layers)
+    return {"forward": forward, "forward_backward": 3 * forward - layers[0]}
+
+
+def matmul_gflops(seconds: float, n: int = 2048) -> dict:
+    """The CPU's sustained arithmetic rate, GFLOP/s, on an n x n matmul (one `tf.function` call each, all threads),
+    in float32 and in bfloat16: the ceiling any network's arithmetic reaches on this machine."""
+    import tensorflow as tf
+
+    out = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        a = tf.cast(tf.random.stateless_uniform((n, n), (0, 1)), dtype)
+        mm = tf.function(lambda x: tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32)))
+        mm(a).numpy()
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            mm(a).numpy()
+            count += 1
+        out[dtype.name] = 2 * n**3 * count / (time.perf_counter() - start) / 1e9
+    return out
+
+
+def arithmetic_ceiling(dqn_steps_per_second: float, seconds: float) -> dict:
+    """What the CPU's arithmetic allows the DQN learner (batch 32, Nature CNN, 6 actions): the GFLOP of one
+    gradient step (the online network's forward + backward and the target network's forward, `nature_cnn_flops`),
+    the GFLOP/s the learner computes at `dqn_steps_per_second`, the float32 matmul peak (`matmul_gflops`), and
+    the steps/s at that peak: an upper bound for any float32 learner on this machine, and its ratio to today's."""
+    from rlfleet.learner.networks import NatureCNN
+
+    flops = nature_cnn_flops(NatureCNN(4, (84, 84), 6, 0, "q"))
+    per_step = 32 * (flops["forward_backward"] + flops["forward"]) / 1e9
+    peak = matmul_gflops(seconds)
+    return dict(
+        gflop_per_step=per_step,
+        learner_gflops=per_step * dqn_steps_per_second,
+        matmul_gflops=peak,
+        max_steps_per_second=peak["float32"] / per_step,
+        max_speedup=peak["float32"] / per_step / dqn_steps_per_second,
+    )
+
+
 def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
     """{B: {"raw", "sync", "async_"}}: agent steps/s of AtariVectorEnv xB with random actions (`raw_rate`), with
     the Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs."""
@@ -248,6 +304,15 @@ def main() -> None:
             f"{c['forward_backward_ms']:.2f} ms",
             flush=True,
         )
+    ceiling = arithmetic_ceiling(grads["dqn"], args.seconds / 6)
+    print(
+        f"DQN step (batch 32: online forward + backward, target forward): {ceiling['gflop_per_step']:.2f} GFLOP; at "
+        f"{grads['dqn']:.1f} steps/s the learner computes {ceiling['learner_gflops']:.0f} GFLOP/s; this CPU's matmul "
+        f"peak is {ceiling['matmul_gflops']['float32']:.0f} GFLOP/s in float32 "
+        f"({ceiling['matmul_gflops']['bfloat16']:.0f} in bfloat16), which caps the step at "
+        f"{ceiling['max_steps_per_second']:.0f} steps/s ({ceiling['max_speedup']:.2f}x today's)",
+        flush=True,
+    )
     col = collection(args.env, args.num_envs, args.seconds, warmup=10)
     print(
         f"collection, 1 actor x {args.num_envs} envs: {col['written_agent_steps_per_second']:,.0f} agent steps/s "
@@ -266,6 +331,7 @@ def main() -> None:
                     raw_agent_steps_per_second=raw,
                     learner_gradient_steps_per_second=grads,
                     network_ms=costs,
+                    arithmetic_ceiling=ceiling,
                     collection=col,
                 ),
                 f,
