@@ -96,6 +96,18 @@ def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dic
         )
 
 
+def _calls_per_second(call, seconds: float) -> float:
+    """Calls per second of `call` (no arguments; it returns when its work is done) over `seconds`, after 3 calls
+    that are not timed (tracing, first allocations)."""
+    for _ in range(3):
+        call()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        call()
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
 def learner_rates(env_id: str, seconds: float) -> dict:
     """Gradient steps/s of DQN and QDagger (batch 32, Nature CNN) on replay-shaped random batches."""
     import tensorflow as tf
@@ -124,13 +136,7 @@ def learner_rates(env_id: str, seconds: float) -> dict:
             teacher = Teacher("-", make_q_network(spec, cfg, 7, "teacher_q"), "-", None)
             agent = QDaggerAgent(spec, cfg, 0, teacher, "-")
             step = agent._qdagger_step
-        for _ in range(3):
-            step(batch)
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            step(batch)[0].numpy()
-            count += 1
-        out[algo] = count / (time.perf_counter() - start)
+        out[algo] = _calls_per_second(lambda step=step, batch=batch: step(batch)[0].numpy(), seconds)
     return out
 
 
@@ -156,13 +162,7 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
         return tf.add_n([tf.reduce_sum(g) for g in grads])  # every gradient is computed
 
     def ms(fn, x) -> float:
-        for _ in range(3):
-            fn(x).numpy()
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            fn(x).numpy()
-            count += 1
-        return 1000 * (time.perf_counter() - start) / count
+        return 1000 / _calls_per_second(lambda: fn(x).numpy(), seconds)
 
     out = {}
     for b in batches:
@@ -197,26 +197,24 @@ def matmul_gflops(seconds: float, n: int = 2048) -> dict:
     for dtype in (tf.float32, tf.bfloat16):
         a = tf.cast(tf.random.stateless_uniform((n, n), (0, 1)), dtype)
         mm = tf.function(lambda x: tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32)))
-        mm(a).numpy()
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            mm(a).numpy()
-            count += 1
-        out[dtype.name] = 2 * n**3 * count / (time.perf_counter() - start) / 1e9
+        out[dtype.name] = 2 * n**3 * _calls_per_second(lambda mm=mm, a=a: mm(a).numpy(), seconds) / 1e9
     return out
 
 
-def arithmetic_ceiling(dqn_steps_per_second: float, seconds: float) -> dict:
-    """What the CPU's arithmetic allows the DQN learner (batch 32, Nature CNN, 6 actions): the GFLOP of one
+def arithmetic_ceiling(env_id: str, dqn_steps_per_second: float, seconds: float) -> dict:
+    """What the CPU's arithmetic allows the DQN learner of `env_id` (its preset's batch, the Nature CNN on 4
+    stacked 84x84 frames, the env's actions), as `learner_rates` measures it: the GFLOP of one
     gradient step (the online network's forward + backward and the target network's forward, `nature_cnn_flops`),
     the GFLOP/s the learner computes at `dqn_steps_per_second`, the float32 matmul peak (`matmul_gflops`), and
     the steps/s at that peak: an upper bound for any float32 learner on this machine, and its ratio to today's."""
     from rlfleet.learner.networks import NatureCNN
 
-    flops = nature_cnn_flops(NatureCNN(4, (84, 84), 6, 0, "q"))
-    per_step = 32 * (flops["forward_backward"] + flops["forward"]) / 1e9
+    batch_size = make_algo_config("dqn", "default", env_id).batch_size
+    flops = nature_cnn_flops(NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q"))
+    per_step = batch_size * (flops["forward_backward"] + flops["forward"]) / 1e9
     peak = matmul_gflops(seconds)
     return dict(
+        batch_size=batch_size,
         gflop_per_step=per_step,
         learner_gflops=per_step * dqn_steps_per_second,
         matmul_gflops=peak,
@@ -304,9 +302,10 @@ def main() -> None:
             f"{c['forward_backward_ms']:.2f} ms",
             flush=True,
         )
-    ceiling = arithmetic_ceiling(grads["dqn"], args.seconds / 6)
+    ceiling = arithmetic_ceiling(args.env, grads["dqn"], args.seconds / 6)
     print(
-        f"DQN step (batch 32: online forward + backward, target forward): {ceiling['gflop_per_step']:.2f} GFLOP; at "
+        f"DQN step (batch {ceiling['batch_size']}: online forward + backward, target forward): "
+        f"{ceiling['gflop_per_step']:.2f} GFLOP; at "
         f"{grads['dqn']:.1f} steps/s the learner computes {ceiling['learner_gflops']:.0f} GFLOP/s; this CPU's matmul "
         f"peak is {ceiling['matmul_gflops']['float32']:.0f} GFLOP/s in float32 "
         f"({ceiling['matmul_gflops']['bfloat16']:.0f} in bfloat16), which caps the step at "
