@@ -12,7 +12,6 @@ heartbeats its env steps and finished episodes, and runs the algorithm's writer
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ import reverb
 from rlfleet import algorithms
 from rlfleet.actors.envs import make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
+from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
@@ -289,9 +289,7 @@ class Actor:
     def run(self) -> int:
         """Collects until the learner says stop or SIGTERM/SIGINT; returns env steps taken."""
         cfg = self.config
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: (self.terminated.set(), self.stop.set()))
+        on_stop_signals(self.terminated.set, self.stop.set)
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:

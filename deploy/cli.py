@@ -397,7 +397,7 @@ def up(
 
 @main.command("replay")
 @common
-@click.option("--port", type=int, required=True, help="Port to serve Reverb on.")
+@click.option("--port", type=int, required=True, help="Port to serve Reverb on (0: a free one, printed at start).")
 @click.option(
     "--queue-items",
     type=int,

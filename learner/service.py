@@ -27,7 +27,6 @@ import math
 import numbers
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
+from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.agents import Agent
@@ -653,9 +653,7 @@ class Learner:
         self.server.start()
         print(f"rlfleet learner: serving on {self.address} (env {self.env_id}, preset {self.preset})", flush=True)
         print(f"rlfleet learner: {compute_device()}", flush=True)
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self._request_stop())
+        on_stop_signals(self._request_stop)
         try:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:

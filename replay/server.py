@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
 import socket
 import tempfile
 import threading
@@ -21,6 +20,8 @@ from collections.abc import Callable
 
 import reverb
 import tensorflow as tf
+
+from rlfleet.deploy.stopping import on_stop_signals
 
 PPO_TABLE = "ppo_trajectories"
 DQN_TABLE = "dqn_replay"
@@ -230,6 +231,10 @@ def serve(
         _sweep_scratch()
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
+    if port == 0:  # Reverb binds a free port for 0 but reports 0: pick one here, so the port printed is the real one
+        import portpicker
+
+        port = portpicker.pick_unused_port()
     try:
         _check_port_free(port)
         server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
@@ -250,9 +255,7 @@ def serve(
                 "with empty tables; nothing was served."
             )
     stop = stop_event or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    on_stop_signals(stop.set)
     log.info("replay server listening on port %d with tables %s", port, [t.name for t in tables])
     print(f"rlfleet replay: serving on port {port}", flush=True)
     writes_checkpoints = bool(checkpoint_dir and not teacher_dir)

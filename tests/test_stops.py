@@ -168,3 +168,75 @@ def test_replay_without_checkpoint_dir_leaves_no_temporary_folder(procs, free_po
                 p.kill()
                 p.wait()
     assert os.listdir(scratch) == [], os.listdir(scratch)
+
+
+def _signal_burst(proc, seconds=2.0, gap_s=0.0002):
+    """SIGTERMs `gap_s` apart for `seconds` or until `proc` exits (a parent's SIGTERM and its death signal
+    together, Ctrl-C pressed again and again): many come while the process is handling an earlier one."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        time.sleep(gap_s)
+
+
+def test_a_burst_of_sigterms_stops_every_service_cleanly(procs, tmp_path, free_port):
+    """Each service starts its clean stop once however many signals come: before, a signal handler that set a
+    threading.Event could wait forever for the event's lock, held by its own thread (a replay server hung so,
+    its final checkpoint never written)."""
+    replay_port, learner_port = free_port(), free_port()
+    replay_dir, logdir = tmp_path / "replay", tmp_path / "run"
+    replay = procs.start("replay", "replay", *DQN, "--port", replay_port, "--checkpoint-dir", replay_dir)
+    address = f"127.0.0.1:{learner_port}"
+    learner = procs.start(
+        "learner", "learner", *DQN, "--replay", f"127.0.0.1:{replay_port}", "--logdir", logdir,
+        "--port", learner_port, "--total-steps", 10**7,
+    )  # fmt: skip
+    wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
+    actor = procs.start("actor", "actor", "--learner", address)
+    wait_for(
+        lambda: (s := status_or_none(address)) and s["learner_steps"] > 0, 180, "training", [replay, learner, actor]
+    )
+    for p, done in (
+        (actor, "stopped after"),
+        (learner, "rlfleet learner: stopped"),
+        (replay, "rlfleet replay: stopped"),
+    ):
+        _signal_burst(p.proc)
+        try:
+            p.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"hung after a burst of SIGTERMs:\n{p.output()[-3000:]}") from None
+        # Signals that come after the stop, while the interpreter exits, may end it with -SIGTERM: no harm then.
+        assert done in p.output() and p.proc.returncode in (0, -signal.SIGTERM), (p.proc.returncode, p.output())
+    assert list((logdir / "checkpoints").glob("ckpt-*.index")), learner.output()[-3000:]
+    assert "rlfleet replay: checkpoint" in replay.output(), replay.output()[-3000:]
+
+
+def test_the_stop_signal_handler_takes_no_lock():
+    """The handler returns at once even while its own thread holds the stop event's lock (as the main thread does
+    inside `Event.wait` or an earlier handler's `Event.set`); the event is set once that lock is let go, and a
+    second signal starts nothing more."""
+    import threading
+
+    from rlfleet.deploy.stopping import on_stop_signals
+
+    stop, calls = threading.Event(), []
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert on_stop_signals(lambda: calls.append(1), stop.set, signals=(signal.SIGUSR1,))
+        handler = signal.getsignal(signal.SIGUSR1)
+        with stop._cond:  # the event's lock, held by this (the main) thread
+            handler(signal.SIGUSR1, None)  # `lambda *_: stop.set()` waited here for good
+            handler(signal.SIGUSR1, None)
+            assert not stop.is_set()
+        assert stop.wait(10) and calls == [1]
+        outcome = []
+        worker = threading.Thread(target=lambda: outcome.append(on_stop_signals(stop.set, signals=(signal.SIGUSR1,))))
+        worker.start()
+        worker.join()
+        assert outcome == [False] and signal.getsignal(signal.SIGUSR1) is handler  # off the main thread: nothing
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
