@@ -108,10 +108,12 @@ def nature_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
         frames: uint8 [B, S, H, W] stacked grayscale frames (oldest first), scaled by 1/255 here.
         conv_kernels / conv_biases: 3 kernels [h, w, in, out] and biases [out] (strides 4, 2, 1, VALID, ReLU).
         kernels / biases: dense layers (ReLU on all but the last); the last has one unit per action.
+            All weights float32 (what the learner trains and pushes) or all bfloat16: the arithmetic runs in
+            their dtype.
     Returns:
         float32 [B, num_actions].
     """
-    x = tf.transpose(tf.cast(frames, tf.float32) / 255.0, [0, 2, 3, 1])
+    x = tf.transpose(tf.cast(frames, conv_kernels[0].dtype) / 255.0, [0, 2, 3, 1])
     for w, b, stride in zip(conv_kernels, conv_biases, CONV_STRIDES):
         x = tf.nn.relu(tf.nn.conv2d(x, w, stride, "VALID") + b)
     x = tf.reshape(x, [tf.shape(x)[0], -1])
@@ -119,7 +121,7 @@ def nature_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
         x = tf.matmul(x, w) + b
         if i < len(kernels) - 1:
             x = tf.nn.relu(x)
-    return x
+    return tf.cast(x, tf.float32)
 
 
 _nature_cnn_q = tf.function(nature_cnn_q)

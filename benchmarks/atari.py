@@ -13,9 +13,10 @@
 4. Learner: gradient steps/s of DQN (batch 32, Nature CNN, n-step 3) and of QDagger
    (the same plus the teacher's forward pass and the distillation term) on replay-shaped
    batches, in this process.
-5. Where the learner's and the actor's time goes: the Nature CNN's forward pass and its
-   forward + backward pass alone (one `tf.function` call each) at the actor's batch (the
-   envs per actor) and the learner's (32), in milliseconds; and the ceiling the CPU's
+5. Where the learner's and the actor's time goes: the Nature CNN's forward pass (float32, and
+   bfloat16) and its forward + backward pass alone (one `tf.function` call each) at the actor's
+   batch (the envs per actor) and the learner's (32), in milliseconds; the actor's time per agent
+   step against what 60% of the raw rate leaves beside the env step; and the ceiling the CPU's
    arithmetic puts on the learner: the GFLOP of one DQN step against the machine's
    float32 matmul rate (GFLOP/s), measured in the same run.
 
@@ -141,18 +142,26 @@ def learner_rates(env_id: str, seconds: float) -> dict:
 
 
 def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
-    """Milliseconds per call of the Nature CNN (4 stacked 84x84 frames, 6 actions): forward, and forward +
+    """Milliseconds per call of the Nature CNN (4 stacked 84x84 frames, 6 actions): forward, forward with bfloat16
+    weights and arithmetic (`rlfleet.actors.policy.nature_cnn_q` on the weights cast once), and forward +
     backward (the gradient of the summed Q-values), at each batch size, each a `tf.function`."""
     import tensorflow as tf
 
+    from rlfleet.actors.policy import nature_cnn_q
     from rlfleet.learner.networks import NatureCNN
 
     net = NatureCNN(4, (84, 84), 6, 0, "q")
     rng = np.random.default_rng(0)
+    weights = (net.conv_kernels, net.conv_biases, net.kernels, net.biases)
+    bf16 = [[tf.cast(v, tf.bfloat16) for v in vs] for vs in weights]
 
     @tf.function
     def forward(frames):
         return net(frames)
+
+    @tf.function
+    def forward_bfloat16(frames):
+        return nature_cnn_q(frames, *bf16)
 
     @tf.function
     def forward_backward(frames):
@@ -167,8 +176,31 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
     out = {}
     for b in batches:
         x = tf.constant(rng.integers(0, 255, (b, 4, 84, 84), dtype=np.uint8))
-        out[b] = {"forward_ms": ms(forward, x), "forward_backward_ms": ms(forward_backward, x)}
+        out[b] = {
+            "forward_ms": ms(forward, x),
+            "forward_bfloat16_ms": ms(forward_bfloat16, x),
+            "forward_backward_ms": ms(forward_backward, x),
+        }
     return out
+
+
+def actor_budget(raw: float, written: float, forward: dict, num_envs: int, share: float = 0.6) -> dict:
+    """The actor's time per agent step against what `share` of the raw env rate allows, in microseconds of wall
+    time on the whole machine (each part measured alone, using every core it can):
+    `env_us` (1 / raw rate), `allowed_us` (1 / (share x raw rate)), `left_us` (what that leaves beside the env
+    step for the behaviour policy and the replay writes), `forward_us` / `forward_bfloat16_us` (the Nature CNN's
+    forward pass per observation at a batch of `num_envs`, from `network_costs`) and `actor_us` (1 / the rate one
+    actor writes into Reverb). `share` is the fraction of the raw rate issue 13 asks of an actor (0.6)."""
+    env_us, allowed_us = 1e6 / raw, 1e6 / (share * raw)
+    return dict(
+        share=share,
+        env_us=env_us,
+        allowed_us=allowed_us,
+        left_us=allowed_us - env_us,
+        forward_us=1e3 * forward["forward_ms"] / num_envs,
+        forward_bfloat16_us=1e3 * forward["forward_bfloat16_ms"] / num_envs,
+        actor_us=1e6 / written,
+    )
 
 
 def nature_cnn_flops(net, frame_shape=(84, 84)) -> dict:
@@ -298,7 +330,8 @@ def main() -> None:
     costs = network_costs((args.num_envs, 32), args.seconds / 6)
     for b, c in costs.items():
         print(
-            f"Nature CNN, batch {b}: forward {c['forward_ms']:.2f} ms, forward + backward "
+            f"Nature CNN, batch {b}: forward {c['forward_ms']:.2f} ms ({c['forward_bfloat16_ms']:.2f} in bfloat16), "
+            f"forward + backward "
             f"{c['forward_backward_ms']:.2f} ms",
             flush=True,
         )
@@ -321,6 +354,13 @@ def main() -> None:
         f"replay: {col['items']:,} transitions; {col['memory_bytes_per_transition']:,.0f} bytes each in server "
         f"memory, {col['checkpoint_bytes_per_transition']:,.0f} on disk (four stacked frames: {STACKED_BYTES:,})"
     )
+    budget = actor_budget(raw, col["written_agent_steps_per_second"], costs[args.num_envs], args.num_envs)
+    print(
+        f"actor budget per agent step: {100 * budget['share']:.0f}% of the raw rate allows {budget['allowed_us']:.0f} "
+        f"us, the env step takes {budget['env_us']:.0f} us, leaving {budget['left_us']:.0f} us for the policy and "
+        f"the replay writes; the forward pass alone takes {budget['forward_us']:.0f} us "
+        f"({budget['forward_bfloat16_us']:.0f} in bfloat16); the actor spends {budget['actor_us']:.0f} us"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
@@ -332,6 +372,7 @@ def main() -> None:
                     network_ms=costs,
                     arithmetic_ceiling=ceiling,
                     collection=col,
+                    actor_budget=budget,
                 ),
                 f,
                 indent=2,
