@@ -1,0 +1,275 @@
+"""Where a DQN run on vector observations spends its CPU, per env step, part by part, in one run; beside each
+distributed part, the single-process way (a replay buffer of numpy arrays in the learner's memory, as
+Stable-Baselines3 keeps it) measured in the same run.
+
+1. Actor loop: the preset's envs per actor (SyncVectorEnv) stepped with the ε-greedy numpy Q-network, with and
+   without the per-env Reverb writers of `rlfleet.actors.writers.collect_transitions` (an item of n + 1 steps
+   per env step), into a replay server process (`rlfleet.replay.server.serve`) with the preset's table.
+   Client CPU and the replay server's CPU per env step.
+2. Replay sampling: minibatches of the preset's batch size from that table through
+   `rlfleet.learner.dqn.batches` (the learner's own sampler: Reverb's tf.data dataset), from a table that
+   only differs from the preset's by its rate limiter (`serve_open_table`): wall, client CPU and server CPU
+   per minibatch.
+   Baseline: the same minibatch gathered from numpy arrays by uniform indices.
+3. Learner update: the preset's `_train_step` graph (Huber TD loss, double-Q where the preset has it, Adam)
+   per gradient step, and `consume` (the step and its bookkeeping), wall and CPU.
+4. Evaluation: the learner's evaluation loop (`eval_episodes` envs stepped as one batch, ε-greedy numpy Q)
+   per batch step, and per env step of training at the preset's schedule (one evaluation of full-length
+   episodes every `eval_every_updates` x `publish_every` learner steps: an upper bound).
+
+The sum is the CPU one env step of training costs at the preset's replay ratio
+(`samples_per_insert` / `batch_size` gradient steps per env step); divided into the machine's cores it bounds
+the env steps/s of the whole run.
+
+Usage:
+    python benchmarks/dqn_costs.py --env CartPole-v1 --seconds 5 [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from rlfleet.actors.envs import env_spec, make_batched_env
+from rlfleet.learner.presets import make_algo_config
+
+
+def timed(call, seconds: float) -> dict:
+    """Runs `call` (no arguments) repeatedly for `seconds` after 3 untimed calls; returns {"calls", "wall_ms",
+    "cpu_ms"}: calls made, and wall and this process's CPU milliseconds per call."""
+    for _ in range(3):
+        call()
+    calls, c0, t0 = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        call()
+        calls += 1
+    return dict(
+        calls=calls,
+        wall_ms=1e3 * (time.perf_counter() - t0) / calls,
+        cpu_ms=1e3 * (time.process_time() - c0) / calls,
+    )
+
+
+def serve_open_table(env_id: str, port: int) -> None:
+    """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
+    preset's DQN table, its signature and size, but a `MinSize(1)` rate limiter. Reverb's `SampleToInsertRatio`
+    cannot be opened both ways (whatever its ratio, one side blocks once the other stops), and checking a rate
+    limiter is a comparison: what sampling costs is the same."""
+    from rlfleet.deploy.parent import die_with_parent
+
+    die_with_parent()
+    import reverb
+
+    from rlfleet.replay.server import dqn_tables_for, serve
+
+    (table,) = dqn_tables_for(env_spec(env_id), make_algo_config("dqn", "default", env_id))
+    info = table.info
+    serve(
+        [
+            reverb.Table(
+                name=info.name,
+                sampler=reverb.selectors.Uniform(),
+                remover=reverb.selectors.Fifo(),
+                max_size=info.max_size,
+                rate_limiter=reverb.rate_limiters.MinSize(1),
+                signature=info.signature,
+            )
+        ],
+        port,
+    )
+
+
+def start_replay(env_id: str, port: int) -> subprocess.Popen:
+    """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.deploy.parent`)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RLFLEET_PARENT_PID=str(os.getpid()))
+    args = [os.path.abspath(__file__), "--env", env_id, "--serve", str(port)]
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
+
+
+def actor_loop(env_id: str, cfg, address: str | None, rng):
+    """One batch step of the actor's loop as a function: env step on the ε-greedy action of a random Q-network,
+    and with `address` the per-env writers' appends and items (the layout of `collect_transitions`)."""
+    import reverb
+
+    from rlfleet.actors.policy import epsilon_greedy
+    from rlfleet.learner.dqn import export_q, make_q_network
+    from rlfleet.replay.server import DQN_TABLE
+
+    spec, b, n = env_spec(env_id), cfg.envs_per_actor, cfg.n_step
+    weights = export_q(make_q_network(spec, cfg, 0, "q"))
+    venv = make_batched_env(env_id, b, "sync")
+    state = dict(obs=venv.reset(seed=0)[0], t=0)
+    writers = [reverb.Client(address).trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b)] if address else []
+
+    def step():
+        obs = state["obs"]
+        action = epsilon_greedy(weights, obs, rng, 0.05)
+        state["obs"], reward, terminated, truncated, _ = venv.step(action)
+        state["t"] += 1
+        for i, w in enumerate(writers):
+            w.append(
+                dict(
+                    observation=obs[i].astype(np.float32),
+                    action=action[i],
+                    reward=np.float32(reward[i]),
+                    done=bool(terminated[i] or truncated[i]),
+                    policy_version=np.int64(0),
+                )
+            )
+            if state["t"] > n:
+                w.create_item(DQN_TABLE, 1.0, {k: col[-(n + 1) :] for k, col in w.history.items()})
+            w.flush(block_until_num_items=32)
+
+    def close():
+        for w in writers:
+            w.close()
+        venv.close()
+
+    return step, close
+
+
+def costs(env_id: str, seconds: float) -> dict:
+    """All four parts (module doc), in milliseconds; `per_env_step` sums them at the preset's schedule."""
+    import portpicker
+    import psutil
+    import tensorflow as tf
+
+    from rlfleet.actors.policy import epsilon_greedy
+    from rlfleet.learner.dqn import DQNAgent, batches
+
+    spec = env_spec(env_id)
+    cfg = make_algo_config("dqn", "default", env_id)
+    rng = np.random.default_rng(0)
+    port = portpicker.pick_unused_port()
+    replay = start_replay(env_id, port)
+    out = dict(env_id=env_id, envs_per_actor=cfg.envs_per_actor, batch_size=cfg.batch_size)
+    try:
+        server = psutil.Process(replay.pid)
+        address = f"127.0.0.1:{port}"
+
+        def server_cpu() -> float:
+            t = server.cpu_times()
+            return t.user + t.system
+
+        step, close = actor_loop(env_id, cfg, None, rng)
+        out["actor_env_and_policy"] = timed(step, seconds)
+        close()
+        deadline = time.time() + 120
+        while True:  # the server answers once its table exists
+            try:
+                step, close = actor_loop(env_id, cfg, address, rng)
+                break
+            except Exception:
+                if time.time() > deadline or replay.poll() is not None:
+                    raise RuntimeError(f"the replay server did not start on {address}") from None
+                time.sleep(0.5)
+        s0 = server_cpu()
+        out["actor_with_writes"] = r = timed(step, seconds)
+        r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
+        close()
+
+        samples = batches(address, cfg.batch_size)
+        s0 = server_cpu()
+        out["reverb_minibatch"] = r = timed(lambda: next(samples), seconds)
+        r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
+        batch = next(samples)
+        # Baseline: the same minibatch out of numpy arrays in memory (a replay of the preset's size).
+        memory = {k: np.resize(v.numpy(), (cfg.replay_size, *v.shape[1:])) for k, v in batch.items()}
+
+        def gather():
+            idx = rng.integers(0, cfg.replay_size, cfg.batch_size)
+            return {k: tf.constant(v[idx]) for k, v in memory.items()}
+
+        out["numpy_minibatch"] = timed(gather, seconds)
+    finally:
+        replay.terminate()
+        try:
+            replay.wait(60)
+        except subprocess.TimeoutExpired:
+            replay.kill()
+            replay.wait()
+
+    agent = DQNAgent(spec, cfg, total_steps=10**6)
+    out["train_step"] = timed(lambda: agent._train_step(batch)[0].numpy(), seconds)
+    out["consume"] = timed(lambda: agent.consume(batch, 0, 1000), seconds)
+
+    weights = agent.export_weights()
+    venv = make_batched_env(env_id, cfg.eval_episodes, "sync")
+    obs = [venv.reset(seed=0)[0]]
+
+    def eval_step():
+        obs[0] = venv.step(epsilon_greedy(weights, obs[0], rng, cfg.epsilon_eval))[0]
+
+    out["eval_batch_step"] = timed(eval_step, seconds)
+    venv.close()
+
+    ratio = cfg.samples_per_insert / cfg.batch_size  # gradient steps per env step
+    b = cfg.envs_per_actor
+    eval_steps = spec.max_episode_steps or 1000  # batch steps of one evaluation of full-length episodes
+    evals_per_env_step = ratio / (cfg.eval_every_updates * cfg.publish_every)
+    a = out["actor_with_writes"]
+    out["gradient_steps_per_env_step"] = ratio
+    out["per_env_step_cpu_ms"] = per = dict(
+        actor=a["cpu_ms"] / b,
+        replay_server=(a["server_cpu_ms"] / b) + ratio * out["reverb_minibatch"]["server_cpu_ms"],
+        learner_sampling=ratio * out["reverb_minibatch"]["cpu_ms"],
+        learner_update=ratio * out["consume"]["cpu_ms"],
+        evaluation=evals_per_env_step * eval_steps * out["eval_batch_step"]["cpu_ms"],
+    )
+    out["single_process_cpu_ms"] = single = dict(
+        actor=out["actor_env_and_policy"]["cpu_ms"] / b,
+        sampling=ratio * out["numpy_minibatch"]["cpu_ms"],
+        learner_update=per["learner_update"],
+        evaluation=per["evaluation"],
+    )
+    out["total_cpu_ms"] = sum(per.values())
+    out["single_process_total_cpu_ms"] = sum(single.values())
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--seconds", type=float, default=5.0, help="seconds each part is timed")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the child of `start_replay`
+    args = p.parse_args()
+    if args.serve:
+        serve_open_table(args.env, args.serve)
+        return
+    r = costs(args.env, args.seconds)
+    b = r["envs_per_actor"]
+    for key, what in (
+        ("actor_env_and_policy", f"actor batch step ({b} envs), env + ε-greedy Q"),
+        ("actor_with_writes", "  the same with the per-env Reverb writers"),
+        ("reverb_minibatch", f"minibatch of {r['batch_size']} through Reverb"),
+        ("numpy_minibatch", "  the same from numpy arrays in memory"),
+        ("train_step", "learner gradient step (_train_step)"),
+        ("consume", "  with its bookkeeping (consume)"),
+        ("eval_batch_step", "evaluation batch step"),
+    ):
+        v = r[key]
+        server = f", replay server CPU {v['server_cpu_ms']:.3f} ms" if "server_cpu_ms" in v else ""
+        print(f"{what}: {v['wall_ms']:.3f} ms wall, {v['cpu_ms']:.3f} ms CPU{server}")
+    ratio = r["gradient_steps_per_env_step"]
+    print(f"CPU per env step at {ratio:g} gradient steps per env step (ms):")
+    for k, v in r["per_env_step_cpu_ms"].items():
+        print(f"  {k}: {v:.3f}")
+    print(
+        f"  total {r['total_cpu_ms']:.3f} ms ({1e3 / r['total_cpu_ms']:,.0f} env steps/s per core); single process "
+        f"with a numpy replay: {r['single_process_total_cpu_ms']:.3f} ms "
+        f"({1e3 / r['single_process_total_cpu_ms']:,.0f} env steps/s per core)"
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
