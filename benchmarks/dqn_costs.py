@@ -3,13 +3,13 @@ distributed part, the single-process way (a replay buffer of numpy arrays in the
 Stable-Baselines3 keeps it) measured in the same run.
 
 1. Actor loop: the preset's envs per actor (SyncVectorEnv) stepped with the ε-greedy numpy Q-network, with and
-   without the per-env Reverb writers of `rlfleet.actors.writers.collect_transitions` (an item of n + 1 steps
-   per env step), into a replay server process (`rlfleet.replay.server.serve`) with the preset's table.
+   without per-env Reverb writers in the layout of `rlfleet.actors.writers.collect_transitions` (an item of
+   n + 1 steps per env step; see `actor_loop`), into a replay server process (`rlfleet.replay.server.serve`)
+   with the table of `serve_open_table`: the preset's signature and size, a `MinSize(1)` rate limiter.
    Client CPU and the replay server's CPU per env step.
 2. Replay sampling: minibatches of the preset's batch size from that table through
-   `rlfleet.learner.dqn.batches` (the learner's own sampler: Reverb's tf.data dataset), from a table that
-   only differs from the preset's by its rate limiter (`serve_open_table`): wall, client CPU and server CPU
-   per minibatch.
+   `rlfleet.learner.dqn.batches` (the learner's own sampler: Reverb's tf.data dataset), from that table:
+   wall, client CPU and server CPU per minibatch.
    Baseline: the same minibatch gathered from numpy arrays by uniform indices.
 3. Learner update: the preset's `_train_step` graph (Huber TD loss, double-Q where the preset has it, Adam)
    per gradient step, and `consume` (the step and its bookkeeping), wall and CPU.
@@ -94,10 +94,13 @@ def start_replay(env_id: str, port: int) -> subprocess.Popen:
 
 def actor_loop(env_id: str, cfg, address: str | None, rng):
     """One batch step of the actor's loop as a function: env step on the ε-greedy action of a random Q-network,
-    and with `address` the per-env writers' appends and items (the layout of `collect_transitions`)."""
+    and with `address` the per-env writers' appends and items in the layout of `collect_transitions`, with its
+    bound on items in flight. An approximation of that writer, a little cheaper: no padding steps, no items
+    withheld at truncations, no finiteness checks or step counting."""
     import reverb
 
     from rlfleet.actors.policy import epsilon_greedy
+    from rlfleet.actors.writers import TRANSITION_ITEMS_IN_FLIGHT
     from rlfleet.learner.dqn import export_q, make_q_network
     from rlfleet.replay.server import DQN_TABLE
 
@@ -124,7 +127,8 @@ def actor_loop(env_id: str, cfg, address: str | None, rng):
             )
             if state["t"] > n:
                 w.create_item(DQN_TABLE, 1.0, {k: col[-(n + 1) :] for k, col in w.history.items()})
-            w.flush(block_until_num_items=32)
+        for w in writers:
+            w.flush(block_until_num_items=TRANSITION_ITEMS_IN_FLIGHT)
 
     def close():
         for w in writers:
@@ -138,6 +142,7 @@ def costs(env_id: str, seconds: float) -> dict:
     """All four parts (module doc), in milliseconds; `per_env_step` sums them at the preset's schedule."""
     import portpicker
     import psutil
+    import reverb
     import tensorflow as tf
 
     from rlfleet.actors.policy import epsilon_greedy
@@ -157,18 +162,19 @@ def costs(env_id: str, seconds: float) -> dict:
             t = server.cpu_times()
             return t.user + t.system
 
-        step, close = actor_loop(env_id, cfg, None, rng)
-        out["actor_env_and_policy"] = timed(step, seconds)
-        close()
         deadline = time.time() + 120
-        while True:  # the server answers once its table exists
+        while True:  # wait for the server before timing anything (its start-up takes the same cores)
             try:
-                step, close = actor_loop(env_id, cfg, address, rng)
+                reverb.Client(address).server_info(timeout=2)
                 break
             except Exception:
                 if time.time() > deadline or replay.poll() is not None:
                     raise RuntimeError(f"the replay server did not start on {address}") from None
                 time.sleep(0.5)
+        step, close = actor_loop(env_id, cfg, None, rng)
+        out["actor_env_and_policy"] = timed(step, seconds)
+        close()
+        step, close = actor_loop(env_id, cfg, address, rng)
         s0 = server_cpu()
         out["actor_with_writes"] = r = timed(step, seconds)
         r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
@@ -179,6 +185,7 @@ def costs(env_id: str, seconds: float) -> dict:
         out["reverb_minibatch"] = r = timed(lambda: next(samples), seconds)
         r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
         batch = next(samples)
+        samples.close()  # its dataset's threads would go on fetching, counted in this process's CPU below
         # Baseline: the same minibatch out of numpy arrays in memory (a replay of the preset's size).
         memory = {k: np.resize(v.numpy(), (cfg.replay_size, *v.shape[1:])) for k, v in batch.items()}
 

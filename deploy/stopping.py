@@ -17,9 +17,10 @@ def on_stop_signals(*callbacks: Callable[[], object], signals=STOP_SIGNALS) -> b
     A handler must not take a lock: Python runs it in the main thread between two bytecodes, possibly while that
     thread holds the lock itself (inside `Event.wait` or the handler's own `Event.set`), and a second signal then
     waits forever for a lock its own thread holds (seen: `rlfleet replay` hung for good, its final checkpoint
-    never written, after a burst of SIGTERMs). The handler here only starts a thread, which takes the locks once
-    the main thread lets them go. The callbacks should be idempotent: two signals that come close together may
-    both start the thread.
+    never written, after a burst of SIGTERMs). The handler here only starts a (daemon) thread, which takes the
+    stop's locks once the main thread lets them go; starting a thread takes only CPython's re-entrant thread-table
+    lock and the new thread's own start event. The callbacks should be idempotent: two signals that come close
+    together may both start the thread.
 
     Returns:
         False, installing nothing, when called off the main thread (where Python refuses signal handlers: a
@@ -37,7 +38,11 @@ def on_stop_signals(*callbacks: Callable[[], object], signals=STOP_SIGNALS) -> b
         if fired:
             return
         fired.append(signum)
-        threading.Thread(target=run, daemon=True, name="stop-signal").start()
+        try:
+            threading.Thread(target=run, daemon=True, name="stop-signal").start()
+        except RuntimeError:  # no thread to be had: let a later signal try again
+            fired.clear()
+            raise
 
     for sig in signals:
         signal.signal(sig, handler)

@@ -195,7 +195,8 @@ def serve(
     checkpoint_interval_s: float = 0.0,
     run_over: Callable[[], str | None] | None = None,
 ) -> None:
-    """Runs a Reverb server on `port` (all interfaces) until SIGTERM/SIGINT, `stop_event`, or `run_over`.
+    """Runs a Reverb server on `port` (all interfaces; 0: a free one, printed) until SIGTERM/SIGINT, `stop_event`,
+    or `run_over`.
 
     With `checkpoint_dir` the tables start from the latest Reverb checkpoint
     there (if any), a new checkpoint is written every `checkpoint_interval_s`
@@ -231,13 +232,12 @@ def serve(
         _sweep_scratch()
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
-    if port == 0:  # Reverb binds a free port for 0 but reports 0: pick one here, so the port printed is the real one
-        import portpicker
-
-        port = portpicker.pick_unused_port()
     try:
-        _check_port_free(port)
-        server = reverb.Server(tables=tables, port=port, checkpointer=ckpt)
+        if port:
+            _check_port_free(port)
+        # Port 0: Reverb picks a free one when given None (given 0 it binds one but reports 0).
+        server = reverb.Server(tables=tables, port=port or None, checkpointer=ckpt)
+        port = server.port
     except ValueError as e:
         _remove_if_empty(scratch)
         raise ValueError(

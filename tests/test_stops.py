@@ -215,7 +215,7 @@ def test_a_burst_of_sigterms_stops_every_service_cleanly(procs, tmp_path, free_p
     assert "rlfleet replay: checkpoint" in replay.output(), replay.output()[-3000:]
 
 
-def test_the_stop_signal_handler_takes_no_lock():
+def test_the_stop_signal_handler_never_waits_for_the_stop_events_lock():
     """The handler returns at once even while its own thread holds the stop event's lock (as the main thread does
     inside `Event.wait` or an earlier handler's `Event.set`); the event is set once that lock is let go, and a
     second signal starts nothing more."""
@@ -240,3 +240,21 @@ def test_the_stop_signal_handler_takes_no_lock():
         assert outcome == [False] and signal.getsignal(signal.SIGUSR1) is handler  # off the main thread: nothing
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_replay_on_port_0_serves_on_the_free_port_it_prints_and_stops(procs, tmp_path):
+    """`--port 0` serves on a free port and prints that one (Reverb, given 0, reported 0: the final checkpoint's
+    client dialled localhost:0 and the server hung at its stop)."""
+    import reverb
+
+    replay = procs.start("replay", "replay", *DQN, "--port", 0, "--checkpoint-dir", tmp_path / "replay")
+    line = wait_for(
+        lambda: next((ln for ln in replay.output().splitlines() if "serving on port" in ln), None),
+        120,
+        "the replay server",
+        [replay],
+    )
+    port = int(line.rsplit(" ", 1)[1])
+    assert port > 0, line
+    assert reverb.Client(f"127.0.0.1:{port}").server_info(timeout=10)
+    assert replay.stop(timeout=60) == 0 and "rlfleet replay: stopped" in replay.output(), replay.output()[-3000:]
