@@ -278,9 +278,10 @@ class DQNConfig:
 DQN_PRESETS = {"default": {}}
 # Classic control (CartPole-v1, Acrobot-v1, MountainCar-v0): the RL Baselines3 Zoo's tuned DQN values for each
 # env (network 256-256, learning rate, batch, replay size, target period, ε schedule, γ), with two changes
-# that make the *last* network a good one, not just the best evaluation on the way: double-Q bootstrapping
-# and a learning rate annealed to 0 at --total-steps (without them CartPole evaluated at 500 for most of a
-# 100k-step run and ended at 341). The zoo's replay ratio is kept at or halved to 0.5 gradient steps per
+# that make the *last* network a good one more often, not just the best evaluation on the way: double-Q
+# bootstrapping and a learning rate annealed to 0 at --total-steps (without them CartPole evaluated at 500 for
+# most of a 100k-step run and ended at 341; with them it still oscillates between 500 and drops, so a run's
+# final return varies: benchmarks/README.md). The zoo's replay ratio is kept at or halved to 0.5 gradient steps per
 # env step (the 2-core learner's limit): samples_per_insert = batch × 0.5. Our targets are 3-step.
 _CLASSIC = dict(
     hidden=(256, 256), double_q=True, lr_schedule="linear", publish_every=50, envs_per_actor=4, eval_every_updates=10

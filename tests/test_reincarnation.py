@@ -13,6 +13,8 @@ import tensorflow as tf
 from conftest import ENV, ROOT
 
 from rlfleet.actors.envs import env_spec
+from rlfleet.learner.dqn import export_q
+from rlfleet.learner.evaluation import evaluate_dqn
 from rlfleet.learner.teacher import TeacherError, check_teacher_dir, load_teacher
 from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
@@ -43,13 +45,15 @@ def _first_env_steps_reaching(rows, target):
 def cartpole_teacher(tmp_path_factory):
     """A DQN run on CartPole-v1 (100k env steps, the suite's budget): the teacher of the QDagger tests.
 
-    DQN's greedy policy on CartPole flips between solved (500) and a cart that drifts off after ~150-300
-    steps for the whole run, even as the learning rate anneals to 0 at the budget (evaluations in the last
-    tenth of a 100k run here: 161.8, 500, 266.8, 500, 271.8, 474.2, 500); SB3's DQN with the same values
-    ended at 190.8. So which of the two the last network is varies between runs of one seed (the actors'
-    timing is not deterministic): CI runs ended at 139 (60k) and 166 (100k) where most end at 500. The
-    QDagger tests below hold for a teacher of either kind: they compare the student with the teacher's own
-    measured return and steps."""
+    DQN's greedy policy on CartPole oscillates for the whole run between solving the task (500) and
+    performance drops to ~110-300, even as the learning rate anneals to 0 at the budget (one run's
+    evaluations from 84k env steps on: 161.8, 500, 266.8, 500, 271.8, 474.2, 500; the suite's seed 2 fell
+    to 112 at 51k). The final policy's return therefore varies from run to run, even for one seed (the
+    actors' timing is not deterministic): 10 runs here ended at 500, two CI runs at 139 (60k) and 166 (100k).
+    SB3's DQN with the same values where it has them (no double-Q) ended one run at 190.8. The QDagger tests
+    below compare the student with the teacher's own measured return and env steps, so they hold for a
+    teacher that ends in a drop too (checked with a 6k-step teacher at 266.6): then the student reaches
+    0.9 of it in an evaluation of the offline phase, at env step 0."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
     # About 10 minutes on a 2-core AMD EPYC (4.5 on an Intel Xeon): the limit only catches a hang.
     _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100_000, "--logdir", logdir, timeout=1800)
@@ -60,17 +64,18 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
     assert summary["algo"] == "dqn" and summary["env_steps"] >= 100_000
-    # It solves the task (500 is the maximum; a random policy scores ~22) and keeps it solved a good share
-    # of the time: over the second half of the run the latest evaluation return (one metrics row per report
-    # interval) averages at least 250, i.e. solved about a quarter of the time or more (measured here: 415,
-    # 470, 500 and 458; the drift-off dips are 150-300, a policy that forgot for good would average below 250).
-    # The last network alone is one draw of the solved/drifting flip (see the fixture), so it is held only
-    # to what every run's dips exceed: several times a random policy's return.
+    # It solves the task (500 is the maximum; a random policy scores ~22), keeps solving it late in the run
+    # (a policy that forgot for good evaluates ~115-125 on CartPole, and an evaluation ≥ 475 in the last
+    # quarter rules that out), and over the second half its latest evaluation return (one metrics row per
+    # 5 s report interval, so a time-weighted mean) averages at least 250: measured 402-500 in 7 runs,
+    # well above the ~110-170 of the low drops. The final policy alone is one sample of the oscillation
+    # (see the fixture), so it is held only to more than 3x a random policy's return.
     rows = _rows(cartpole_teacher)
     assert max(r["eval_return_mean"] or 0 for r in rows) >= 475, rows
     late = [r["eval_return_mean"] for r in rows if r["env_steps"] >= 50_000 and r["eval_return_mean"] is not None]
-    assert len(late) >= 10 and np.mean(late) >= 250, late
-    assert summary["final_eval_return_mean"] >= 100, summary
+    assert len(late) >= 10 and np.mean(late) >= 250, late  # >= 10 rows: 50 s; the second half takes 135-340 s
+    assert max(r["eval_return_mean"] or 0 for r in rows if r["env_steps"] >= 75_000) >= 475, rows
+    assert summary["final_eval_return_mean"] >= 75, summary
     [table] = summary["replay"]
     # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
     spi = summary["config"]["samples_per_insert"]
@@ -80,7 +85,13 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     # Teacher artifacts: Q-network checkpoint and a complete Reverb checkpoint of the replay.
     assert latest_checkpoint(str(cartpole_teacher / "replay")) is not None
     teacher = load_teacher(str(cartpole_teacher), env_spec("CartPole-v1"))
-    assert teacher.final_eval_return == summary["final_eval_return_mean"]
+    # The checkpointed network is the one the final evaluation measured: evaluated again on the same episodes
+    # (env seeds and ε-greedy generator from the run's seed), it scores exactly the same.
+    cfg = summary["config"]
+    again = evaluate_dqn(
+        export_q(teacher.q), "CartPole-v1", cfg["eval_episodes"], summary["seed"] + 10**6, cfg["epsilon_eval"]
+    )
+    assert float(np.mean(again)) == summary["final_eval_return_mean"], (again, summary)
     q = teacher.q(tf.zeros([2, 4]))
     assert q.shape == (2, 2) and np.all(np.isfinite(q.numpy()))
 
