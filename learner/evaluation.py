@@ -21,6 +21,15 @@ class EvaluationInterrupted(Exception):
     """The learner is stopping (`STOP` is set): the evaluation in progress was abandoned, no return counts."""
 
 
+def evaluation_seed(run_seed: int) -> int:
+    """The env seed of the first episode of every evaluation of a run seeded `run_seed` (episode i: + i).
+
+    Offset by 10**6 from the run seed, away from the seeds the actors' envs start from; the same seeds each
+    time, so a network evaluated again (e.g. a teacher restored from its checkpoint) scores the same.
+    """
+    return run_seed + 10**6
+
+
 def _check_stop() -> None:
     if STOP.is_set():
         raise EvaluationInterrupted()

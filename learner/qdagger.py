@@ -42,7 +42,7 @@ log = logging.getLogger("rlfleet.qdagger")
 
 OFFLINE, ONLINE = "offline_pretraining", "online"
 # Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
-# seeds (its seed + 10**6 + episode), so that no student evaluates on the episodes that define its target.
+# seeds (`evaluation.evaluation_seed` + episode), so that no student evaluates on the episodes that define its target.
 TEACHER_EVAL_SEED, RANDOM_EVAL_SEED = 10**9, 10**9 + 10**5
 LEGACY_EVAL_SEEDS = 10**6 + 1, 10**6 + 2  # runs from before teacher_eval_episodes (0): their teacher seeds
 

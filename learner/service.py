@@ -516,7 +516,7 @@ class Learner:
         """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
         interrupted it."""
         try:
-            returns = self.agent.evaluate(episodes, self.seed + 10**6)
+            returns = self.agent.evaluate(episodes, evaluation.evaluation_seed(self.seed))
         except evaluation.EvaluationInterrupted:
             return None
         with self.lock:

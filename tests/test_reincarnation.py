@@ -14,7 +14,7 @@ from conftest import ENV, ROOT
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.learner.dqn import export_q
-from rlfleet.learner.evaluation import evaluate_dqn
+from rlfleet.learner.evaluation import evaluate_dqn, evaluation_seed
 from rlfleet.learner.teacher import TeacherError, check_teacher_dir, load_teacher
 from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
@@ -34,6 +34,11 @@ def _up(*args, timeout=900):
 
 def _rows(logdir):
     return [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _evals_from(rows, env_steps):
+    """The latest evaluation return of each metrics row at or after `env_steps` (rows before any evaluation skipped)."""
+    return [r["eval_return_mean"] for r in rows if r["env_steps"] >= env_steps and r["eval_return_mean"] is not None]
 
 
 def _first_env_steps_reaching(rows, target):
@@ -71,10 +76,10 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     # well above the ~110-170 of the low drops. The final policy alone is one sample of the oscillation
     # (see the fixture), so it is held only to more than 3x a random policy's return.
     rows = _rows(cartpole_teacher)
-    assert max(r["eval_return_mean"] or 0 for r in rows) >= 475, rows
-    late = [r["eval_return_mean"] for r in rows if r["env_steps"] >= 50_000 and r["eval_return_mean"] is not None]
+    assert max(_evals_from(rows, 0)) >= 475, rows
+    late = _evals_from(rows, 50_000)
     assert len(late) >= 10 and np.mean(late) >= 250, late  # >= 10 rows: 50 s; the second half takes 135-340 s
-    assert max(r["eval_return_mean"] or 0 for r in rows if r["env_steps"] >= 75_000) >= 475, rows
+    assert max(_evals_from(rows, 75_000)) >= 475, rows
     assert summary["final_eval_return_mean"] >= 75, summary
     [table] = summary["replay"]
     # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
@@ -88,9 +93,8 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     # The checkpointed network is the one the final evaluation measured: evaluated again on the same episodes
     # (env seeds and ε-greedy generator from the run's seed), it scores exactly the same.
     cfg = summary["config"]
-    again = evaluate_dqn(
-        export_q(teacher.q), "CartPole-v1", cfg["eval_episodes"], summary["seed"] + 10**6, cfg["epsilon_eval"]
-    )
+    seed = evaluation_seed(summary["seed"])
+    again = evaluate_dqn(export_q(teacher.q), "CartPole-v1", cfg["eval_episodes"], seed, cfg["epsilon_eval"])
     assert float(np.mean(again)) == summary["final_eval_return_mean"], (again, summary)
     q = teacher.q(tf.zeros([2, 4]))
     assert q.shape == (2, 2) and np.all(np.isfinite(q.numpy()))
