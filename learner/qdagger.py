@@ -16,7 +16,8 @@ phase, the one at its end included, never move it), R_T the teacher's
 return, both measured at start; λ is forced to 0 after
 `distillation_cutoff_env_steps` online env steps, and once 0 it stays 0. The
 learning rate moves with λ from `learning_rate` to `learning_rate_final`.
-Values: reincarnating_rl QDagger configs (base 3.0, τ 0.1, lr 1e-4 → 1e-5);
+Values: reincarnating_rl QDagger configs (base 3.0, τ 0.1, lr 1e-4 → 1e-5; the classic-control preset uses
+τ 1.0, see `rlfleet.learner.presets`);
 its students decay λ only from online scores, once per 250k-agent-step
 iteration, each from a 125k-agent-step evaluation (`record_score`).
 """

@@ -2,6 +2,7 @@
 directories, and Reverb replay checkpoints."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,9 +57,9 @@ def cartpole_teacher(tmp_path_factory):
     to 112 at 51k). The final policy's return therefore varies from run to run, even for one seed (the
     actors' timing is not deterministic): 10 runs here ended at 500, two CI runs at 139 (60k) and 166 (100k).
     SB3's DQN with the same values where it has them (no double-Q) ended one run at 190.8. The QDagger tests
-    below compare the student with the teacher's own measured return and env steps, so they hold for a
-    teacher that ends in a drop too (checked with a 6k-step teacher at 266.6): then the student reaches
-    0.9 of it in an evaluation of the offline phase, at env step 0."""
+    below compare the student with the teacher's return as the student measures it, so they hold for a
+    teacher that ends in a drop too (checked with a 6k-step teacher at 277.2: its student evaluated at
+    288-365 in the offline phase)."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
     # About 10 minutes on a 2-core AMD EPYC (4.5 on an Intel Xeon): the limit only catches a hang.
     _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100_000, "--logdir", logdir, timeout=1800)
@@ -100,7 +101,9 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     assert q.shape == (2, 2) and np.all(np.isfinite(q.numpy()))
 
 
-def test_qdagger_student_reaches_the_teacher_with_far_fewer_env_steps(cartpole_teacher, tmp_path):
+def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teacher, tmp_path):
+    """Reincarnation (Agarwal et al. 2022, Sec. 4): offline pretraining on the teacher's replay alone brings the
+    student to the teacher's return, where DQN from scratch (the teacher's own run) needed env steps."""
     logdir = tmp_path / "student"
     out = _up(
         "--algo",
@@ -121,17 +124,40 @@ def test_qdagger_student_reaches_the_teacher_with_far_fewer_env_steps(cartpole_t
     teacher_return = summary["teacher_eval_return_mean"]
     assert teacher_return > summary["random_eval_return_mean"] + 50, summary
     target = 0.9 * teacher_return
-    student_steps = _first_env_steps_reaching(_rows(logdir), target)
+    rows = _rows(logdir)
+    # The evaluations of the offline phase (every 500 of its 3,000 gradient steps, no env step taken yet). A
+    # student of each of 9 CartPole teachers evaluated at >= 0.9 of its teacher in 5 or 6 of its 6 (the preset's
+    # τ = 1; benchmarks/README.md, "QDagger's offline phase"); DQN from scratch is a random policy at 0 env steps.
+    offline = [r["eval_return_mean"] for r in rows if r["env_steps"] == 0 and r["eval_return_mean"] is not None]
     teacher_steps = _first_env_steps_reaching(_rows(cartpole_teacher), target)
-    assert teacher_steps is not None, f"the teacher never evaluated at {target:.1f} during its run"
-    assert student_steps is not None, f"the student never reached {target:.1f}: {summary}"
-    # Reincarnation: the student needs a fraction of the online env steps DQN from scratch (the teacher) needed.
-    assert student_steps <= 0.5 * teacher_steps, (student_steps, teacher_steps)
+    assert offline and max(offline) >= target, (offline, target, f"DQN from scratch: {teacher_steps} env steps")
     # (No assertion on the final return: once λ reaches 0 the student is plain DQN, which on CartPole can
     # degrade later in the run, as the teacher runs themselves do; see benchmarks/README.md.)
     assert summary["learner_steps"] >= summary["config"]["offline_steps"]
     tables = {t["table"]: t for t in summary["replay"]}
     assert tables["teacher/dqn_replay"]["samples"] >= summary["config"]["offline_steps"] * 64 * 0.9
+
+
+def test_distillation_benchmark_runs_the_offline_phase_and_leaves_the_teacher_as_it_was(cartpole_teacher, tmp_path):
+    """benchmarks/distillation.py: a student's offline phase in process against the suite's teacher."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import distillation
+
+    before = latest_checkpoint(str(cartpole_teacher / "replay"))
+    row = distillation.distil(str(cartpole_teacher), {"distillation_temperature": 1.0}, 200, 100, 2, 0)
+    assert [step for step, _ in row["evals"]] == [100, 200]
+    assert all(0 < r <= 500 for _, r in row["evals"]) and row["overrides"] == {"distillation_temperature": 1.0}
+    # R_T on the episodes a QDagger run measures its teacher on (30 of them, CartPole's maximum 500).
+    assert 0 < row["teacher_return"] <= 500
+    assert latest_checkpoint(str(cartpole_teacher / "replay")) == before
+    with pytest.raises(TeacherError, match="no summary.json"):
+        distillation.distil(str(tmp_path / "missing"), {}, 10, 10, 1, 0)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        distillation.parse_variant("distillation_temperature")
+    assert distillation.parse_variant("distillation_temperature=1.0; hidden=[64, 64]") == {
+        "distillation_temperature": 1.0,
+        "hidden": [64, 64],
+    }
 
 
 def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(tmp_path):

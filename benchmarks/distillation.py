@@ -1,0 +1,137 @@
+"""QDagger's offline phase alone: how close a student gets to its teacher before any env step, per setting.
+
+For each teacher (the run directory of a finished `rlfleet up --algo dqn` run) and each variant (a set of
+overrides of the QDagger preset for the teacher's env; "" is the preset itself), a QDagger student
+(`rlfleet.learner.qdagger.QDaggerAgent`, λ at its base value) takes --steps gradient steps on the teacher's
+replay, served by an in-process Reverb server from a read-only copy of the teacher's checkpoint
+(`open_teacher_replay`, as `rlfleet replay --teacher` serves it), and is evaluated every --every steps
+(--episodes episodes, the learner's ε-greedy evaluation policy, each evaluation on new env seeds).
+Baseline in the same run: the teacher's own evaluation on the episodes a QDagger run measures it on
+(`teacher_eval_episodes` from `TEACHER_EVAL_SEED`), R_T. No env step is taken for the student's training: this
+is what the online phase of `rlfleet up --algo qdagger` starts from.
+
+Prints one row per teacher and variant: R_T, the evaluation returns and how many of them reached 0.9 R_T.
+
+Usage:
+    python benchmarks/distillation.py --teacher runs/t0 --teacher runs/t1 \
+        --variant "" --variant distillation_temperature=0.1 --variant distillation_temperature=1.0 [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+
+def parse_variant(text: str) -> dict:
+    """ "k=v;k=v" (values as JSON, else strings) -> {k: v}; "" -> {} (the preset).
+
+    Raises:
+        ValueError: an item without "=".
+    """
+    out = {}
+    for item in filter(None, (s.strip() for s in text.split(";"))):
+        if "=" not in item:
+            raise ValueError(f"variant item {item!r}: expected KEY=VALUE, e.g. distillation_temperature=1.0")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: int, seed: int) -> dict:
+    """One student's offline phase against the teacher in `teacher_dir` (`overrides` on the QDagger preset of
+    the teacher's env; `steps` gradient steps, an evaluation of `episodes` episodes every `every` of them).
+
+    Returns:
+        dict: teacher, env_id, overrides, teacher_return (R_T, mean undiscounted return), evals
+        [(gradient steps, mean undiscounted return)], s (seconds of the steps and evaluations).
+    Raises:
+        TeacherError (a ValueError): `teacher_dir` is not a usable teacher (the message says why);
+        ValueError: an override that the preset does not have.
+    """
+    import reverb
+
+    from rlfleet.actors.envs import env_spec
+    from rlfleet.learner.dqn import export_q
+    from rlfleet.learner.evaluation import evaluate_dqn
+    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.learner.qdagger import TEACHER_EVAL_SEED, make_agent
+    from rlfleet.learner.teacher import TeacherError, check_teacher_dir
+    from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpointer, open_teacher_replay
+    from rlfleet.replay.server import tables_for
+
+    summary = os.path.join(teacher_dir, "summary.json")
+    if not os.path.isfile(summary):
+        raise TeacherError(f"{teacher_dir}: no summary.json; give the run directory of a finished DQN run")
+    with open(summary) as f:
+        env_id = json.load(f)["env_id"]
+    spec = env_spec(env_id)
+    check_teacher_dir(teacher_dir, spec)
+    # All steps offline: the student never waits on a replay of its own.
+    config = make_algo_config("qdagger", "default", env_id, dict(overrides, offline_steps=steps))
+    work = tempfile.mkdtemp(prefix="rlfleet-distil-")
+    server = None
+    try:
+        root = open_teacher_replay(os.path.join(teacher_dir, REPLAY_SUBDIR), work)
+        server = reverb.Server(tables_for("qdagger", spec, config), port=None, checkpointer=checkpointer(root))
+        agent = make_agent(spec, config, seed, teacher=teacher_dir, teacher_replay=f"localhost:{server.port}")
+        teacher_q = export_q(agent.teacher.q)
+        c = config
+        teacher_return = float(
+            np.mean(evaluate_dqn(teacher_q, env_id, c.teacher_eval_episodes, TEACHER_EVAL_SEED, c.epsilon_eval))
+        )
+        batches = agent.samples("")
+        evals, start = [], time.time()
+        for step in range(1, steps + 1):
+            agent.consume(next(batches), 0, 0)
+            if step % every == 0:
+                evals.append((step, float(np.mean(agent.evaluate(episodes, seed * 10**6 + step)))))
+        seconds = time.time() - start
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return dict(
+        teacher=teacher_dir, env_id=env_id, overrides=overrides, teacher_return=teacher_return, evals=evals, s=seconds
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--teacher", action="append", required=True, help="a finished DQN run directory (repeatable)")
+    p.add_argument("--variant", action="append", default=None, help='"k=v;k=v" preset overrides ("" = preset)')
+    p.add_argument("--steps", type=int, default=3000, help="offline gradient steps per student")
+    p.add_argument("--every", type=int, default=500, help="gradient steps between evaluations")
+    p.add_argument("--episodes", type=int, default=10, help="episodes per evaluation")
+    p.add_argument("--seed", type=int, default=0, help="student initialisation seed")
+    p.add_argument("--out", help="write the rows as JSON here")
+    a = p.parse_args()
+    rows = []
+    for teacher in a.teacher:
+        for text in a.variant or [""]:
+            row = distil(teacher, parse_variant(text), a.steps, a.every, a.episodes, a.seed)
+            target = 0.9 * row["teacher_return"]
+            reached = sum(r >= target for _, r in row["evals"])
+            rows.append(row)
+            print(
+                f"{teacher} [{text or 'preset'}] R_T {row['teacher_return']:.1f}: evaluations "
+                f"{[round(r, 1) for _, r in row['evals']]}, {reached}/{len(row['evals'])} >= 0.9 R_T "
+                f"({row['s']:.0f} s)",
+                flush=True,
+            )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
