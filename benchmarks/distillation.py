@@ -4,11 +4,13 @@ For each teacher (the run directory of a finished `rlfleet up --algo dqn` run) a
 overrides of the QDagger preset for the teacher's env; "" is the preset itself), a QDagger student
 (`rlfleet.learner.qdagger.QDaggerAgent`, λ at its base value) takes --steps gradient steps on the teacher's
 replay, served by an in-process Reverb server from a read-only copy of the teacher's checkpoint
-(`open_teacher_replay`, as `rlfleet replay --teacher` serves it), and is evaluated every --every steps
-(--episodes episodes, the learner's ε-greedy evaluation policy, each evaluation on new env seeds).
-Baseline in the same run: the teacher's own evaluation on the episodes a QDagger run measures it on
-(`teacher_eval_episodes` from `TEACHER_EVAL_SEED`), R_T. No env step is taken for the student's training: this
-is what the online phase of `rlfleet up --algo qdagger` starts from.
+(`open_teacher_replay`, as `rlfleet replay --teacher` serves it), and is evaluated every --every gradient steps
+(--episodes episodes, the learner's ε-greedy evaluation policy, each evaluation on new env seeds; a QDagger
+run evaluates on the same seeds each time). Baseline in the same run: the teacher's own evaluation R_T (and a
+random policy's), measured as a QDagger run measures them at its start (`QDaggerAgent.on_start`). No env
+step is taken for the student's training: this is what the online phase of `rlfleet up --algo qdagger` starts
+from. A variant "distillation_base=0;learning_rate_final=X" (X: the preset's learning_rate) is the control:
+the same offline TD steps on the teacher's replay without the distillation term.
 
 Prints one row per teacher and variant: R_T, the evaluation returns and how many of them reached 0.9 R_T.
 
@@ -20,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -48,61 +51,80 @@ def parse_variant(text: str) -> dict:
 
 
 def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: int, seed: int) -> dict:
-    """One student's offline phase against the teacher in `teacher_dir` (`overrides` on the QDagger preset of
-    the teacher's env; `steps` gradient steps, an evaluation of `episodes` episodes every `every` of them).
+    """One student's offline phase against the teacher in `teacher_dir`: the QDagger preset of the teacher's
+    env with `overrides`, `steps` gradient steps, an evaluation of `episodes` episodes after every `every` of
+    them. `seed` initialises the student's network; evaluation k (after k·`every` steps) plays env seeds
+    `evaluation_seed(seed)` + k·`episodes` + i, new episodes each time, away from the actors' seeds.
 
     Returns:
-        dict: teacher, env_id, overrides, teacher_return (R_T, mean undiscounted return), evals
-        [(gradient steps, mean undiscounted return)], s (seconds of the steps and evaluations).
+        dict: teacher, env_id, overrides, settings (the student's resolved config), teacher_return (R_T) and
+        random_return (the QDagger run's own measurements at start, mean undiscounted returns), evals
+        [(gradient steps, mean undiscounted return)], seconds (wall time of the steps and evaluations).
     Raises:
         TeacherError (a ValueError): `teacher_dir` is not a usable teacher (the message says why);
-        ValueError: an override that the preset does not have.
+        ValueError: `every` is not in 1..`steps`, or an override the preset does not have;
+        FloatingPointError: a non-finite loss.
     """
     import reverb
 
     from rlfleet.actors.envs import env_spec
-    from rlfleet.learner.dqn import export_q
-    from rlfleet.learner.evaluation import evaluate_dqn
+    from rlfleet.learner.evaluation import evaluation_seed
     from rlfleet.learner.presets import make_algo_config
-    from rlfleet.learner.qdagger import TEACHER_EVAL_SEED, make_agent
-    from rlfleet.learner.teacher import TeacherError, check_teacher_dir
+    from rlfleet.learner.qdagger import make_agent
+    from rlfleet.learner.teacher import check_teacher_dir
     from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpointer, open_teacher_replay
     from rlfleet.replay.server import tables_for
 
-    summary = os.path.join(teacher_dir, "summary.json")
-    if not os.path.isfile(summary):
-        raise TeacherError(f"{teacher_dir}: no summary.json; give the run directory of a finished DQN run")
-    with open(summary) as f:
-        env_id = json.load(f)["env_id"]
-    spec = env_spec(env_id)
-    check_teacher_dir(teacher_dir, spec)
+    if not 1 <= every <= steps:
+        raise ValueError(f"every={every}: evaluate every 1..steps ({steps}) gradient steps")
+    env_id = _teacher_env(teacher_dir)
+    spec = env_spec(env_id) if env_id else None
+    check_teacher_dir(teacher_dir, spec)  # without run.json (spec None) it raises before looking at spec
     # All steps offline: the student never waits on a replay of its own.
     config = make_algo_config("qdagger", "default", env_id, dict(overrides, offline_steps=steps))
     work = tempfile.mkdtemp(prefix="rlfleet-distil-")
-    server = None
+    server = batches = None
     try:
         root = open_teacher_replay(os.path.join(teacher_dir, REPLAY_SUBDIR), work)
         server = reverb.Server(tables_for("qdagger", spec, config), port=None, checkpointer=checkpointer(root))
         agent = make_agent(spec, config, seed, teacher=teacher_dir, teacher_replay=f"localhost:{server.port}")
-        teacher_q = export_q(agent.teacher.q)
-        c = config
-        teacher_return = float(
-            np.mean(evaluate_dqn(teacher_q, env_id, c.teacher_eval_episodes, TEACHER_EVAL_SEED, c.epsilon_eval))
-        )
+        agent.on_start()  # R_T and the random policy's return, as a QDagger run measures them
         batches = agent.samples("")
         evals, start = [], time.time()
         for step in range(1, steps + 1):
-            agent.consume(next(batches), 0, 0)
+            result = agent.consume(next(batches), 0, 0)
+            for name in ("td_loss", "distillation_loss"):
+                if name in result.metrics and not np.isfinite(result.metrics[name]):
+                    raise FloatingPointError(f"{name} is {result.metrics[name]} at gradient step {step}")
             if step % every == 0:
-                evals.append((step, float(np.mean(agent.evaluate(episodes, seed * 10**6 + step)))))
+                first = evaluation_seed(seed) + (step // every) * episodes
+                evals.append((step, float(np.mean(agent.evaluate(episodes, first)))))
         seconds = time.time() - start
     finally:
+        if batches is not None:
+            batches.close()  # the Reverb dataset before its server
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return dict(
-        teacher=teacher_dir, env_id=env_id, overrides=overrides, teacher_return=teacher_return, evals=evals, s=seconds
+        teacher=teacher_dir,
+        env_id=env_id,
+        overrides=overrides,
+        settings=dataclasses.asdict(config),
+        teacher_return=agent.teacher_return,
+        random_return=agent.random_return,
+        evals=evals,
+        seconds=seconds,
     )
+
+
+def _teacher_env(teacher_dir: str) -> str | None:
+    """The env id in the run.json of `teacher_dir` (None without one: `check_teacher_dir` then says why)."""
+    try:
+        with open(os.path.join(teacher_dir, "run.json")) as f:
+            return json.load(f).get("env_id")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def main() -> None:
@@ -125,7 +147,7 @@ def main() -> None:
             print(
                 f"{teacher} [{text or 'preset'}] R_T {row['teacher_return']:.1f}: evaluations "
                 f"{[round(r, 1) for _, r in row['evals']]}, {reached}/{len(row['evals'])} >= 0.9 R_T "
-                f"({row['s']:.0f} s)",
+                f"({row['seconds']:.0f} s)",
                 flush=True,
             )
     if a.out:
