@@ -12,7 +12,8 @@ step is taken for the student's training: this is what the online phase of `rlfl
 from. A variant "distillation_base=0;learning_rate_final=X" (X: the preset's learning_rate) is the control:
 the same offline TD steps on the teacher's replay without the distillation term.
 
-Prints one row per teacher and variant: R_T, the evaluation returns and how many of them reached 0.9 R_T.
+Prints one row per teacher and variant: R_T, the evaluation returns and how many of them reached 0.9 of the
+way from the random policy's return R_rand to R_T.
 
 Usage:
     python benchmarks/distillation.py --teacher runs/t0 --teacher runs/t1 \
@@ -141,12 +142,14 @@ def main() -> None:
     for teacher in a.teacher:
         for text in a.variant or [""]:
             row = distil(teacher, parse_variant(text), a.steps, a.every, a.episodes, a.seed)
-            target = 0.9 * row["teacher_return"]
+            # 0.9 of the way from a random policy's return to the teacher's (any sign of return, e.g. Acrobot's).
+            target = row["random_return"] + 0.9 * (row["teacher_return"] - row["random_return"])
             reached = sum(r >= target for _, r in row["evals"])
             rows.append(row)
             print(
                 f"{teacher} [{text or 'preset'}] R_T {row['teacher_return']:.1f}: evaluations "
-                f"{[round(r, 1) for _, r in row['evals']]}, {reached}/{len(row['evals'])} >= 0.9 R_T "
+                f"{[round(r, 1) for _, r in row['evals']]}, {reached}/{len(row['evals'])} >= {target:.1f} "
+                f"(R_rand {row['random_return']:.1f} + 0.9 (R_T - R_rand)) "
                 f"({row['seconds']:.0f} s)",
                 flush=True,
             )

@@ -364,7 +364,8 @@ QDAGGER_PRESETS = {"default": {}}
 # τ = 1 (CleanRL's QDagger default) instead of reincarnating_rl's 0.1: these envs reward every step, so Q-values
 # are ~1/(1 − γ) = 100 and a CartPole teacher's action gaps ~0.02-9; at τ = 0.1 its softmax is all but one-hot,
 # and after the 3,000 offline steps' evaluations 36 of 54 reached 0.9 of the teacher (9 CartPole teachers; one
-# student's 6 all at 147-301 of a 500 teacher), at τ = 1 52 of 54 (benchmarks/README.md, "QDagger's offline phase").
+# student's 6 all at 147-301 of a 500 teacher), at τ = 1 52 of 54; on Acrobot both reached an R_T of −84.6
+# (τ = 1: −81 to −94) (benchmarks/README.md, "QDagger's offline phase").
 _QDAGGER_CLASSIC = dict(
     hidden=(128, 128),
     learning_rate=2.5e-4,

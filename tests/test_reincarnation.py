@@ -127,13 +127,19 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
     assert teacher_return > summary["random_eval_return_mean"] + 50, summary
     target = 0.9 * teacher_return
     rows = _rows(logdir)
-    # The evaluations of the offline phase (every 500 of its 3,000 gradient steps, on the same episodes each
-    # time; ~5 before the actors' first env steps). In benchmarks/distillation.py (new episodes each evaluation)
-    # a student of each of 9 CartPole teachers evaluated at >= 0.9 of its teacher in 5 or 6 of 6 with the
-    # preset's τ = 1, and of CI's teacher in 0 of 6 with τ = 0.1 (benchmarks/README.md, "QDagger's offline phase").
+    # The latest evaluation of each metrics row of the offline phase (an evaluation every 500 of its 3,000
+    # gradient steps, on the same episodes each time; ~5 before the actors' first env steps). In
+    # benchmarks/distillation.py (new episodes each evaluation), with the preset's τ = 1 a student of each of 9
+    # CartPole teachers evaluated at >= 0.9 R_T in 5 or 6 of 6, its mean at >= 0.9 R_T (T9: 1.1 R_T); with
+    # τ = 0.1 CI's teacher's student at 147-301 of 500; without the distillation term (λ = 0, the same TD steps
+    # on the teacher's replay) the first 5 evaluations averaged 26-102 of 500 for 4 teachers (but 221 of T9's
+    # 277: against a weak teacher this cannot tell distillation from TD alone) (benchmarks/README.md).
     offline = [r["eval_return_mean"] for r in rows if r["env_steps"] == 0 and r["eval_return_mean"] is not None]
     teacher_steps = _first_env_steps_reaching(_rows(cartpole_teacher), target)
     assert offline and max(offline) >= target, (offline, target, f"DQN from scratch: {teacher_steps} env steps")
+    # ... and it holds there for the offline phase, not in one lucky evaluation.
+    random_return = summary["random_eval_return_mean"]
+    assert np.mean(offline) >= random_return + 0.75 * (teacher_return - random_return), (offline, summary)
     # (No assertion on the final return: once λ reaches 0 the student is plain DQN, which on CartPole can
     # degrade later in the run, as the teacher runs themselves do; see benchmarks/README.md.)
     assert summary["learner_steps"] >= summary["config"]["offline_steps"]
