@@ -122,7 +122,8 @@ def test_actor_kill9_training_continues(procs, tmp_path, free_port):
 
 
 def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
-    c = _cluster(procs, tmp_path, free_port)
+    # An evaluation every 2 policy versions (100 learner steps) instead of 10: several after the restart.
+    c = _cluster(procs, tmp_path, free_port, learner_extra=("--set", "eval_every_updates=2"))
     # A policy clearly better than random (CartPole: ~22) before the crash.
     before = wait_for(
         lambda: (s := status_or_none(c["address"])) and s["eval_return_mean"] >= 150 and len(s["actors"]) == 2 and s,
@@ -164,18 +165,19 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
             evaluations.append(s["eval_return_mean"])
         return (
             len(s["actors"]) == 2
-            and s["learner_steps"] > first["learner_steps"] + 100
             and min(a["policy_version"] for a in s["actors"]) > first["policy_version"]
             and s["env_steps"] > first["env_steps"]
+            and s["learner_steps"] > first["learner_steps"] + 500  # 5 evaluations (one per 100 learner steps)
             and evaluations
             and s
         )
 
-    what = "actors to rejoin, learning and collection to continue, and an evaluation"
-    later = wait_for(rejoined, 180, what, [learner, *c["actors"]])
+    what = "actors to rejoin, learning and collection to continue over 500 learner steps, and an evaluation"
+    later = wait_for(rejoined, 240, what, [learner, *c["actors"]])
     # Returns continue from the restored network rather than from a random one (a random network's greedy
     # return is about 10-40). DQN's return on CartPole swings by tens between evaluations even without a
-    # restart (seen: 150 -> 95), so the best evaluation since the restart is what is compared.
+    # restart (seen: 150 -> 95; in CI 149, 171, 143 before the kill, then 88.7 at the one evaluation this test
+    # then waited for), so the best evaluation over the 500 learner steps after the restart is compared.
     assert max(evaluations) >= 100, (evaluations, later)
     assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
     # Nothing the surviving actors collected is lost from the count: the checkpoint recorded where each
