@@ -39,16 +39,12 @@ def parse_variant(text: str) -> dict:
     Raises:
         ValueError: an item without "=".
     """
-    out = {}
-    for item in filter(None, (s.strip() for s in text.split(";"))):
-        if "=" not in item:
-            raise ValueError(f"variant item {item!r}: expected KEY=VALUE, e.g. distillation_temperature=1.0")
-        key, value = item.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    from rlfleet.deploy.cli import parse_override
+
+    try:
+        return dict(parse_override(item) for item in filter(None, (s.strip() for s in text.split(";"))))
+    except ValueError as e:
+        raise ValueError(f"variant item {e}, e.g. distillation_temperature=1.0") from None
 
 
 def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: int, seed: int) -> dict:

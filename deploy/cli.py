@@ -69,16 +69,30 @@ def _load_config_file(path: str | None) -> dict:
     return values
 
 
+def parse_override(item: str) -> tuple[str, object]:
+    """One "KEY=VALUE" preset override -> (key, value): the value parsed as JSON (1e-4, [64, 64], true), else
+    kept as the string (e.g. linear). `--set` and benchmarks/distillation.py's variants read overrides this way.
+
+    Raises:
+        ValueError: no "=" in `item`.
+    """
+    if "=" not in item:
+        raise ValueError(f"{item!r}: expected KEY=VALUE")
+    key, value = item.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def _parse_overrides(items: tuple[str, ...], config_file: str | None = None) -> dict:
     out = _load_config_file(config_file)
     for item in items:
-        if "=" not in item:
-            _fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set learning_rate=1e-4")
-        key, value = item.split("=", 1)
         try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+            key, value = parse_override(item)
+        except ValueError:
+            _fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set learning_rate=1e-4")
+        out[key] = value
     return out
 
 
