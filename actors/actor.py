@@ -72,6 +72,7 @@ class _WeightsSubscriber(threading.Thread):
         super().__init__(daemon=True, name="weights")
         self.stub, self.actor_id, self.stop = stub, actor_id, stop
         self.latest: Policy | None = None
+        self._items_per_actor = (-1, 0)  # (policy version, Weights.items_per_actor of it)
         self.error: str | None = None  # a failure that retrying cannot fix
         self.ready = threading.Event()
 
@@ -95,6 +96,7 @@ class _WeightsSubscriber(threading.Thread):
                         )
                         self.stop.set()
                         return
+                    self._items_per_actor = (version, int(msg.items_per_actor))
                     self.latest = Policy(version, arrays, msg.exploration)
                     self.ready.set()
                     backoff = 0.5
@@ -108,6 +110,19 @@ class _WeightsSubscriber(threading.Thread):
                 log.warning("weights stream interrupted (%s); retrying in %.1fs", e.code(), backoff)
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
+
+    def items_per_actor(self, version: int) -> int:
+        """The replay items this actor may write with policy `version` before it waits for a newer one
+        (`Weights.items_per_actor`: the learner's synchronous mode); 0: no limit."""
+        known, items = self._items_per_actor
+        return items if known == version else 0
+
+    def wait_newer(self, version: int, stop: threading.Event) -> bool:
+        """Blocks until a policy version newer than `version` has arrived; False if `stop` was set first."""
+        while self.latest is not None and self.latest.version <= version:
+            if stop.wait(0.001):
+                return False
+        return True
 
 
 class Actor:

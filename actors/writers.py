@@ -14,6 +14,9 @@ behaviour policy and writes items into the run's replay table until `actor.stop`
 - `weights.latest`: the latest `rlfleet.actors.actor.Policy` (version, arrays: {name: numpy array} as the
   learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
   `Agent.exploration()` filled); the actor swaps new versions in between steps.
+  `weights.items_per_actor(version)` is how many items the learner wants from each actor with that
+  version (0: no limit) and `weights.wait_newer(version, stop)` waits for the next one (synchronous
+  collection, as `collect_trajectories` does it).
 - `epoch`: pass it to `wait_written`.
 """
 
@@ -35,6 +38,15 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     step also carries the episode's true last observation
     (`final_observation`), which the learner bootstraps from
     (`rlfleet.replay.server.ppo_signature`).
+
+    Consecutive items share a step: the last step of one, used only for its
+    observation (the bootstrap value), is the first of the next. When the
+    learner collects synchronously (`weights.items_per_actor`), the actor
+    writes that many items with a policy version and then waits for the
+    next version; the step it had taken by then was acted on by the old
+    version, so it only ends the item before and the next item starts at
+    the step after it (one env step per env per version is not trained on):
+    every trained step is acted on by the version that trains on it.
     """
     cfg = actor.config
     t, b = cfg.unroll_length, cfg.num_envs
@@ -44,7 +56,8 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     high = np.asarray(actor.net.action_high, np.float32)
     discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
     client = reverb.Client(actor.replay_address)
-    appended = 0
+    appended = item_start = 0  # steps appended; where the next item starts
+    items_of_version = collections.Counter()
     writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
     try:
         while not actor.stop.is_set():
@@ -74,9 +87,17 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
                 )
             )
             appended += 1
-            if appended > t and (appended - 1) % t == 0:
+            if appended - item_start == t + 1:
                 writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
-                if not actor.wait_written(writer, epoch):
+                item_start = appended - 1
+                items_of_version[version] += 1
+                limit = weights.items_per_actor(version)
+                if limit and items_of_version[version] >= limit:
+                    if not (actor.wait_written(writer, epoch, in_flight=0) and weights.wait_newer(version, actor.stop)):
+                        break
+                    item_start = appended
+                    items_of_version.clear()
+                elif not actor.wait_written(writer, epoch):
                     break
             obs = next_obs
             discounted_return[done] = 0.0

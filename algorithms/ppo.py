@@ -19,7 +19,10 @@ PPO = register(
         tables="rlfleet.replay.server:ppo_tables_for",
         collect="rlfleet.actors.writers:collect_trajectories",
         agent="rlfleet.learner.agents:PPOAgent",
-        status_values={"kl_beta": ("KL penalty β", "{:.3g}")},
+        status_values={
+            "kl_beta": ("KL penalty β", "{:.3g}"),
+            "off_policy_env_steps": ("env steps trained off-policy (since the learner started)", "{:,.0f}"),
+        },
         # Runs started before issue 9 had no field for these; this is what they did.
         legacy_settings=dict(
             activation="relu",
@@ -30,6 +33,13 @@ PPO = register(
             obs_normalization=True,
             lr_schedule="constant",
             lr_final_fraction=0.0,
+            synchronous=False,
+            init="variance_scaling",
+            adam_epsilon=1e-7,
+            shared_optimizer=False,
+            value_loss_coef=0.5,
+            value_clip=0.0,
+            advantage_norm="batch",
         ),
         resume_requires=dict(
             max_importance_weight="this PPO run was started by an rlfleet before issue 9 (time limits treated "

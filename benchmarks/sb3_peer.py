@@ -12,6 +12,16 @@ an evaluation of `--eval-episodes` deterministic (mean-action) episodes every
 spent in evaluations is measured apart (`eval_seconds`), so the peer's wall-clock is
 never inflated by our measuring.
 
+`--preset cleanrl`: SB3's PPO configured to rlfleet's `cleanrl` preset (CleanRL's `ppo_continuous_action.py`
+details) wherever SB3 has the setting (`ppo_kwargs`): VecNormalize (observations and rewards, both clipped to ±10,
+the return's γ), the same envs × steps per update, minibatch size and epochs, learning rate annealed linearly to 0,
+clipped value loss, γ, GAE λ, PPO clip, gradient clip; SB3's own defaults already are CleanRL's for the rest
+(orthogonal initialisation with the same gains, Adam ε 1e-5, one optimizer over policy + 0.5 × value loss,
+advantages normalised per minibatch, tanh 64-64 networks, log-std starting at 0, actions clipped to the bounds).
+Not matched: SB3 clips the value prediction and keeps that loss alone (CleanRL keeps the larger of the clipped and
+unclipped losses); SB3 bootstraps at time limits as rlfleet does (CleanRL does not). Its evaluation normalises
+observations with the training statistics at that time.
+
 `--algo dqn`: `DQN("MlpPolicy", env)` with the settings of rlfleet's DQN preset for the env wherever SB3 has
 them (`dqn_kwargs`; for the classic-control envs those are the RL Baselines3 Zoo's values): network widths,
 learning rate (and its linear anneal), batch, replay size, warm-up, γ, n-step targets, ε schedule, and the
@@ -21,6 +31,7 @@ copied after as many env steps as rlfleet's target period in gradient steps span
 
 Usage:
     python benchmarks/sb3_peer.py --env Hopper-v5 --seed 0 --total-steps 300000 --logdir runs/sb3-hopper-s0
+    python benchmarks/sb3_peer.py --preset cleanrl --env Hopper-v5 --seed 0 --total-steps 300000 --logdir runs/sb3c-s0
     python benchmarks/sb3_peer.py --algo dqn --env CartPole-v1 --seed 0 --total-steps 100000 --logdir runs/sb3-dqn-s0
 """
 
@@ -32,12 +43,14 @@ import os
 import time
 
 
-def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
+def evaluate(model, env_id: str, episodes: int, seed: int, normalizer=None) -> list[float]:
     """Undiscounted returns of `episodes` deterministic (mean-action) episodes, env seeds seed, seed+1, ...,
-    run by the same episode loop as rlfleet's evaluation."""
+    run by the same episode loop as rlfleet's evaluation; `normalizer` (a VecNormalize) normalises the
+    observations with its statistics, which the evaluation does not update."""
     from rlfleet.learner.evaluation import run_episodes
 
-    return run_episodes(env_id, episodes, seed, lambda o: model.predict(o[0], deterministic=True)[0])
+    prep = (lambda o: o[0]) if normalizer is None else (lambda o: normalizer.normalize_obs(o)[0])
+    return run_episodes(env_id, episodes, seed, lambda o: model.predict(prep(o), deterministic=True)[0])
 
 
 DQN_BURST_ENV_STEPS = 256  # SB3 DQN trains every this many env steps (the zoo's CartPole-v1 train_freq)
@@ -73,9 +86,44 @@ def dqn_kwargs(env_id: str, total_steps: int) -> dict:
     )
 
 
+def ppo_kwargs(env_id: str) -> dict:
+    """SB3 `PPO` arguments from rlfleet's `cleanrl` PPO preset for `env_id` (see the module doc), and the
+    VecNormalize arguments and env count under "vec_normalize" and "n_envs"."""
+    from rlfleet.learner.presets import make_algo_config
+
+    c = make_algo_config("ppo", "cleanrl", env_id, {})
+    batch = c.envs_per_actor * c.unroll_length
+
+    def lr(remaining: float, base=c.learning_rate, floor=c.lr_final_fraction) -> float:
+        return base * (floor + (1.0 - floor) * remaining)  # SB3 passes the fraction of the budget still to go
+
+    return dict(
+        n_envs=c.envs_per_actor,
+        vec_normalize=dict(gamma=c.discount, clip_obs=c.obs_clip, clip_reward=c.reward_clip),
+        n_steps=c.unroll_length,
+        batch_size=batch // c.num_minibatches,
+        n_epochs=c.epochs,
+        learning_rate=lr,
+        gamma=c.discount,
+        gae_lambda=c.gae_lambda,
+        clip_range=c.clip_epsilon,
+        clip_range_vf=c.value_clip,
+        vf_coef=c.value_loss_coef,
+        max_grad_norm=c.max_grad_norm,
+        ent_coef=0.0,
+        policy_kwargs=dict(net_arch=dict(pi=list(c.policy_hidden), vf=list(c.value_hidden))),
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", choices=["ppo", "dqn"], default="ppo", help="SB3's PPO (defaults) or DQN (see above)")
+    p.add_argument(
+        "--preset",
+        choices=["defaults", "cleanrl"],
+        default="defaults",
+        help="PPO: SB3's defaults, or configured to rlfleet's cleanrl preset (see above)",
+    )
     p.add_argument("--env", required=True, help="gymnasium id, e.g. Hopper-v5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--total-steps", type=int, required=True, help="env steps")
@@ -109,7 +157,7 @@ def main() -> None:
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += args.eval_every
                 t0 = time.time()
-                returns = evaluate(self.model, args.env, args.eval_episodes, 10_000 + args.seed)
+                returns = evaluate(self.model, args.env, args.eval_episodes, 10_000 + args.seed, normalizer)
                 clock["eval"] += time.time() - t0
                 metrics.write(
                     json.dumps(
@@ -124,7 +172,19 @@ def main() -> None:
                 metrics.flush()
             return True
 
-    if args.algo == "ppo":
+    normalizer = None
+    if args.algo == "ppo" and args.preset == "cleanrl":
+        from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        kwargs = ppo_kwargs(args.env)
+        n_envs, vec_kwargs = kwargs.pop("n_envs"), kwargs.pop("vec_normalize")
+        normalizer = VecNormalize(make_vec_env(args.env, n_envs=n_envs, seed=args.seed), **vec_kwargs)
+        model = PPO("MlpPolicy", normalizer, seed=args.seed, verbose=0, **kwargs)
+        config = f"stable-baselines3 PPO configured to rlfleet's cleanrl preset: n_envs={n_envs}, " + ", ".join(
+            f"{k}={'linear anneal' if callable(v) else v}" for k, v in {**vec_kwargs, **kwargs}.items()
+        )
+    elif args.algo == "ppo":
         model = PPO("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0)
         config = "stable-baselines3 PPO defaults (MlpPolicy)"
     else:
@@ -135,7 +195,7 @@ def main() -> None:
         )
     model.learn(total_timesteps=args.total_steps, callback=Evaluations())
     train_seconds = time.time() - clock["start"] - clock["eval"]
-    returns = evaluate(model, args.env, args.eval_episodes, 10_000 + args.seed)
+    returns = evaluate(model, args.env, args.eval_episodes, 10_000 + args.seed, normalizer)
     metrics.write(
         json.dumps(
             dict(env_steps=model.num_timesteps, eval_return_mean=float(np.mean(returns)), wall_seconds=train_seconds)
@@ -144,7 +204,7 @@ def main() -> None:
     )
     metrics.close()
     summary = dict(
-        algo=f"sb3-{args.algo}",
+        algo=f"sb3-{args.algo}" + ("-cleanrl" if normalizer is not None else ""),
         env_id=args.env,
         seed=args.seed,
         completed=True,

@@ -64,6 +64,16 @@ class Agent(abc.ABC):
     def export_weights(self) -> dict:
         """Named numpy arrays for the actors' policy (normalizer statistics included)."""
 
+    def items_per_actor(self, num_actors: int) -> int:
+        """Replay items each actor is to write with the policy version published now, then wait for the next
+        (`Weights.items_per_actor`; 0: no limit, asynchronous collection). `num_actors`: actors registered now."""
+        return 0
+
+    def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
+        """Called when no sample came for a while (about half a second); `num_actors`: actors registered now.
+        A result is handled as `consume`'s is (e.g. an update on a batch that can no longer fill up)."""
+        return None
+
     def exploration(self) -> dict:
         """The behaviour policy's exploration for the weights published now, as fields of the `Exploration`
         message (e.g. {"epsilon": 0.05}); {} for none (PPO samples from its policy)."""
@@ -114,15 +124,37 @@ class Agent(abc.ABC):
 class PPOAgent(Agent):
     """BatchPPO in the learner service: reads the FIFO queue of T+1-step items,
     drops items older than `max_policy_lag` versions, and updates once a batch
-    of `batch_env_steps` env steps (or `batch_episodes` episodes) is collected."""
+    of `batch_env_steps` env steps (or `batch_episodes` episodes) is collected.
+
+    With `synchronous` the actors collect each batch with the policy version
+    that trains on it (textbook on-policy PPO, the control the asynchronous
+    mode is measured against): the weights tell each actor how many items to
+    write with their version (the batch's items shared out over the
+    registered actors, rounded up) before it waits for the next version,
+    and every item of an older version is dropped. When the actors number
+    fewer than the share was made for (one left or timed out) and no sample
+    comes, the update runs on the items it has.
+
+    Raises (constructor):
+        ValueError: `synchronous` with a batch triggered by episodes (`batch_episodes`) instead of env steps.
+    """
 
     algo, table = "ppo", PPO_TABLE
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
+        if config.synchronous and (config.batch_env_steps <= 0 or config.batch_episodes):
+            raise ValueError(
+                f"PPO synchronous=true needs a batch of env steps (batch_env_steps > 0, now "
+                f"{config.batch_env_steps}) and no episode trigger (batch_episodes = 0, now "
+                f"{config.batch_episodes}): the actors' share of a batch is counted in env steps. "
+                "Fix them in --set or the --config-file."
+            )
         self.spec, self.config, self.total_steps = spec, config, total_steps
         self.unroll_length = config.unroll_length
         self.ppo = BatchPPO(spec, config, seed)
         self._items, self._steps, self._episodes = [], 0, 0
+        self._shared_by = 0  # synchronous: the actors the latest share was made for
+        self.off_policy_env_steps = 0  # env steps trained on that an older policy version acted on (this process)
 
     def signature(self) -> dict:
         c = self.config
@@ -155,10 +187,20 @@ class PPOAgent(Agent):
         for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
+    def items_per_actor(self, num_actors: int) -> int:
+        c = self.config
+        if not c.synchronous:
+            return 0
+        self._shared_by = max(1, num_actors)
+        per_item = c.envs_per_actor * c.unroll_length
+        items = -(-c.batch_env_steps // per_item)  # the batch's items, rounded up
+        return -(-items // self._shared_by)
+
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
-        if policy_version - int(item["policy_version"][:-1].min()) > c.max_policy_lag:
+        max_lag = 0 if c.synchronous else c.max_policy_lag
+        if policy_version - int(item["policy_version"][:-1].min()) > max_lag:
             return StepResult(dropped=steps)
         self._items.append(item)
         self._steps += steps
@@ -168,9 +210,27 @@ class PPOAgent(Agent):
             or (c.batch_episodes and self._episodes >= c.batch_episodes)
         ):
             return StepResult()
+        return self._update(policy_version, env_steps)
+
+    def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
+        if self.config.synchronous and self._items and num_actors < self._shared_by:
+            return self._update(policy_version, env_steps)
+        return None
+
+    def _update(self, policy_version: int, env_steps: int) -> StepResult:
+        """One update on the items collected; its metrics add the behaviour data's policy lag (versions
+        behind `policy_version`, over env steps: mean and max, and the share of off-policy steps, lag > 0).
+        The observation statistics travel with the weights, so the lag is also their age at the actors."""
         batch = {k: np.concatenate([it[k] for it in self._items], axis=1) for k in self._items[0]}
         progress = min(1.0, env_steps / self.total_steps) if self.total_steps else 0.0
+        lag = policy_version - batch["policy_version"][:-1]
+        self.off_policy_env_steps += int(np.count_nonzero(lag > 0))
         metrics = self.ppo.update(batch, progress)
+        metrics.update(
+            policy_lag_mean=float(lag.mean()),
+            policy_lag_max=float(lag.max()),
+            off_policy_fraction=float(np.mean(lag > 0)),
+        )
         result = StepResult(
             gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True, metrics=metrics
         )
@@ -184,4 +244,5 @@ class PPOAgent(Agent):
 
     def status_extras(self) -> dict:
         # β is a KL-penalty setting: under the clip objective there is none (status kl_beta stays 0).
-        return {"kl_beta": self.ppo.beta} if self.ppo.config.policy_objective == "kl_penalty" else {}
+        extras = {"kl_beta": self.ppo.beta} if self.ppo.config.policy_objective == "kl_penalty" else {}
+        return dict(extras, off_policy_env_steps=float(self.off_policy_env_steps))

@@ -25,6 +25,13 @@ from rlfleet.actors.policy import (
     nature_cnn_q,
 )
 
+INITS = ("variance_scaling", "orthogonal")
+# Orthogonal initialisation's gains as CleanRL's PPO and Stable-Baselines3 set them ("The 37 Implementation Details
+# of Proximal Policy Optimization", detail 2): √2 on hidden layers, 0.01 on the policy's mean head, 1 on the value head.
+ORTHOGONAL_HIDDEN_GAIN = math.sqrt(2.0)
+ORTHOGONAL_POLICY_HEAD_GAIN = 0.01
+ORTHOGONAL_VALUE_HEAD_GAIN = 1.0
+
 
 def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
     limit = math.sqrt(3.0 * scale / fan_in)  # variance scaling, fan_in, uniform
@@ -32,23 +39,56 @@ def _dense(fan_in: int, fan_out: int, scale: float, rng: np.random.Generator):
     return tf.Variable(w), tf.Variable(np.zeros(fan_out, np.float32))
 
 
+def orthogonal(fan_in: int, fan_out: int, gain: float, rng: np.random.Generator) -> np.ndarray:
+    """A [fan_in, fan_out] float32 matrix with orthonormal rows or columns (whichever are fewer), times `gain`.
+
+    The Q factor of a Gaussian matrix's QR decomposition, its columns' signs fixed by R's diagonal so that
+    the result is uniformly distributed (Saxe et al. 2014, "Exact solutions to the nonlinear dynamics of
+    learning in deep linear neural networks").
+    """
+    a = rng.standard_normal((max(fan_in, fan_out), min(fan_in, fan_out)))
+    q, r = np.linalg.qr(a)
+    q = q * np.sign(np.diag(r))
+    if fan_in < fan_out:
+        q = q.T
+    return (gain * q).astype(np.float32)
+
+
 class MLP(tf.Module):
     """MLP: [N, in] float32 -> [N, out] float32, `activation` ("relu" or "tanh") on hidden layers only.
 
-    Hidden layers are variance-scaling initialised (scale 2 for ReLU, 1 for
-    tanh), the output layer with `out_scale`.
+    `init` "variance_scaling": hidden layers variance-scaling initialised
+    (scale 2 for ReLU, 1 for tanh), the output layer with scale `out_scale`;
+    "orthogonal": orthogonal kernels with gain √2 on hidden layers and
+    `out_scale` as the output layer's gain. Biases start at 0.
+    Raises:
+        ValueError: unknown activation or init.
     """
 
-    def __init__(self, sizes: list[int], out_scale: float, seed: int, name: str, activation: str = "relu"):
+    def __init__(
+        self,
+        sizes: list[int],
+        out_scale: float,
+        seed: int,
+        name: str,
+        activation: str = "relu",
+        init: str = "variance_scaling",
+    ):
         super().__init__(name=name)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: choose one of {ACTIVATIONS}")
+        if init not in INITS:
+            raise ValueError(f"init {init!r}: choose one of {INITS}")
         self.activation = activation
         rng = np.random.default_rng(seed)
         self.kernels, self.biases = [], []
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
-            w, bias = _dense(a, b, out_scale if last else (2.0 if activation == "relu" else 1.0), rng)
+            if init == "orthogonal":
+                gain = out_scale if last else ORTHOGONAL_HIDDEN_GAIN
+                w, bias = tf.Variable(orthogonal(a, b, gain, rng)), tf.Variable(np.zeros(b, np.float32))
+            else:
+                w, bias = _dense(a, b, out_scale if last else (2.0 if activation == "relu" else 1.0), rng)
             self.kernels.append(w)
             self.biases.append(bias)
 
@@ -67,6 +107,8 @@ class GaussianPolicy(tf.Module):
     Call: normalised observations [N, obs_dim] float32 -> (mean [N, A], log_std [N, A]).
     The mean is tanh(MLP(obs)) (`mean_head` "tanh", the BatchPPO network) or
     the MLP's output itself ("linear", as in Stable-Baselines3 and CleanRL).
+    With `init` "orthogonal" the mean head's gain is 0.01 (CleanRL) and
+    `mean_init_factor` is not used.
     """
 
     def __init__(
@@ -79,12 +121,14 @@ class GaussianPolicy(tf.Module):
         seed: int = 0,
         activation: str = "relu",
         mean_head: str = "tanh",
+        init: str = "variance_scaling",
     ):
         super().__init__(name="policy")
         if mean_head not in MEAN_HEADS:
             raise ValueError(f"mean_head {mean_head!r}: choose one of {MEAN_HEADS}")
         self.mean_head = mean_head
-        self.mlp = MLP([obs_dim, *hidden, action_dim], mean_init_factor, seed, "policy_mlp", activation)
+        head = ORTHOGONAL_POLICY_HEAD_GAIN if init == "orthogonal" else mean_init_factor
+        self.mlp = MLP([obs_dim, *hidden, action_dim], head, seed, "policy_mlp", activation, init)
         self.log_std = tf.Variable(np.full(action_dim, math.log(init_std), np.float32))
 
     def __call__(self, obs):
@@ -108,11 +152,14 @@ class GaussianPolicy(tf.Module):
 
 
 class ValueNetwork(tf.Module):
-    """State-value MLP: normalised observations [N, obs_dim] -> values [N] float32."""
+    """State-value MLP: normalised observations [N, obs_dim] -> values [N] float32 (output layer: scale or
+    gain 1 under either `init`)."""
 
-    def __init__(self, obs_dim: int, hidden: list[int], seed: int = 1, activation: str = "relu"):
+    def __init__(
+        self, obs_dim: int, hidden: list[int], seed: int = 1, activation: str = "relu", init: str = "variance_scaling"
+    ):
         super().__init__(name="value")
-        self.mlp = MLP([obs_dim, *hidden, 1], 1.0, seed, "value_mlp", activation)
+        self.mlp = MLP([obs_dim, *hidden, 1], ORTHOGONAL_VALUE_HEAD_GAIN, seed, "value_mlp", activation, init)
 
     def __call__(self, obs):
         return self.mlp(obs)[:, 0]

@@ -51,11 +51,15 @@ class BatchPPO:
             seed,
             config.activation,
             config.mean_head,
+            config.init,
         )
-        self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1, config.activation)
-        self.policy_opt = tf.keras.optimizers.Adam(config.learning_rate)
-        self.value_opt = tf.keras.optimizers.Adam(config.learning_rate)
-        self.policy_opt.build(self.policy.trainable_variables)
+        self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1, config.activation, config.init)
+        # With `shared_optimizer` policy_opt steps both networks (one Adam, one gradient clip, as CleanRL) and
+        # value_opt is unused; the checkpoint holds both either way.
+        self.policy_opt = tf.keras.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
+        self.value_opt = tf.keras.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
+        shared = self.value.trainable_variables if config.shared_optimizer else ()
+        self.policy_opt.build(self.policy.trainable_variables + shared)
         self.value_opt.build(self.value.trainable_variables)
         # Without normalization the raw observations are not clipped either (they are not in std units).
         self.obs_norm = RunningMeanStd(obs_dim, clip=config.obs_clip if config.obs_normalization else None, center=True)
@@ -135,12 +139,24 @@ class BatchPPO:
             _SPEC_1D,
             _SPEC_1D,
             _SPEC_1D,
+            _SPEC_1D,
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([], tf.float32),
         ]
     )
     def _train(
-        self, obs, actions, prox_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns, minibatches, beta
+        self,
+        obs,
+        actions,
+        prox_log_prob,
+        prox_mean,
+        prox_log_std,
+        is_weights,
+        advantages,
+        returns,
+        old_values,
+        minibatches,
+        beta,
     ):
         """All gradient steps of one update in one graph call.
 
@@ -149,43 +165,51 @@ class BatchPPO:
         `ppo_math.proximal_weights`) correct for the behaviour policy.
         `minibatches` [S, M] int32 holds the sample indices of each of the S
         gradient steps (epochs × minibatches, reshuffled every epoch).
+        `old_values` [N] are V(s) when the update started (the clipped value loss).
+        Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
+        steps, each measured on its minibatch before its step, as CleanRL and Stable-Baselines3 log them).
         """
         c = self.config
         policy_loss = v_loss = tf.constant(0.0)
-        for i in tf.range(tf.shape(minibatches)[0]):
+        kl_sum = clip_sum = tf.constant(0.0)
+        steps = tf.shape(minibatches)[0]
+        policy_vars, value_vars = self.policy.trainable_variables, self.value.trainable_variables
+        for i in tf.range(steps):
             idx = minibatches[i]
             o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
-            with tf.GradientTape() as tape:
+            old_log_prob, adv = tf.gather(prox_log_prob, idx), tf.gather(advantages, idx)
+            if c.advantage_norm == "minibatch":
+                adv = ppo_math.normalize_advantages(adv)
+            with tf.GradientTape(persistent=True) as tape:
                 mean, log_std = self.policy(o)
                 log_prob = ppo_math.gaussian_log_prob(mean, log_std, a)
                 if c.policy_objective == "clip":
-                    policy_loss, _ = ppo_math.ppo_clip_loss(
-                        log_prob, tf.gather(prox_log_prob, idx), tf.gather(advantages, idx), c.clip_epsilon, w
-                    )
+                    policy_loss, _ = ppo_math.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
                 else:
                     kl = ppo_math.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
                     policy_loss, _ = ppo_math.ppo_kl_penalty_loss(
-                        log_prob,
-                        tf.gather(prox_log_prob, idx),
-                        tf.gather(advantages, idx),
-                        kl,
-                        beta,
-                        c.kl_target,
-                        c.kl_cutoff_factor,
-                        c.kl_cutoff_coef,
-                        w,
+                        log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
                     )
-            self._apply(
-                self.policy_opt,
-                tape.gradient(policy_loss, self.policy.trainable_variables),
-                self.policy.trainable_variables,
-            )
-            with tf.GradientTape() as tape:
-                v_loss = ppo_math.value_loss(self.value(o), tf.gather(returns, idx))
-            self._apply(
-                self.value_opt, tape.gradient(v_loss, self.value.trainable_variables), self.value.trainable_variables
-            )
-        return policy_loss, v_loss
+                values = self.value(o)
+                if c.value_clip > 0:
+                    v_loss = ppo_math.clipped_value_loss(
+                        values, tf.gather(old_values, idx), tf.gather(returns, idx), c.value_clip
+                    )
+                else:
+                    v_loss = ppo_math.value_loss(values, tf.gather(returns, idx))
+                total = policy_loss + c.value_loss_coef * v_loss
+            if c.shared_optimizer:
+                both = tuple(policy_vars) + tuple(value_vars)
+                self._apply(self.policy_opt, tape.gradient(total, both), both)
+            else:
+                self._apply(self.policy_opt, tape.gradient(policy_loss, policy_vars), policy_vars)
+                self._apply(self.value_opt, tape.gradient(v_loss, value_vars), value_vars)
+            del tape
+            ratio = tf.exp(log_prob - old_log_prob)
+            kl_sum += ppo_math.approx_kl(log_prob, old_log_prob)
+            clip_sum += tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > c.clip_epsilon, tf.float32))
+        n = tf.cast(tf.maximum(steps, 1), tf.float32)
+        return policy_loss, v_loss, kl_sum / n, clip_sum / n
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """Rewards as the value function and advantages see them, float32 (scaled ones clipped to ±reward_clip).
@@ -220,7 +244,7 @@ class BatchPPO:
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
         """
-        return self._advantages(*self._graph_inputs(batch, obs_n)[:5])
+        return self._advantages(*self._graph_inputs(batch, obs_n)[:5])[:2]
 
     def _graph_inputs(self, batch: dict, obs_n: np.ndarray | None = None) -> tuple:
         """The batch as `_advantages` and `_update` take it: normalised observations [T+1, N, obs_dim] and
@@ -241,15 +265,17 @@ class BatchPPO:
     @tf.function(input_signature=[_SPEC_3D, _SPEC_3D, _SPEC_2D, _SPEC_2D_BOOL, _SPEC_2D_BOOL])
     def _advantages(self, obs_n, final_obs_n, rewards, terminated, truncated):
         """`advantages` in one graph: V of every observation and of every final observation (used where
-        truncated), GAE over the time axis. Shapes as `_graph_inputs` returns them."""
+        truncated), GAE over the time axis. Shapes as `_graph_inputs` returns them. Returns (advantages,
+        returns, V(obs_t)), each float32 [T, N]."""
         c = self.config
         t1, n, obs_dim = tf.shape(obs_n)[0], tf.shape(obs_n)[1], tf.shape(obs_n)[2]
         values = tf.reshape(self.value(tf.reshape(obs_n, [-1, obs_dim])), [t1, n])
         final_values = tf.reshape(self.value(tf.reshape(final_obs_n, [-1, obs_dim])), [t1 - 1, n])
         next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, final_values)
-        return ppo_math.gae_advantages(
+        adv, returns = ppo_math.gae_advantages(
             rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
         )
+        return adv, returns, values[:-1]
 
     def update(self, batch: dict, progress: float = 0.0) -> dict:
         """One BatchPPO update on a batch of trajectories.
@@ -262,12 +288,16 @@ class BatchPPO:
                 learning_rate × (1 − (1 − lr_final_fraction) × progress) (with a fraction of 0,
                 annealed to 0 at the budget, as CleanRL's PPO does).
         Returns:
-            metrics: policy_loss, value_loss, kl (mean KL(proximal‖new): from
-            the policy before this update to the one after it), beta (the KL penalty's, after adaptation; init_beta
+            metrics (floats; the names CleanRL and Stable-Baselines3 log where they have one):
+            policy_loss, value_loss (the last gradient step's), kl (mean KL(proximal‖new): from
+            the policy before this update to the one after it), approx_kl and clip_fraction (each gradient
+            step's minibatch before its step, averaged over the update: |ratio − 1| > clip_epsilon),
+            entropy (of the policy after the update, nats, summed over action dimensions), explained_variance
+            (of the value targets by V before the update), beta (the KL penalty's, after adaptation; init_beta
             unchanged under the clip objective), policy_std (mean over action
             dimensions of the state-independent std), mean_importance_weight
-            (π_proximal/π_behaviour, truncated), learning_rate (this update's),
-            gradient_steps.
+            (π_proximal/π_behaviour, truncated), max_importance_weight (the same before truncation),
+            learning_rate (this update's), gradient_steps.
         """
         c = self.config
         done = min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 0.0
@@ -287,19 +317,10 @@ class BatchPPO:
             [self.rng.permutation(size)[: per_epoch * mb].reshape(per_epoch, mb) for _ in range(c.epochs)]
         ).astype(np.int32)
         out = self._update(*self._graph_inputs(batch), minibatches, np.float32(self.beta), np.float32(lr))
-        p_loss, v_loss, kl, policy_std, mean_is_weight = (float(x) for x in out)
+        metrics = {k: float(v) for k, v in out.items()}
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
-            self.beta = ppo_math.adapt_kl_beta(self.beta, kl, c.kl_target)
-        return {
-            "policy_loss": p_loss,
-            "value_loss": v_loss,
-            "kl": kl,
-            "beta": self.beta,
-            "policy_std": policy_std,
-            "mean_importance_weight": mean_is_weight,
-            "learning_rate": lr,
-            "gradient_steps": len(minibatches),
-        }
+            self.beta = ppo_math.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
+        return dict(metrics, beta=self.beta, learning_rate=lr, gradient_steps=len(minibatches))
 
     @tf.function(
         input_signature=[
@@ -318,15 +339,16 @@ class BatchPPO:
     def _update(
         self, obs_n, final_obs_n, rewards, terminated, truncated, actions, behaviour_log_prob, minibatches, beta, lr
     ):
-        """`update` after the normalizers, in one graph call: advantages (normalised), the proximal policy's
-        outputs and importance weights, every gradient step (`_train`), and the metrics (policy loss, value
-        loss, KL(proximal‖new), policy std, mean importance weight).
+        """`update` after the normalizers, in one graph call: advantages (normalised as `advantage_norm`
+        says), the proximal policy's outputs and importance weights, every gradient step (`_train`), and the
+        metrics `update` returns ({name: float32 scalar}).
 
         One call, not a few hundred eager ops: with Python 3.11, TensorFlow 2.15 keeps ~100 bytes per eager op
         or function call it runs (tensorflow/tensorflow#62551), which made the learner grow ~7 MB a minute.
         """
-        adv, returns = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated)
-        adv = ppo_math.normalize_advantages(adv)
+        adv, returns, values = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated)
+        if self.config.advantage_norm == "batch":
+            adv = ppo_math.normalize_advantages(adv)
         flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
         obs_t, actions = flat(obs_n[:-1]), flat(actions)
         for opt in (self.policy_opt, self.value_opt):
@@ -336,7 +358,7 @@ class BatchPPO:
         is_weights = ppo_math.proximal_weights(
             prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
         )
-        p_loss, v_loss = self._train(
+        p_loss, v_loss, approx_kl, clip_fraction = self._train(
             obs_t,
             actions,
             prox_log_prob,
@@ -345,10 +367,20 @@ class BatchPPO:
             is_weights,
             flat(adv),
             flat(returns),
+            flat(values),
             minibatches,
             beta,
         )
         mean, log_std = self.policy(obs_t)
-        kl = tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std))
-        policy_std = tf.reduce_mean(tf.exp(self.policy.log_std))
-        return p_loss, v_loss, kl, policy_std, tf.reduce_mean(is_weights)
+        return dict(
+            policy_loss=p_loss,
+            value_loss=v_loss,
+            kl=tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)),
+            approx_kl=approx_kl,
+            clip_fraction=clip_fraction,
+            entropy=tf.reduce_mean(ppo_math.gaussian_entropy(log_std)),
+            explained_variance=ppo_math.explained_variance(values, returns),
+            policy_std=tf.reduce_mean(tf.exp(self.policy.log_std)),
+            mean_importance_weight=tf.reduce_mean(is_weights),
+            max_importance_weight=tf.reduce_max(tf.exp(prox_log_prob - flat(behaviour_log_prob))),
+        )

@@ -331,3 +331,49 @@ def value_loss(values, returns):
     values = _f32(values)
     returns = tf.stop_gradient(_f32(returns))
     return 0.5 * tf.reduce_mean(tf.square(values - returns))
+
+
+def clipped_value_loss(values, old_values, returns, clip):
+    """Clipped value loss: 0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)).
+
+    Args:
+      values: float32 [N], V(s) of the network being trained (differentiable).
+      old_values: float32 [N], V(s) when the update started (constant).
+      returns: float32 [N], value targets (constant).
+      clip: python float or scalar, > 0.
+    Returns:
+      float32 scalar.
+    Source: PPO2 of OpenAI Baselines, as CleanRL's `ppo_continuous_action.py` keeps it
+    ("The 37 Implementation Details of Proximal Policy Optimization", detail 9).
+    """
+    values = _f32(values)
+    old_values = tf.stop_gradient(_f32(old_values))
+    returns = tf.stop_gradient(_f32(returns))
+    clipped = old_values + tf.clip_by_value(values - old_values, -_f32(clip), _f32(clip))
+    return 0.5 * tf.reduce_mean(tf.maximum(tf.square(values - returns), tf.square(clipped - returns)))
+
+
+def approx_kl(log_prob, old_log_prob):
+    """Estimate of KL(old || new) from samples of the old policy: mean((ratio - 1) - log ratio).
+
+    Args:
+      log_prob, old_log_prob: float32 [N], log-probs of the sampled actions under the new and old policy.
+    Returns:
+      float32 scalar >= 0 (each term is >= 0).
+    Source: J. Schulman, "Approximating KL Divergence" (2020), the k3 estimator; CleanRL and
+    Stable-Baselines3 log it as approx_kl.
+    """
+    log_ratio = _f32(log_prob) - _f32(old_log_prob)
+    return tf.reduce_mean(tf.exp(log_ratio) - 1.0 - log_ratio)
+
+
+def explained_variance(predictions, targets):
+    """1 - Var(targets - predictions) / Var(targets) over all elements (float32 scalar; NaN if Var(targets) = 0).
+
+    1: the value function predicts the returns perfectly; 0: no better than their mean; < 0: worse.
+    Stable-Baselines3 and CleanRL log it for the value function against its targets.
+    """
+    predictions, targets = _f32(predictions), _f32(targets)
+    var = tf.math.reduce_variance(targets)
+    explained = 1.0 - tf.math.reduce_variance(targets - predictions) / tf.maximum(var, 1e-30)
+    return tf.where(var > 0, explained, float("nan"))

@@ -73,7 +73,14 @@ class PPOConfig:
     obs_clip: float = 5.0  # normalised observations are clipped to ±obs_clip (std units)
     reward_scale: str = "none"  # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
     reward_clip: float = 10.0  # scaled rewards (rms, return) are clipped to ±reward_clip
-    max_policy_lag: int = 3  # items older than this many policy versions are dropped
+    max_policy_lag: int = 3  # items older than this many policy versions are dropped (asynchronous mode)
+    synchronous: bool = False  # each batch is collected only with the policy version it trains (on-policy PPO)
+    init: str = "variance_scaling"  # network initialisation: variance_scaling, or orthogonal (CleanRL's gains)
+    adam_epsilon: float = 1e-7  # Adam ε, added to the root of the second-moment estimate (Keras' default)
+    shared_optimizer: bool = False  # one Adam on policy + value_loss_coef × value loss, one gradient clip
+    value_loss_coef: float = 0.5  # weight of the value loss in the shared optimizer's loss (shared only)
+    value_clip: float = 0.0  # V − V_old clipped to ±value_clip in a second value loss, the larger kept (0: none)
+    advantage_norm: str = "batch"  # advantages normalised over the whole batch, each minibatch, or none
     envs_per_actor: int = 8  # envs each actor steps as one batch
     unroll_length: int = 64  # batch steps per replay item (T; items hold T + 1)
     eval_episodes: int = 10  # episodes per evaluation (mean action)
@@ -107,9 +114,57 @@ _BATCHPPO = dict(
     unroll_length=100,
 )
 
+# CleanRL's `ppo_continuous_action.py` (vwxyzjn/cleanrl), detail by detail as "The 37 Implementation Details of
+# Proximal Policy Optimization" (Huang et al., ICLR 2022 blog track) lists them: tanh (64, 64) MLPs with orthogonal
+# initialisation (gains √2, policy head 0.01, value head 1), state-independent std starting at 1, Adam ε 1e-5 and
+# learning rate 3e-4 annealed linearly to 0, one optimizer over policy loss + 0.5 × value loss with one global
+# gradient clip at 0.5, the clipped value loss (0.2), advantages normalised per minibatch, GAE λ 0.95, γ 0.99,
+# PPO-clip 0.2, no entropy bonus, observations normalised and clipped to ±10, rewards divided by the running std
+# of the discounted return and clipped to ±10, actions clipped to the bounds, one env of 2048 steps per update in
+# 32 minibatches × 10 epochs, here as the equivalent batch of 8 envs × 256 steps (an actor's cost per batch step
+# is mostly fixed, so one env per actor collects about 4x slower per env step). Where rlfleet's design differs:
+# - the observation and return statistics are updated at the learner once per update (from the batch's
+#   observations and the returns the actors write), not by each env at every step; the actors act with the
+#   statistics that came with their weights;
+# - a time limit is not a terminal state here: a truncated episode bootstraps from V(final observation), where
+#   CleanRL treats truncation as termination; the return statistics restart at every episode end;
+# - the batch is collected asynchronously unless `synchronous = true` (the on-policy control).
+_CLEANRL = dict(
+    policy_hidden=(64, 64),
+    value_hidden=(64, 64),
+    activation="tanh",
+    mean_head="linear",
+    init="orthogonal",
+    init_std=1.0,
+    learning_rate=3e-4,
+    lr_schedule="linear",
+    lr_final_fraction=0.0,
+    adam_epsilon=1e-5,
+    shared_optimizer=True,
+    value_loss_coef=0.5,
+    max_grad_norm=0.5,
+    value_clip=0.2,
+    advantage_norm="minibatch",
+    policy_objective="clip",
+    clip_epsilon=0.2,
+    epochs=10,
+    num_minibatches=32,
+    batch_env_steps=2048,
+    batch_episodes=0,
+    discount=0.99,
+    gae_lambda=0.95,
+    obs_normalization=True,
+    obs_clip=10.0,
+    reward_scale="return",
+    reward_clip=10.0,
+    envs_per_actor=8,
+    unroll_length=256,
+)
+
 PRESETS = {
     "default": {},  # the PPOConfig field defaults (see the module doc)
     "paper": _BATCHPPO,
+    "cleanrl": _CLEANRL,
 }
 
 # Per-environment overrides applied on top of a preset.
@@ -141,6 +196,8 @@ CHOICES = {
     "mean_head": MEAN_HEADS,
     "reward_scale": ("rms", "return", "none"),
     "lr_schedule": ("constant", "linear"),
+    "init": ("variance_scaling", "orthogonal"),
+    "advantage_norm": ("batch", "minibatch", "none"),
 }
 
 
@@ -151,6 +208,9 @@ RANGES = {
     "max_importance_weight": (lambda v: v > 0, "> 0"),
     "obs_clip": (lambda v: v > 0, "> 0"),
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "adam_epsilon": (lambda v: v > 0, "> 0"),
+    "value_loss_coef": (lambda v: v > 0, "> 0"),
+    "value_clip": (lambda v: v >= 0, ">= 0 (0: no clipped value loss)"),
     "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "teacher_eval_episodes": (lambda v: v >= 0, ">= 0 (0: eval_episodes)"),
     "distillation_score_episodes": (lambda v: v >= 0, ">= 0 (0: each evaluation's own episodes)"),

@@ -396,6 +396,9 @@ class Learner:
         arrays = self.agent.export_weights()
         self._check_finite(arrays, "weights")
         msg = proto_arrays.to_proto(policy_version, arrays, self.agent.exploration())
+        with self.lock:
+            num_actors = len(self.registry.actors)
+        msg.items_per_actor = self.agent.items_per_actor(num_actors)
         self.weights.publish(msg)
 
     def _check_finite(self, values: dict, what: str) -> None:
@@ -684,10 +687,15 @@ class Learner:
             try:
                 sample = self._sample_queue.get(timeout=0.5)
             except queue.Empty:
-                continue
-            with self.lock:
-                self.phase = "training"
-            result = self.agent.consume(sample, self.count["policy_version"], env_steps)
+                with self.lock:
+                    num_actors = len(self.registry.actors)
+                result = self.agent.on_idle(self.count["policy_version"], env_steps, num_actors)
+                if result is None:
+                    continue
+            else:
+                with self.lock:
+                    self.phase = "training"
+                result = self.agent.consume(sample, self.count["policy_version"], env_steps)
             if result.metrics:
                 self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
                 self.last_metrics = result.metrics

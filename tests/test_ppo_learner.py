@@ -163,3 +163,41 @@ def test_reward_scale_modes(mode):
         tracked = (r if mode == "rms" else batch["discounted_return"][:-1]).reshape(-1)
         divisor = np.sqrt(np.mean(tracked**2) + 1e-8) if mode == "rms" else np.sqrt(np.var(tracked) + 1e-8)
         np.testing.assert_allclose(got, np.clip(r / divisor, -3.0, 3.0), rtol=1e-4, atol=1e-6)
+
+
+def test_cleanrl_preset_and_its_update():
+    """The `cleanrl` preset's details (CleanRL's ppo_continuous_action.py) and one update with them: orthogonal
+    layers with CleanRL's gains, one Adam (ε 1e-5) stepping both networks, the diagnostics CleanRL logs."""
+    cfg = make_config("cleanrl", SPEC.env_id)
+    assert (cfg.init, cfg.adam_epsilon, cfg.shared_optimizer, cfg.value_clip, cfg.advantage_norm) == (
+        "orthogonal",
+        1e-5,
+        True,
+        0.2,
+        "minibatch",
+    )
+    assert (cfg.obs_clip, cfg.reward_scale, cfg.reward_clip, cfg.lr_schedule, cfg.lr_final_fraction) == (
+        10.0,
+        "return",
+        10.0,
+        "linear",
+        0.0,
+    )
+    assert cfg.envs_per_actor * cfg.unroll_length == cfg.batch_env_steps == 2048 and cfg.num_minibatches == 32
+    algo = BatchPPO(SPEC, cfg, seed=0)
+    hidden = algo.policy.mlp.kernels[0].numpy()  # [obs_dim, 64]: orthonormal columns times √2
+    gram = hidden @ hidden.T if hidden.shape[0] < hidden.shape[1] else hidden.T @ hidden
+    np.testing.assert_allclose(gram, 2.0 * np.eye(min(hidden.shape)), atol=1e-5)
+    head = algo.policy.mlp.kernels[-1].numpy()  # [64, A]: gain 0.01
+    np.testing.assert_allclose(head.T @ head, 1e-4 * np.eye(head.shape[1]), atol=1e-9)
+    assert algo.policy_opt.epsilon == pytest.approx(1e-5)
+    value_before = algo.value.mlp.kernels[0].numpy().copy()
+    policy_before = algo.export_weights()["policy/w0"].copy()
+    metrics = algo.update(make_batch(algo, t=64, n=4), progress=0.5)
+    assert not np.allclose(value_before, algo.value.mlp.kernels[0].numpy())  # the one optimizer stepped both
+    assert not np.allclose(policy_before, algo.export_weights()["policy/w0"])
+    assert algo.value_opt.iterations.numpy() == 0 and algo.policy_opt.iterations.numpy() == metrics["gradient_steps"]
+    assert metrics["learning_rate"] == pytest.approx(1.5e-4)
+    assert 0.0 <= metrics["clip_fraction"] <= 1.0 and metrics["approx_kl"] >= 0.0
+    assert metrics["explained_variance"] <= 1.0 and np.isfinite(metrics["entropy"])
+    assert metrics["max_importance_weight"] >= metrics["mean_importance_weight"] > 0

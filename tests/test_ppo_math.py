@@ -396,3 +396,36 @@ def test_kl_penalty_loss_with_unit_weights_is_unweighted():
     a, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, 1.0, 0.01)
     b, _ = ppo_math.ppo_kl_penalty_loss(logp, logp_beh, adv, kl, 1.0, 0.01, weights=tf.ones_like(logp))
     np.testing.assert_allclose(float(a), float(b), rtol=1e-6)
+
+
+def test_clipped_value_loss_keeps_the_larger_of_the_two_losses():
+    values = np.array([1.0, 0.0, 3.0], np.float32)
+    old = np.array([0.0, 0.0, 2.0], np.float32)
+    returns = np.array([2.0, 1.0, 0.0], np.float32)
+    clipped = old + np.clip(values - old, -0.2, 0.2)
+    expected = 0.5 * np.mean(np.maximum((values - returns) ** 2, (clipped - returns) ** 2))
+    assert float(ppo_math.clipped_value_loss(values, old, returns, 0.2)) == pytest.approx(expected)
+    # Within the clip range it is the plain value loss.
+    assert float(ppo_math.clipped_value_loss(old + 0.1, old, returns, 0.2)) == pytest.approx(
+        float(ppo_math.value_loss(old + 0.1, returns))
+    )
+    with tf.GradientTape() as tape:  # the gradient flows to V only, not to V_old or the targets
+        v = tf.Variable(values)
+        loss = ppo_math.clipped_value_loss(v, old, returns, 0.2)
+    assert tape.gradient(loss, v) is not None
+
+
+def test_approx_kl_and_explained_variance():
+    rng = np.random.default_rng(0)
+    old = rng.standard_normal(1000).astype(np.float32)
+    assert float(ppo_math.approx_kl(old, old)) == 0.0
+    new = old + 0.1 * rng.standard_normal(1000).astype(np.float32)
+    r = new - old
+    assert float(ppo_math.approx_kl(new, old)) == pytest.approx(np.mean(np.exp(r) - 1 - r), rel=1e-4)
+    targets = rng.standard_normal(500).astype(np.float32)
+    assert float(ppo_math.explained_variance(targets, targets)) == pytest.approx(1.0)
+    assert float(ppo_math.explained_variance(np.zeros_like(targets) + targets.mean(), targets)) == pytest.approx(
+        0.0, abs=1e-5
+    )
+    assert float(ppo_math.explained_variance(-targets, targets)) < 0
+    assert np.isnan(float(ppo_math.explained_variance(targets, np.ones_like(targets))))

@@ -1,0 +1,114 @@
+"""PPO's synchronous mode, the on-policy control: every env step trained on was acted on by the policy version
+that trains on it (real processes on loopback), and the asynchronous mode's lag is measured the same way."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import rlfleet
+
+# Pendulum-v1: a continuous-action env cheap enough to step in-process. Two actors of 2 envs, items of 64
+# steps: a batch of 512 env steps is 4 items, 2 from each actor.
+SETTINGS = [
+    "--set",
+    "unroll_length=64",
+    "--set",
+    "batch_env_steps=512",
+    "--set",
+    "eval_every_updates=1000",
+    "--set",
+    "eval_episodes=1",
+]
+
+
+def _run(tmp_path, name, *more):
+    logdir = tmp_path / name
+    out = rlfleet(
+        "up",
+        "--algo",
+        "ppo",
+        "--env",
+        "Pendulum-v1",
+        "--actors",
+        "2",
+        "--envs-per-actor",
+        "2",
+        "--total-steps",
+        "8000",
+        "--report-interval",
+        "1",
+        "--logdir",
+        logdir,
+        *SETTINGS,
+        *more,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+    return summary, [r for r in rows if r.get("policy_lag_max") is not None]
+
+
+def test_synchronous_actors_collect_each_batch_with_the_version_that_trains_on_it(tmp_path):
+    summary, rows = _run(tmp_path, "sync", "--set", "synchronous=true")
+    assert summary["consumed_env_steps"] >= 6 * 512 and summary["learner_steps"] > 0
+    assert summary["off_policy_env_steps"] == 0, summary
+    assert rows and all(r["policy_lag_max"] == 0 and r["off_policy_fraction"] == 0 for r in rows), rows
+    # The actors wait for each new version instead of collecting on: nothing is dropped for lag beyond the
+    # first version's batch, which is shared out before the actors register (each then writes all 4 items).
+    assert summary["dropped_env_steps"] <= 512, summary
+    for key in ("approx_kl", "clip_fraction", "entropy", "explained_variance", "max_importance_weight"):
+        assert all(key in r for r in rows), key
+
+
+def test_asynchronous_actors_run_ahead_and_the_lag_is_counted(tmp_path):
+    summary, rows = _run(tmp_path, "async")
+    assert summary["off_policy_env_steps"] > 0, summary
+    assert max(r["policy_lag_max"] for r in rows) >= 1, rows
+
+
+def test_synchronous_needs_a_batch_of_env_steps():
+    from rlfleet.actors.envs import env_spec
+    from rlfleet.learner.agents import PPOAgent
+    from rlfleet.learner.presets import make_config
+
+    config = make_config("default", "Pendulum-v1", {"synchronous": True, "batch_episodes": 4})
+    with pytest.raises(ValueError, match="synchronous=true needs a batch of env steps"):
+        PPOAgent(env_spec("Pendulum-v1"), config, 0)
+
+
+def test_the_batch_is_shared_out_over_the_actors_and_a_lost_actor_does_not_stall_it():
+    from rlfleet.actors.envs import env_spec
+    from rlfleet.learner.agents import PPOAgent
+    from rlfleet.learner.presets import make_config
+
+    spec = env_spec("Pendulum-v1")
+    settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 64, "batch_env_steps": 512}
+    agent = PPOAgent(spec, make_config("default", "Pendulum-v1", settings), 0)
+    assert [agent.items_per_actor(k) for k in (0, 1, 2, 3, 4, 8)] == [4, 4, 2, 2, 1, 1]
+    asynchronous = PPOAgent(spec, make_config("default", "Pendulum-v1", dict(settings, synchronous=False)), 0)
+    assert asynchronous.items_per_actor(2) == 0 and asynchronous.on_idle(0, 0, 0) is None
+    agent.items_per_actor(2)
+    assert agent.on_idle(0, 0, 2) is None  # nothing held
+    rng = np.random.default_rng(0)
+    t, n, obs_dim, act_dim = 64, 2, spec.obs_shape[0], spec.action_dim
+    obs = rng.standard_normal((t + 1, n, obs_dim)).astype(np.float32)
+    item = dict(
+        observation=obs,
+        action=rng.standard_normal((t + 1, n, act_dim)).astype(np.float32),
+        reward=rng.standard_normal((t + 1, n)).astype(np.float32),
+        terminated=np.zeros((t + 1, n), bool),
+        truncated=np.zeros((t + 1, n), bool),
+        final_observation=np.zeros_like(obs),
+        discounted_return=np.zeros((t + 1, n), np.float32),
+        behaviour_log_prob=np.full((t + 1, n), -1.0, np.float32),
+        behaviour_mean=np.zeros((t + 1, n, act_dim), np.float32),
+        behaviour_log_std=np.zeros((t + 1, n, act_dim), np.float32),
+        policy_version=np.zeros((t + 1, n), np.int64),
+    )
+    assert not agent.consume(item, 0, 128).updated  # 1 of the batch's 4 items
+    assert agent.consume(dict(item, policy_version=item["policy_version"] - 1), 0, 256).dropped == t * n
+    assert agent.on_idle(0, 256, 2) is None  # both actors are still there: their items are coming
+    result = agent.on_idle(0, 256, 1)  # one left: the update runs on what was collected
+    assert result.updated and result.consumed == t * n and result.metrics["policy_lag_max"] == 0
+    assert agent.on_idle(0, 256, 1) is None
