@@ -238,6 +238,7 @@ class Learner:
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.last_metrics: dict = {}
+        self.eval_env_steps: int | None = None
         self.rates = {"env_steps_per_second": 0.0, "learner_steps_per_second": 0.0}
         self.weights = WeightsBroadcast()
         self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
@@ -508,6 +509,7 @@ class Learner:
             **extras,
             episode_return_mean=st["episode_return_mean"],
             eval_return_mean=st["eval_return_mean"],
+            eval_env_steps=self.eval_env_steps,  # the run's env steps when that evaluation ran (None: none yet)
             num_actors=len(st["actors"]),
             **self.rates,
             **{k: v for k, v in self.last_metrics.items() if k not in extras},
@@ -522,9 +524,11 @@ class Learner:
             returns = self.agent.evaluate(episodes, evaluation.evaluation_seed(self.seed))
         except evaluation.EvaluationInterrupted:
             return None
+        env_steps = self._env_steps()
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
-        self.agent.on_evaluation(returns, self._env_steps())
+            self.eval_env_steps = env_steps
+        self.agent.on_evaluation(returns, env_steps)
         return returns
 
     def _save(self) -> str:
