@@ -53,6 +53,19 @@ def evaluate(model, env_id: str, episodes: int, seed: int, normalizer=None) -> l
     return run_episodes(env_id, episodes, seed, lambda o: model.predict(prep(o), deterministic=True)[0])
 
 
+# SB3's PPO training diagnostics (its logger's keys) -> (rlfleet's metrics name, factor): rlfleet logs the entropy
+# itself (SB3 its negative, the loss term) and the value loss as 0.5 × mean squared error (SB3: the mean squared error).
+PPO_DIAGNOSTICS = {
+    "train/approx_kl": ("approx_kl", 1.0),
+    "train/clip_fraction": ("clip_fraction", 1.0),
+    "train/entropy_loss": ("entropy", -1.0),
+    "train/explained_variance": ("explained_variance", 1.0),
+    "train/policy_gradient_loss": ("policy_loss", 1.0),
+    "train/value_loss": ("value_loss", 0.5),
+    "train/std": ("policy_std", 1.0),
+    "train/learning_rate": ("learning_rate", 1.0),
+}
+
 DQN_BURST_ENV_STEPS = 256  # SB3 DQN trains every this many env steps (the zoo's CartPole-v1 train_freq)
 
 
@@ -152,6 +165,15 @@ def main() -> None:
         def __init__(self):
             super().__init__()
             self.next_eval = args.eval_every
+
+        def _on_rollout_start(self) -> None:
+            """One metrics row per PPO update, with its diagnostics under rlfleet's names (PPO_DIAGNOSTICS): SB3
+            has logged them by the time the next rollout starts."""
+            logged = self.model.logger.name_to_value
+            if args.algo != "ppo" or "train/approx_kl" not in logged:
+                return
+            row = {name: factor * float(logged[k]) for k, (name, factor) in PPO_DIAGNOSTICS.items() if k in logged}
+            metrics.write(json.dumps(dict(env_steps=self.num_timesteps, **row)) + "\n")
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:

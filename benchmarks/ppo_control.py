@@ -1,0 +1,258 @@
+"""PPO per env step: rlfleet's asynchronous cluster against its synchronous control and a peer with the same details.
+
+Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VARIANT/ENV-sSEED:
+- sync-cleanrl: `--config cleanrl --set synchronous=true`: the on-policy control, CleanRL's PPO details;
+- async-cleanrl: the same preset with the asynchronous actors (policy lag, statistics that travel with weights);
+- async-default: rlfleet's `default` preset as `rlfleet up` runs it;
+- sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
+- sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
+- sb3-default: Stable-Baselines3's PPO with its own defaults;
+- ablations of one setting each from the control (`ABLATIONS`), run when named with --variants.
+
+`run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
+continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
+IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate; the IQM
+learning curve on a grid of `GRID` env steps with its CI band, and whether the control's curve stays inside the
+peer's band; it writes one PNG of curves and one of training diagnostics (approx KL, clip fraction, entropy,
+explained variance, value loss, policy std, the medians over seeds) per env.
+
+Usage (`pip install -e ".[cpu,report,bench]"`; peers need the machine to themselves, see benchmarks/README.md):
+    python benchmarks/ppo_control.py run --envs Hopper-v5 --seeds 0 1 2 3 4 --total-steps 300000 --out runs/ppo-control
+    python benchmarks/ppo_control.py report runs/ppo-control --json benchmarks/results/ppo-control.json \
+        --plots benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+
+import numpy as np
+from report import iqm_with_ci, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
+from suite import run_one
+
+# variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
+VARIANTS = {
+    "sync-cleanrl": ("ppo", ["--config", "cleanrl", "--set", "synchronous=true"]),
+    "async-cleanrl": ("ppo", ["--config", "cleanrl"]),
+    "async-default": ("ppo", []),
+    "sync-default": ("ppo", ["--set", "synchronous=true"]),
+    "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
+    "sb3-default": ("sb3-ppo", []),
+}
+# One difference from the control each: which of the cleanrl preset's details, or of the asynchronous design,
+# costs what per env step.
+ABLATIONS = {
+    "sync-cleanrl-obsclip5": ["--set", "obs_clip=5.0"],
+    "sync-cleanrl-noreturnscale": ["--set", "reward_scale=none"],
+    "sync-cleanrl-separate-opt": ["--set", "shared_optimizer=false"],
+    "sync-cleanrl-varscale-init": ["--set", "init=variance_scaling"],
+    "sync-cleanrl-batch-advnorm": ["--set", "advantage_norm=batch"],
+    "sync-cleanrl-novclip": ["--set", "value_clip=0.0"],
+}
+for _name, _more in ABLATIONS.items():
+    VARIANTS[_name] = ("ppo", VARIANTS["sync-cleanrl"][1] + _more)
+
+GRID = 20_480  # env steps between curve points: 10 updates of 2048 env steps (rlfleet's evaluation period)
+CURVE_METRICS = ("approx_kl", "clip_fraction", "entropy", "explained_variance", "value_loss", "policy_std")
+PEER = "sb3-cleanrl"
+CONTROL = "sync-cleanrl"
+
+
+def evaluations(run: dict) -> list[tuple[int, float]]:
+    """(env steps, evaluation return) of each evaluation of a run, its final one included. rlfleet's rows give
+    the env steps at the evaluation (`eval_env_steps`); a row without them (the peer's) is placed at its own."""
+    points, last = [], None
+    for r in run["rows"]:
+        value = r.get("eval_return_mean")
+        if value is None:
+            continue
+        steps = r.get("eval_env_steps") or r["env_steps"]
+        if (steps, value) != last:
+            points.append((steps, value))
+            last = (steps, value)
+    s = run["summary"]
+    if s.get("final_eval_return_mean") is not None:
+        points.append((s["env_steps"], s["final_eval_return_mean"]))
+    return points
+
+
+def curve(run: dict, budget: int) -> list[float | None]:
+    """The run's latest evaluation at each grid point GRID, 2 GRID, ... up to `budget` (None before the first);
+    an evaluation up to one update (2048 env steps) past a point counts for it (an update's steps overshoot)."""
+    points = evaluations(run)
+    out = []
+    for g in range(GRID, budget + 1, GRID):
+        seen = [v for steps, v in points if steps <= g + 2048]
+        out.append(seen[-1] if seen else None)
+    return out
+
+
+def variant_of(run_dir: str) -> str:
+    return os.path.basename(os.path.dirname(run_dir.rstrip("/")))
+
+
+def report(out: str, budget: int | None = None) -> dict:
+    """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands."""
+    dirs = [os.path.dirname(p) for p in sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json")))]
+    runs = [r for r in load_runs(dirs) if r["summary"].get("completed", True)]
+    groups = collections.defaultdict(list)
+    for r in runs:
+        groups[(r["summary"]["env_id"], variant_of(r["dir"]))].append(r)
+    result = {}
+    for (env, variant), rs in sorted(groups.items()):
+        finals = [r["summary"]["final_eval_return_mean"] for r in rs]
+        walls = [r["summary"]["wall_seconds"] for r in rs]
+        steps = [r["summary"]["env_steps"] for r in rs]
+        top = budget or min(steps)
+        curves = np.array([[np.nan if v is None else v for v in curve(r, top)] for r in rs])
+        bands = []
+        for j in range(curves.shape[1]):
+            column = curves[:, j]
+            if np.isnan(column).any():
+                bands.append(None)
+                continue
+            bands.append(iqm_with_ci(column[:, None]) if len(column) > 1 else (column[0],) * 3)
+        point, low, high = iqm_with_ci(np.array(finals)[:, None]) if len(finals) > 1 else (finals[0],) * 3
+        result.setdefault(env, {})[variant] = dict(
+            seeds=[r["summary"].get("seed") for r in rs],
+            final_returns=finals,
+            final_iqm=point,
+            final_iqm_ci95=[low, high],
+            final_median=float(np.median(finals)),
+            wall_seconds_median=float(np.median(walls)),
+            env_steps_per_second_median=float(np.median([s / w for s, w in zip(steps, walls)])),
+            curve_env_steps=list(range(GRID, top + 1, GRID)),
+            curve_iqm=[None if b is None else b[0] for b in bands],
+            curve_ci95=[None if b is None else [b[1], b[2]] for b in bands],
+            diagnostics=diagnostics(rs),
+            dirs=[r["dir"] for r in rs],
+        )
+    for variants in result.values():
+        if CONTROL in variants and PEER in variants:
+            control, peer = variants[CONTROL], variants[PEER]
+            inside = [
+                c is not None and p is not None and p[0] <= c <= p[1]
+                for c, p in zip(control["curve_iqm"], peer["curve_ci95"])
+            ]
+            control["inside_peer_band"] = [sum(inside), len(inside)]
+    return result
+
+
+def diagnostics(runs: list[dict]) -> dict:
+    """{metric: [(env steps, median over the runs)]} on the GRID (each run's latest row at or before a point)."""
+    out = {}
+    top = min(r["summary"]["env_steps"] for r in runs)
+    for name in CURVE_METRICS:
+        series = []
+        for g in range(GRID, top + 1, GRID):
+            values = []
+            for r in runs:
+                seen = [row[name] for row in r["rows"] if row["env_steps"] <= g and row.get(name) is not None]
+                if seen:
+                    values.append(seen[-1])
+            if values:
+                series.append((g, float(np.median(values))))
+        out[name] = series
+    return out
+
+
+def plot(result: dict, folder: str) -> list[str]:
+    """One PNG of IQM curves with 95% CI bands and one of diagnostics per env; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for env, variants in result.items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for variant, v in sorted(variants.items()):
+            xs = [x for x, y in zip(v["curve_env_steps"], v["curve_iqm"]) if y is not None]
+            ys = [y for y in v["curve_iqm"] if y is not None]
+            lows = [c[0] for c in v["curve_ci95"] if c is not None]
+            highs = [c[1] for c in v["curve_ci95"] if c is not None]
+            (line,) = ax.plot(xs, ys, label=f"{variant} ({len(v['final_returns'])} seeds)")
+            ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
+        ax.set(xlabel="env steps", ylabel="evaluation return (IQM, 95% CI)", title=env)
+        ax.legend(fontsize=7)
+        path = os.path.join(folder, f"ppo-control-{env}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+        fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+        for ax, name in zip(axes.flat, CURVE_METRICS):
+            for variant, v in sorted(variants.items()):
+                pts = v["diagnostics"].get(name) or []
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], label=variant)
+            ax.set(title=name, xlabel="env steps")
+        axes.flat[0].legend(fontsize=6)
+        fig.suptitle(f"{env}: training diagnostics (median over seeds)")
+        fig.tight_layout()
+        path = os.path.join(folder, f"ppo-control-{env}-diagnostics.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def print_report(result: dict) -> None:
+    for env, variants in result.items():
+        print(f"\n{env}")
+        head = f"  {'variant':28s} {'final returns':40s} {'IQM [95% CI]':26s}"
+        print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s}")
+        for variant, v in sorted(variants.items(), key=lambda kv: -kv[1]["final_iqm"]):
+            finals = ", ".join(f"{x:.0f}" for x in v["final_returns"])
+            ci = f"{v['final_iqm']:.0f} [{v['final_iqm_ci95'][0]:.0f}, {v['final_iqm_ci95'][1]:.0f}]"
+            print(
+                f"  {variant:28s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
+                f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
+            )
+            if "inside_peer_band" in v:
+                inside, total = v["inside_peer_band"]
+                print(f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train the missing runs, then print the report")
+    r.add_argument("--envs", nargs="+", required=True)
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
+    r.add_argument("--variants", nargs="+", default=list(VARIANTS)[:6], choices=list(VARIANTS))
+    r.add_argument("--out", required=True, help="folder of VARIANT/ENV-sSEED run directories")
+    rep = sub.add_parser("report", help="print the report of the runs under a folder")
+    rep.add_argument("out")
+    rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
+    for q in (r, rep):
+        q.add_argument("--json", default=None, help="write the report as JSON here")
+        q.add_argument("--plots", default=None, help="write the PNGs into this folder")
+    args = p.parse_args()
+    if args.cmd == "run":
+        for seed in args.seeds:  # seeds outermost: an interrupted run leaves every variant with as many seeds
+            for env in args.envs:
+                for variant in args.variants:
+                    algo, extra = VARIANTS[variant]
+                    if algo.startswith("sb3-"):
+                        extra = [*extra, "--eval-every", str(GRID)]
+                    logdir = os.path.join(args.out, variant, f"{env}-s{seed}")
+                    run_one(algo, env, seed, args.total_steps, logdir, extra)
+    result = report(args.out, getattr(args, "budget", None))
+    print_report(result)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plots:
+        print("\n".join(plot(result, args.plots)))
+
+
+if __name__ == "__main__":
+    main()
