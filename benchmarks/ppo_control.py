@@ -228,6 +228,13 @@ def main() -> None:
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
     r.add_argument("--variants", nargs="+", default=list(VARIANTS)[:6], choices=list(VARIANTS))
     r.add_argument("--out", required=True, help="folder of VARIANT/ENV-sSEED run directories")
+    r.add_argument(
+        "--peer-threads",
+        type=int,
+        default=0,
+        help="OMP_NUM_THREADS for the peer's torch (0: its default); 1 keeps it from spinning when another "
+        "process shares the cores",
+    )
     rep = sub.add_parser("report", help="print the report of the runs under a folder")
     rep.add_argument("out")
     rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
@@ -240,10 +247,19 @@ def main() -> None:
             for env in args.envs:
                 for variant in args.variants:
                     algo, extra = VARIANTS[variant]
-                    if algo.startswith("sb3-"):
-                        extra = [*extra, "--eval-every", str(GRID)]
                     logdir = os.path.join(args.out, variant, f"{env}-s{seed}")
-                    run_one(algo, env, seed, args.total_steps, logdir, extra)
+                    if not algo.startswith("sb3-"):
+                        run_one(algo, env, seed, args.total_steps, logdir, extra)
+                        continue
+                    threads = os.environ.get("OMP_NUM_THREADS")
+                    if args.peer_threads:
+                        os.environ["OMP_NUM_THREADS"] = str(args.peer_threads)
+                    try:
+                        run_one(algo, env, seed, args.total_steps, logdir, [*extra, "--eval-every", str(GRID)])
+                    finally:
+                        os.environ.pop("OMP_NUM_THREADS", None)
+                        if threads is not None:
+                            os.environ["OMP_NUM_THREADS"] = threads
     result = report(args.out, getattr(args, "budget", None))
     print_report(result)
     if args.json:
