@@ -1,0 +1,80 @@
+"""benchmarks/ppo_control.py's report (curves on the evaluation grid, IQM bands, the control against the peer's band)
+and the SB3 peer's mapping of the cleanrl preset (benchmarks/sb3_peer.py), without training anything."""
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+import ppo_control  # noqa: E402
+import sb3_peer  # noqa: E402
+
+GRID = ppo_control.GRID
+
+
+def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
+    """A run directory with an evaluation every GRID env steps; rows come later than the evaluations (rlfleet's
+    rows carry the evaluation's own env steps in eval_env_steps), and a row of diagnostics between them."""
+    os.makedirs(d)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for i, e in enumerate(evals):
+            steps = GRID * (i + 1)
+            row = dict(env_steps=steps + 5000, eval_return_mean=e, approx_kl=0.01 * (i + 1))
+            if eval_env_steps:
+                row["eval_env_steps"] = steps + 100
+            else:
+                row["env_steps"] = steps
+            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(dict(env_steps=steps + 6000, approx_kl=0.5 * (i + 1) + 0.1 * seed)) + "\n")
+    steps = GRID * (len(evals) + 1)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(
+            dict(
+                algo="ppo",
+                env_id="Hopper-v5",
+                seed=seed,
+                completed=True,
+                env_steps=steps,
+                wall_seconds=steps / 1000,
+                final_eval_return_mean=final,
+            ),
+            f,
+        )
+
+
+def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_the_peer_band(tmp_path):
+    out = tmp_path / "control"
+    for seed in range(3):
+        _write_run(str(out / "sync-cleanrl" / f"Hopper-v5-s{seed}"), [100, 200 + seed], final=300 + seed, seed=seed)
+        peer = [90 + 10 * seed, 190 + 10 * seed]
+        _write_run(str(out / "sb3-cleanrl" / f"Hopper-v5-s{seed}"), peer, final=290 + 10 * seed, eval_env_steps=False)
+        _write_run(str(out / "async-default" / f"Hopper-v5-s{seed}"), [10, 20], final=5000 + seed, seed=seed)
+    result = ppo_control.report(str(out))["Hopper-v5"]
+    control = result["sync-cleanrl"]
+    assert control["curve_env_steps"] == [GRID, 2 * GRID, 3 * GRID]
+    assert control["curve_iqm"][0] == pytest.approx(100) and control["curve_iqm"][2] == pytest.approx(301)
+    assert control["final_returns"] == [300, 301, 302] and control["final_median"] == 301
+    # Each evaluation counts at its own env steps, not at the later row's: the first point is 100, not None.
+    assert result["sb3-cleanrl"]["curve_iqm"][0] == pytest.approx(100)
+    low, high = result["sb3-cleanrl"]["curve_ci95"][0]
+    assert low <= 100 <= high
+    assert control["inside_peer_band"][1] == 3 and control["inside_peer_band"][0] >= 1
+    assert "inside_peer_band" not in result["async-default"]
+    # Diagnostics: each run's latest row at or before each grid point, the median over runs.
+    assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.6)), (3 * GRID, pytest.approx(1.1))]
+    assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
+
+
+def test_the_sb3_peer_takes_the_cleanrl_preset():
+    from rlfleet.learner.presets import make_algo_config
+
+    c = make_algo_config("ppo", "cleanrl", "Hopper-v5", {})
+    kw = sb3_peer.ppo_kwargs("Hopper-v5")
+    assert kw["n_envs"] * kw["n_steps"] == c.batch_env_steps == 2048
+    assert kw["batch_size"] == 2048 // c.num_minibatches and kw["n_epochs"] == c.epochs
+    assert kw["learning_rate"](1.0) == pytest.approx(3e-4) and kw["learning_rate"](0.0) == 0.0
+    assert kw["vec_normalize"] == dict(gamma=c.discount, clip_obs=10.0, clip_reward=10.0)
+    assert (kw["clip_range_vf"], kw["vf_coef"], kw["max_grad_norm"]) == (0.2, 0.5, 0.5)
