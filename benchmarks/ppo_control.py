@@ -7,6 +7,7 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
+- sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
 - ablations of one setting each from the control (`ABLATIONS`), run when named with --variants.
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
@@ -42,10 +43,17 @@ VARIANTS = {
     "sync-default": ("ppo", ["--set", "synchronous=true"]),
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
     "sb3-default": ("sb3-ppo", []),
+    "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
 # One difference from the control each: which of the cleanrl preset's details, or of the asynchronous design,
 # costs what per env step.
 ABLATIONS = {
+    "sync-cleanrl-constant-lr": ["--set", "lr_schedule=constant"],
+    "sync-cleanrl-noobsnorm": ["--set", "obs_normalization=false"],
+    "sync-cleanrl-sb3defaults": [
+        *("--set", "obs_normalization=false", "--set", "reward_scale=none"),
+        *("--set", "lr_schedule=constant", "--set", "value_clip=0.0"),
+    ],
     "sync-cleanrl-obsclip5": ["--set", "obs_clip=5.0"],
     "sync-cleanrl-noreturnscale": ["--set", "reward_scale=none"],
     "sync-cleanrl-separate-opt": ["--set", "shared_optimizer=false"],

@@ -99,21 +99,29 @@ def dqn_kwargs(env_id: str, total_steps: int) -> dict:
     )
 
 
-def ppo_kwargs(env_id: str) -> dict:
+def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
     """SB3 `PPO` arguments from rlfleet's `cleanrl` PPO preset for `env_id` (see the module doc), and the
-    VecNormalize arguments and env count under "vec_normalize" and "n_envs"."""
+    VecNormalize arguments and env count under "vec_normalize" and "n_envs". `n_envs` > 0 splits the same batch
+    of env steps over that many envs (1: CleanRL's own layout, one env of 2048 steps).
+
+    Raises:
+        ValueError: `n_envs` does not divide the preset's batch.
+    """
     from rlfleet.learner.presets import make_algo_config
 
     c = make_algo_config("ppo", "cleanrl", env_id, {})
     batch = c.envs_per_actor * c.unroll_length
+    n_envs = n_envs or c.envs_per_actor
+    if batch % n_envs:
+        raise ValueError(f"--n-envs {n_envs} does not divide the cleanrl preset's batch of {batch} env steps")
 
     def lr(remaining: float, base=c.learning_rate, floor=c.lr_final_fraction) -> float:
         return base * (floor + (1.0 - floor) * remaining)  # SB3 passes the fraction of the budget still to go
 
     return dict(
-        n_envs=c.envs_per_actor,
+        n_envs=n_envs,
         vec_normalize=dict(gamma=c.discount, clip_obs=c.obs_clip, clip_reward=c.reward_clip),
-        n_steps=c.unroll_length,
+        n_steps=batch // n_envs,
         batch_size=batch // c.num_minibatches,
         n_epochs=c.epochs,
         learning_rate=lr,
@@ -136,6 +144,9 @@ def main() -> None:
         choices=["defaults", "cleanrl"],
         default="defaults",
         help="PPO: SB3's defaults, or configured to rlfleet's cleanrl preset (see above)",
+    )
+    p.add_argument(
+        "--n-envs", type=int, default=0, help="--preset cleanrl: envs the batch is split over (0: the preset's)"
     )
     p.add_argument("--env", required=True, help="gymnasium id, e.g. Hopper-v5")
     p.add_argument("--seed", type=int, default=0)
@@ -199,7 +210,7 @@ def main() -> None:
         from stable_baselines3.common.env_util import make_vec_env
         from stable_baselines3.common.vec_env import VecNormalize
 
-        kwargs = ppo_kwargs(args.env)
+        kwargs = ppo_kwargs(args.env, args.n_envs)
         n_envs, vec_kwargs = kwargs.pop("n_envs"), kwargs.pop("vec_normalize")
         normalizer = VecNormalize(make_vec_env(args.env, n_envs=n_envs, seed=args.seed), **vec_kwargs)
         model = PPO("MlpPolicy", normalizer, seed=args.seed, verbose=0, **kwargs)
