@@ -73,6 +73,8 @@ class _WeightsSubscriber(threading.Thread):
         self.stub, self.actor_id, self.stop = stub, actor_id, stop
         self.latest: Policy | None = None
         self._items_per_actor = (-1, 0)  # (policy version, Weights.items_per_actor of it)
+        self.serial = 0  # weights messages received (a restarted learner may send a version again)
+        self._arrived = threading.Condition()
         self.error: str | None = None  # a failure that retrying cannot fix
         self.ready = threading.Event()
 
@@ -80,7 +82,9 @@ class _WeightsSubscriber(threading.Thread):
         backoff = 0.5
         while not self.stop.is_set():
             try:
-                first = self.latest[0] + 1 if self.latest else 0
+                # From the version acted with, not the one after: a learner restarted from a checkpoint of that
+                # version sends it again, which ends a synchronous actor's wait for the next one.
+                first = self.latest[0] if self.latest else 0
                 for msg in self.stub.StreamWeights(
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
@@ -96,8 +100,7 @@ class _WeightsSubscriber(threading.Thread):
                         )
                         self.stop.set()
                         return
-                    self._items_per_actor = (version, int(msg.items_per_actor))
-                    self.latest = Policy(version, arrays, msg.exploration)
+                    self.receive(Policy(version, arrays, msg.exploration), int(msg.items_per_actor))
                     self.ready.set()
                     backoff = 0.5
                     if self.stop.is_set():
@@ -111,17 +114,31 @@ class _WeightsSubscriber(threading.Thread):
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
+    def receive(self, policy: Policy, items_per_actor: int) -> None:
+        """Makes `policy` the latest, with the learner's `Weights.items_per_actor` for it, and wakes `wait_next`."""
+        with self._arrived:
+            self._items_per_actor = (policy.version, items_per_actor)
+            self.latest = policy
+            self.serial += 1
+            self._arrived.notify_all()
+
     def items_per_actor(self, version: int) -> int:
         """The replay items this actor may write with policy `version` before it waits for a newer one
         (`Weights.items_per_actor`: the learner's synchronous mode); 0: no limit."""
         known, items = self._items_per_actor
         return items if known == version else 0
 
-    def wait_newer(self, version: int, stop: threading.Event) -> bool:
-        """Blocks until a policy version newer than `version` has arrived; False if `stop` was set first."""
-        while self.latest is not None and self.latest.version <= version:
-            if stop.wait(0.001):
-                return False
+    def wait_next(self, serial: int, stop: threading.Event, check=None) -> bool:
+        """Blocks until a weights message after the `serial`-th has arrived: a newer policy version, or the
+        same one sent again by a restarted learner. False if `stop` was set first. `check()`, if given, is
+        called every 50 ms while waiting (it may raise, e.g. `ReplayLost`)."""
+        with self._arrived:
+            while self.serial == serial:
+                if stop.is_set():
+                    return False
+                if check is not None:
+                    check()
+                self._arrived.wait(0.05)
         return True
 
 
@@ -284,6 +301,11 @@ class Actor:
                 self.pending_lengths = lengths + self.pending_lengths
             self._heartbeats_failed += 1
             log.warning("heartbeat failed: %s", e.code())
+
+    def check_replay(self, epoch: int) -> None:
+        """Raises ReplayLost when the replay server restarted since `epoch` (its open writers are dead)."""
+        if self.replay_epoch != epoch:
+            raise ReplayLost()
 
     def wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:
         """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping.

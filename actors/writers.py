@@ -15,8 +15,9 @@ behaviour policy and writes items into the run's replay table until `actor.stop`
   learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
   `Agent.exploration()` filled); the actor swaps new versions in between steps.
   `weights.items_per_actor(version)` is how many items the learner wants from each actor with that
-  version (0: no limit) and `weights.wait_newer(version, stop)` waits for the next one (synchronous
-  collection, as `collect_trajectories` does it).
+  version (0: no limit), `weights.serial` counts the weights messages received and
+  `weights.wait_next(serial, stop, check)` waits for the next one (synchronous collection, as
+  `collect_trajectories` does it; `actor.check_replay(epoch)` raises ReplayLost after a replay restart).
 - `epoch`: pass it to `wait_written`.
 """
 
@@ -41,12 +42,13 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
 
     Consecutive items share a step: the last step of one, used only for its
     observation (the bootstrap value), is the first of the next. When the
-    learner collects synchronously (`weights.items_per_actor`), the actor
-    writes that many items with a policy version and then waits for the
-    next version; the step it had taken by then was acted on by the old
-    version, so it only ends the item before and the next item starts at
-    the step after it (one env step per env per version is not trained on):
-    every trained step is acted on by the version that trains on it.
+    learner collects synchronously (`weights.items_per_actor` > 0), every
+    item's steps (all but that last one) are acted on by one policy version:
+    the actor writes the learner's share of items with a version and then
+    waits for the next weights message; the step it had taken by then was
+    acted on by the old version, so it only ends the item before, and the
+    next item starts at the step after it. Steps of a version that a newer
+    one replaced before they filled an item are never written into one.
     """
     cfg = actor.config
     t, b = cfg.unroll_length, cfg.num_envs
@@ -57,11 +59,18 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
     client = reverb.Client(actor.replay_address)
     appended = item_start = 0  # steps appended; where the next item starts
+    item_version = None  # synchronous collection: the policy version of the item being collected
     items_of_version = collections.Counter()
     writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
     try:
         while not actor.stop.is_set():
+            serial = weights.serial  # read first: a message in between only ends a wait early
             version, arrays, _ = weights.latest
+            if weights.items_per_actor(version) and version != item_version:
+                if appended - item_start != t:  # not the step that ends an item: start a new one here
+                    item_start = appended
+                if appended == item_start:
+                    item_version = version
             actor.policy_version = version
             action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
             actor.check_policy_output(version, action, log_prob)
@@ -89,13 +98,16 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
             appended += 1
             if appended - item_start == t + 1:
                 writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
-                item_start = appended - 1
-                items_of_version[version] += 1
-                limit = weights.items_per_actor(version)
-                if limit and items_of_version[version] >= limit:
-                    if not (actor.wait_written(writer, epoch, in_flight=0) and weights.wait_newer(version, actor.stop)):
+                written = item_version if item_version is not None else version
+                item_start, item_version = appended - 1, version
+                items_of_version[written] += 1
+                limit = weights.items_per_actor(written)
+                if limit and items_of_version[written] >= limit:
+                    if not actor.wait_written(writer, epoch, in_flight=0):
                         break
-                    item_start = appended
+                    if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
+                        break
+                    item_start, item_version = appended, None
                     items_of_version.clear()
                 elif not actor.wait_written(writer, epoch):
                     break

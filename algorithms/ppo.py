@@ -1,6 +1,6 @@
 """BatchPPO (Hafner et al. 2017) with PPO-clip as the default objective: continuous actions.
 
-Parts: `rlfleet.learner.presets.PPOConfig` (settings, presets `default` and `paper`),
+Parts: `rlfleet.learner.presets.PPOConfig` (settings, presets `default`, `paper` and `cleanrl`),
 `rlfleet.replay.server.ppo_tables` (one FIFO queue of T+1-step batch items),
 `rlfleet.actors.writers.collect_trajectories` (Gaussian behaviour policy, one writer per actor),
 `rlfleet.learner.agents.PPOAgent` (the update and evaluation).
@@ -23,7 +23,7 @@ PPO = register(
             "kl_beta": ("KL penalty β", "{:.3g}"),
             "off_policy_env_steps": ("env steps trained off-policy (since the learner started)", "{:,.0f}"),
         },
-        # Runs started before issue 9 had no field for these; this is what they did.
+        # Runs started before a setting existed did what these values do.
         legacy_settings=dict(
             activation="relu",
             mean_head="tanh",

@@ -78,7 +78,7 @@ def evaluations(run: dict) -> list[tuple[int, float]]:
         value = r.get("eval_return_mean")
         if value is None:
             continue
-        steps = r.get("eval_env_steps") or r["env_steps"]
+        steps = r["env_steps"] if r.get("eval_env_steps") is None else r["eval_env_steps"]
         if (steps, value) != last:
             points.append((steps, value))
             last = (steps, value)

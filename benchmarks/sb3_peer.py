@@ -16,7 +16,8 @@ never inflated by our measuring.
 details) wherever SB3 has the setting (`ppo_kwargs`): VecNormalize (observations and rewards, both clipped to ±10,
 the return's γ), the same envs × steps per update, minibatch size and epochs, learning rate annealed linearly to 0,
 clipped value loss, γ, GAE λ, PPO clip, gradient clip; SB3's own defaults already are CleanRL's for the rest
-(orthogonal initialisation with the same gains, Adam ε 1e-5, one optimizer over policy + 0.5 × value loss,
+(orthogonal initialisation with the same gains, Adam ε 1e-5, one optimizer over the summed losses (its value
+coefficient is set to half the preset's: SB3's value loss is the mean squared error, CleanRL's half of it),
 advantages normalised per minibatch, tanh 64-64 networks, log-std starting at 0, actions clipped to the bounds).
 Not matched: SB3 clips the value prediction and keeps that loss alone (CleanRL keeps the larger of the clipped and
 unclipped losses); SB3 bootstraps at time limits as rlfleet does (CleanRL does not). Its evaluation normalises
@@ -129,7 +130,7 @@ def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
         gae_lambda=c.gae_lambda,
         clip_range=c.clip_epsilon,
         clip_range_vf=c.value_clip,
-        vf_coef=c.value_loss_coef,
+        vf_coef=c.value_loss_coef / 2,  # SB3's value loss is the mean squared error, rlfleet's and CleanRL's half of it
         max_grad_norm=c.max_grad_norm,
         ent_coef=0.0,
         policy_kwargs=dict(net_arch=dict(pi=list(c.policy_hidden), vf=list(c.value_hidden))),
@@ -185,6 +186,9 @@ def main() -> None:
                 return
             row = {name: factor * float(logged[k]) for k, (name, factor) in PPO_DIAGNOSTICS.items() if k in logged}
             metrics.write(json.dumps(dict(env_steps=self.num_timesteps, **row)) + "\n")
+
+        def _on_training_end(self) -> None:
+            self._on_rollout_start()  # the last update's diagnostics: no rollout starts after it
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:

@@ -28,6 +28,7 @@ import collections
 import glob
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
             *extra,
         ]  # a metrics row (curve point) per 5 s
         cmd += ["--resume", logdir] if os.path.exists(os.path.join(logdir, "run.json")) else ["--logdir", logdir]
-    print("$", " ".join(cmd), flush=True)
+    print("$", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 

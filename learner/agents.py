@@ -188,6 +188,8 @@ class PPOAgent(Agent):
             yield sample.data
 
     def items_per_actor(self, num_actors: int) -> int:
+        """Synchronous: the batch's items shared out over `num_actors` (at least 1), rounded up; the count is
+        kept for `on_idle`. With fewer items per batch than actors, some actors' items are dropped."""
         c = self.config
         if not c.synchronous:
             return 0
@@ -199,8 +201,12 @@ class PPOAgent(Agent):
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         steps = (item["reward"].shape[0] - 1) * item["reward"].shape[1]
-        max_lag = 0 if c.synchronous else c.max_policy_lag
-        if policy_version - int(item["policy_version"][:-1].min()) > max_lag:
+        versions = item["policy_version"][:-1]
+        if c.synchronous:  # every step acted on by the version that trains on it
+            stale = not np.all(versions == policy_version)
+        else:
+            stale = policy_version - int(versions.min()) > c.max_policy_lag
+        if stale:
             return StepResult(dropped=steps)
         self._items.append(item)
         self._steps += steps

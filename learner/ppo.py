@@ -304,19 +304,23 @@ class BatchPPO:
         lr = c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * done)
         obs = batch["observation"]
         t, n, obs_dim = obs.shape[0] - 1, obs.shape[1], obs.shape[2]
-        if c.obs_normalization:
-            self.obs_norm.update(obs[:-1].reshape(-1, obs_dim))
         if c.reward_scale == "rms":
             self.reward_norm.update(batch["reward"][:-1].reshape(-1))
         elif c.reward_scale == "return":
             self.reward_norm.update(batch["discounted_return"][:-1].reshape(-1))
+        # The batch is normalised with the observation statistics of the latest published weights, those the
+        # actors acted with (on-policy data then gives importance weights of exactly 1); the batch updates the
+        # statistics after, for the weights published next.
+        inputs = self._graph_inputs(batch)
+        if c.obs_normalization:
+            self.obs_norm.update(obs[:-1].reshape(-1, obs_dim))
         size = t * n
         mb = max(1, size // max(1, c.num_minibatches))
         per_epoch = size // mb
         minibatches = np.concatenate(
             [self.rng.permutation(size)[: per_epoch * mb].reshape(per_epoch, mb) for _ in range(c.epochs)]
         ).astype(np.int32)
-        out = self._update(*self._graph_inputs(batch), minibatches, np.float32(self.beta), np.float32(lr))
+        out = self._update(*inputs, minibatches, np.float32(self.beta), np.float32(lr))
         metrics = {k: float(v) for k, v in out.items()}
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
             self.beta = ppo_math.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
@@ -382,5 +386,6 @@ class BatchPPO:
             explained_variance=ppo_math.explained_variance(values, returns),
             policy_std=tf.reduce_mean(tf.exp(self.policy.log_std)),
             mean_importance_weight=tf.reduce_mean(is_weights),
-            max_importance_weight=tf.reduce_max(tf.exp(prox_log_prob - flat(behaviour_log_prob))),
+            # Before truncation; capped at float32's largest value so that the metric stays a finite number.
+            max_importance_weight=tf.exp(tf.minimum(tf.reduce_max(prox_log_prob - flat(behaviour_log_prob)), 88.0)),
         )

@@ -1,5 +1,6 @@
 """Hyperparameter presets of BatchPPO, DQN and QDagger.
 
+PPO `cleanrl` holds CleanRL's `ppo_continuous_action.py` details (see `_CLEANRL`).
 PPO `paper` holds the BatchPPO reference values (Hafner et al. 2017, reference
 configs): ReLU (200, 100) MLPs, a tanh mean head, initial std 0.35, the
 KL-penalty objective with adaptive β and cutoff, rewards scaled by their RMS,
@@ -76,7 +77,7 @@ class PPOConfig:
     max_policy_lag: int = 3  # items older than this many policy versions are dropped (asynchronous mode)
     synchronous: bool = False  # each batch is collected only with the policy version it trains (on-policy PPO)
     init: str = "variance_scaling"  # network initialisation: variance_scaling, or orthogonal (CleanRL's gains)
-    adam_epsilon: float = 1e-7  # Adam ε, added to the root of the second-moment estimate (Keras' default)
+    adam_epsilon: float = 1e-7  # Adam ε, added to √(second moment) before bias correction (Keras' default)
     shared_optimizer: bool = False  # one Adam on policy + value_loss_coef × value loss, one gradient clip
     value_loss_coef: float = 0.5  # weight of the value loss in the shared optimizer's loss (shared only)
     value_clip: float = 0.0  # V − V_old clipped to ±value_clip in a second value loss, the larger kept (0: none)
@@ -122,13 +123,15 @@ _BATCHPPO = dict(
 # PPO-clip 0.2, no entropy bonus, observations normalised and clipped to ±10, rewards divided by the running std
 # of the discounted return and clipped to ±10, actions clipped to the bounds, one env of 2048 steps per update in
 # 32 minibatches × 10 epochs, here as the equivalent batch of 8 envs × 256 steps (an actor's cost per batch step
-# is mostly fixed, so one env per actor collects about 4x slower per env step). Where rlfleet's design differs:
+# is mostly fixed, so one env per actor collects several times slower per env step). Where rlfleet's design differs:
 # - the observation and return statistics are updated at the learner once per update (from the batch's
 #   observations and the returns the actors write), not by each env at every step; the actors act with the
 #   statistics that came with their weights;
 # - a time limit is not a terminal state here: a truncated episode bootstraps from V(final observation), where
 #   CleanRL treats truncation as termination; the return statistics restart at every episode end;
-# - the batch is collected asynchronously unless `synchronous = true` (the on-policy control).
+# - the batch is collected asynchronously unless `synchronous = true` (the on-policy control);
+# - Keras' Adam adds ε to the root of the second moment before its bias correction (PyTorch's after), so the same
+#   ε weighs more in the first few hundred gradient steps.
 _CLEANRL = dict(
     policy_hidden=(64, 64),
     value_hidden=(64, 64),

@@ -520,15 +520,15 @@ class Learner:
     def _evaluate(self, episodes: int) -> list[float] | None:
         """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
         interrupted it."""
+        env_steps = self._env_steps()  # actors collect on while it runs: the weights are of this point
         try:
             returns = self.agent.evaluate(episodes, evaluation.evaluation_seed(self.seed))
         except evaluation.EvaluationInterrupted:
             return None
-        env_steps = self._env_steps()
         with self.lock:
             self.eval_return_mean = float(np.mean(returns))
             self.eval_env_steps = env_steps
-        self.agent.on_evaluation(returns, env_steps)
+        self.agent.on_evaluation(returns, self._env_steps())
         return returns
 
     def _save(self) -> str:

@@ -77,7 +77,8 @@ def test_the_sb3_peer_takes_the_cleanrl_preset():
     assert kw["batch_size"] == 2048 // c.num_minibatches and kw["n_epochs"] == c.epochs
     assert kw["learning_rate"](1.0) == pytest.approx(3e-4) and kw["learning_rate"](0.0) == 0.0
     assert kw["vec_normalize"] == dict(gamma=c.discount, clip_obs=10.0, clip_reward=10.0)
-    assert (kw["clip_range_vf"], kw["vf_coef"], kw["max_grad_norm"]) == (0.2, 0.5, 0.5)
+    # SB3's loss is policy + vf_coef × mean squared error; CleanRL's policy + 0.5 × (0.5 × mean squared error).
+    assert (kw["clip_range_vf"], kw["vf_coef"], kw["max_grad_norm"]) == (0.2, 0.25, 0.5)
     one = sb3_peer.ppo_kwargs("Hopper-v5", 1)  # CleanRL's own layout: one env of 2048 steps
     assert (one["n_envs"], one["n_steps"], one["batch_size"]) == (1, 2048, 64)
     with pytest.raises(ValueError, match="does not divide"):

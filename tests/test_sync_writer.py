@@ -1,0 +1,165 @@
+"""The PPO writer's items under synchronous collection (`rlfleet.actors.writers.collect_trajectories`), with
+several actors at once: each item's steps are of one policy version, each actor writes its share and waits, and
+the learner's batches keep filling (no stall) whatever the actors' timing. The actors are threads running the
+real writer, weights subscriber (fed in-process) and learner agent; only the replay server and the envs are
+stand-ins (the real ones run in tests/test_synchronous.py)."""
+
+import queue
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from rlfleet.actors import writers
+from rlfleet.actors.actor import Policy, ReplayLost, _WeightsSubscriber
+from rlfleet.actors.envs import env_spec
+from rlfleet.learner.agents import PPOAgent
+from rlfleet.learner.presets import make_config
+from rlfleet.proto import rlfleet_pb2
+
+SPEC = env_spec("Pendulum-v1")
+ITEMS: queue.Queue = queue.Queue()
+
+
+class _Writer:
+    def __init__(self, keep):
+        self.keep, self.history = keep, {}
+
+    def append(self, step):
+        for k, v in step.items():
+            self.history.setdefault(k, []).append(np.asarray(v))
+            del self.history[k][: -self.keep]
+
+    def create_item(self, table, priority, trajectory):
+        ITEMS.put({k: np.stack(v) for k, v in trajectory.items()})
+
+    def close(self):
+        pass
+
+
+class _Client:
+    def __init__(self, address):
+        pass
+
+    def trajectory_writer(self, num_keep_alive_refs):
+        return _Writer(num_keep_alive_refs)
+
+
+class _Envs:
+    """Pendulum-shaped batch whose steps take `seconds` (actors of different speeds)."""
+
+    def __init__(self, b, seconds, seed):
+        self.b, self.seconds, self.rng = b, seconds, np.random.default_rng(seed)
+
+    def step(self, action):
+        time.sleep(self.seconds)
+        done = self.rng.random(self.b) < 0.02
+        obs = self.rng.standard_normal((self.b, 3))
+        return obs, self.rng.standard_normal(self.b), done, np.zeros(self.b, bool), {}
+
+
+class _Actor:
+    def __init__(self, config, stop, seed):
+        self.config = types.SimpleNamespace(unroll_length=config.unroll_length, num_envs=config.envs_per_actor)
+        self.config.table = "ppo"
+        self.net = types.SimpleNamespace(discount=0.99, action_low=[-2.0], action_high=[2.0])
+        self.replay_address, self.stop, self.policy_version, self.seed = "stand-in", stop, -1, seed
+        self.replay_epoch = 0
+
+    def start_episodes(self, venv):
+        return np.random.default_rng(self.seed), np.zeros((venv.b, 3))
+
+    def check_policy_output(self, *values):
+        pass
+
+    def check_finite(self, *values):
+        pass
+
+    def check_replay(self, epoch):
+        if self.replay_epoch != epoch:
+            raise ReplayLost()
+
+    def wait_written(self, writer, epoch, in_flight=1):
+        return True
+
+    def count_steps(self, reward, done):
+        pass
+
+
+@pytest.mark.parametrize("num_actors,stagger", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.3)])
+def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monkeypatch, num_actors, stagger):
+    monkeypatch.setattr(writers.reverb, "Client", _Client)
+    while not ITEMS.empty():
+        ITEMS.get()
+    settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 16, "batch_env_steps": 128, "epochs": 1}
+    config = make_config("default", "Pendulum-v1", settings)
+    agent = PPOAgent(SPEC, config, 0)
+    stop = threading.Event()
+    subscribers = [_WeightsSubscriber(None, i, stop) for i in range(num_actors)]
+
+    def publish(version, actors):
+        share = agent.items_per_actor(actors)
+        for s in subscribers:
+            s.receive(Policy(version, agent.export_weights(), rlfleet_pb2.Exploration()), share)
+
+    publish(0, 0)  # as the learner does: before any actor has registered
+    threads = []
+    for i, s in enumerate(subscribers):
+        actor = _Actor(config, stop, i)
+        venv = _Envs(config.envs_per_actor, 0.0005 * (i + 1), i)
+        threads.append(threading.Thread(target=writers.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads[-1].start()
+        time.sleep(stagger)
+    version, dropped, consumed = 0, 0, 0
+    try:
+        deadline = time.monotonic() + 60
+        while version < 6:
+            assert time.monotonic() < deadline, f"stalled at policy version {version} ({num_actors} actors)"
+            try:
+                item = ITEMS.get(timeout=5)
+            except queue.Empty:
+                raise AssertionError(f"no item for 5 s at policy version {version}: the actors all wait") from None
+            trained = item["policy_version"][:-1]
+            if np.all(trained == version):
+                consumed += trained.size
+            result = agent.consume(item, version, 0)
+            assert len(np.unique(trained)) == 1, "an item mixes the steps of two policy versions"
+            dropped += result.dropped
+            if result.updated:
+                assert result.metrics["off_policy_fraction"] == 0.0
+                assert result.metrics["max_importance_weight"] == pytest.approx(1.0, abs=1e-4)
+                version += 1
+                publish(version, num_actors)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=10)
+    assert consumed >= 6 * 128
+    # What is dropped is the over-collection of the shares alone: the first version's, made before the actors
+    # registered (each writes the whole batch), and the rounding up of each later share.
+    items, per_item = 4, 2 * 16
+    share = -(-items // num_actors)
+    assert dropped <= ((num_actors - 1) * items + (version + 1) * (num_actors * share - items)) * per_item, dropped
+
+
+def test_a_learner_that_sends_the_same_version_again_ends_the_wait():
+    subscriber = _WeightsSubscriber(None, 0, threading.Event())
+    subscriber.receive(Policy(3, {}, rlfleet_pb2.Exploration()), 2)
+    serial, stop = subscriber.serial, threading.Event()
+    threading.Timer(0.2, lambda: subscriber.receive(Policy(3, {}, rlfleet_pb2.Exploration()), 2)).start()
+    started = time.monotonic()
+    assert subscriber.wait_next(serial, stop)  # a restarted learner re-sends its checkpoint's version
+    assert 0.1 < time.monotonic() - started < 5
+    epoch = {"now": 0}
+
+    def check():
+        if epoch["now"]:
+            raise ReplayLost()
+
+    threading.Timer(0.2, lambda: epoch.update(now=1)).start()
+    with pytest.raises(ReplayLost):
+        subscriber.wait_next(subscriber.serial, stop, check)
+    threading.Timer(0.2, stop.set).start()
+    assert not subscriber.wait_next(subscriber.serial, stop)
