@@ -50,6 +50,7 @@ class Agent(abc.ABC):
     config: object
     spec: EnvSpec
     unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
+    prefetch: int = 2  # samples the learner's sampler thread holds ready beyond the one being consumed
 
     @abc.abstractmethod
     def signature(self) -> dict:
@@ -140,6 +141,9 @@ class PPOAgent(Agent):
     """
 
     algo, table = "ppo", PPO_TABLE
+    # An item can be a whole batch (the cleanrl preset's): every item held ahead is a policy version of lag
+    # for the data behind it, so the sampler holds one, and the queue about a batch (`ppo_queue_items`).
+    prefetch = 1
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
         if config.synchronous and (config.batch_env_steps <= 0 or config.batch_episodes):

@@ -241,7 +241,7 @@ class Learner:
         self.eval_env_steps: int | None = None
         self.rates = {"env_steps_per_second": 0.0, "learner_steps_per_second": 0.0}
         self.weights = WeightsBroadcast()
-        self._sample_queue: queue.Queue = queue.Queue(maxsize=2)
+        self._sample_queue: queue.Queue = queue.Queue(maxsize=self.agent.prefetch)
         self._sampler_error: Exception | None = None
         self._replay_status: list[dict] = []
 

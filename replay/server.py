@@ -180,10 +180,11 @@ def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
 
 
 def ppo_queue_items(config) -> int:
-    """Default PPO queue capacity: enough items for one update batch (at least 2)."""
+    """Default PPO queue capacity: the items of one update batch (at least 1). Items queued beyond a batch
+    would be acted on by a policy a version or more older than the one trained when they are read."""
     per_item = config.envs_per_actor * config.unroll_length
     steps = config.batch_env_steps or 1000 * max(config.batch_episodes, 1)
-    return max(2, -(-steps // per_item))
+    return max(1, -(-steps // per_item))
 
 
 def serve(
