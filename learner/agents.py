@@ -134,10 +134,8 @@ class PPOAgent(Agent):
     registered actors, rounded up) before it waits for the next version,
     and every item of an older version is dropped. When the actors number
     fewer than the share was made for (one left or timed out) and no sample
-    comes, the update runs on the items it has.
-
-    Raises (constructor):
-        ValueError: `synchronous` with a batch triggered by episodes (`batch_episodes`) instead of env steps.
+    comes, the update runs on the items it has (`PPOConfig` refuses a synchronous batch triggered by
+    episodes).
     """
 
     algo, table = "ppo", PPO_TABLE
@@ -146,13 +144,6 @@ class PPOAgent(Agent):
     prefetch = 1
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
-        if config.synchronous and (config.batch_env_steps <= 0 or config.batch_episodes):
-            raise ValueError(
-                f"PPO synchronous=true needs a batch of env steps (batch_env_steps > 0, now "
-                f"{config.batch_env_steps}) and no episode trigger (batch_episodes = 0, now "
-                f"{config.batch_episodes}): the actors' share of a batch is counted in env steps. "
-                "Fix them in --set or the --config-file."
-            )
         self.spec, self.config, self.total_steps = spec, config, total_steps
         self.unroll_length = config.unroll_length
         self.ppo = BatchPPO(spec, config, seed)

@@ -87,6 +87,15 @@ class PPOConfig:
     eval_episodes: int = 10  # episodes per evaluation (mean action)
     eval_every_updates: int = 10  # updates (policy versions) between evaluations
 
+    def __post_init__(self):
+        if self.synchronous and (self.batch_env_steps <= 0 or self.batch_episodes):
+            raise ValueError(
+                f"PPO synchronous=true needs a batch of env steps (batch_env_steps > 0, now "
+                f"{self.batch_env_steps}) and no episode trigger (batch_episodes = 0, now "
+                f"{self.batch_episodes}): the actors' share of a batch is counted in env steps. "
+                "Fix them in --set or the --config-file."
+            )
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

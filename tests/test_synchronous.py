@@ -4,7 +4,6 @@ that trains on it (real processes on loopback), and the asynchronous mode's lag 
 import json
 
 import numpy as np
-import pytest
 from conftest import rlfleet
 
 # Pendulum-v1: a continuous-action env cheap enough to step in-process. Two actors of 2 envs, items of 64
@@ -68,13 +67,10 @@ def test_asynchronous_actors_run_ahead_and_the_lag_is_counted(tmp_path):
 
 
 def test_synchronous_needs_a_batch_of_env_steps():
-    from rlfleet.actors.envs import env_spec
-    from rlfleet.learner.agents import PPOAgent
-    from rlfleet.learner.presets import make_config
-
-    config = make_config("default", "Pendulum-v1", {"synchronous": True, "batch_episodes": 4})
-    with pytest.raises(ValueError, match="synchronous=true needs a batch of env steps"):
-        PPOAgent(env_spec("Pendulum-v1"), config, 0)
+    out = rlfleet(
+        "settings", "--algo", "ppo", "--env", "Pendulum-v1", "--set", "synchronous=true", "--set", "batch_episodes=4"
+    )
+    assert out.returncode != 0 and "synchronous=true needs a batch of env steps" in out.stderr, out.stderr[-2000:]
 
 
 def test_the_batch_is_shared_out_over_the_actors_and_a_lost_actor_does_not_stall_it():
