@@ -138,7 +138,9 @@ _BATCHPPO = dict(
 #   statistics that came with their weights;
 # - a time limit is not a terminal state here: a truncated episode bootstraps from V(final observation), where
 #   CleanRL treats truncation as termination; the return statistics restart at every episode end;
-# - the batch is collected asynchronously unless `synchronous = true` (the on-policy control);
+# - the batch is collected asynchronously unless `synchronous = true` (the on-policy control); collected
+#   asynchronously, each actor's share of a batch is one long item that starts policy versions behind, and
+#   items past `max_policy_lag` are dropped, so the reference is the synchronous run;
 # - Keras' Adam adds ε to the root of the second moment before its bias correction (PyTorch's after), so the same
 #   ε weighs more in the first few hundred gradient steps.
 _CLEANRL = dict(
