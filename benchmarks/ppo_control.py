@@ -8,7 +8,7 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
 - sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
-- ablations of one setting each from the control (`ABLATIONS`), run when named with --variants.
+- ablations of one setting each from the control or from sync-default (`ABLATIONS`), run when named with --variants.
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
 continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
@@ -45,24 +45,29 @@ VARIANTS = {
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
-# One difference from the control each: which of the cleanrl preset's details, or of the asynchronous design,
-# costs what per env step.
+# name -> (the synchronous variant it starts from, the one difference): which of the cleanrl preset's details, or
+# of the default preset's against them, costs what per env step.
 ABLATIONS = {
-    "sync-cleanrl-constant-lr": ["--set", "lr_schedule=constant"],
-    "sync-cleanrl-noobsnorm": ["--set", "obs_normalization=false"],
-    "sync-cleanrl-sb3defaults": [
-        *("--set", "obs_normalization=false", "--set", "reward_scale=none"),
-        *("--set", "lr_schedule=constant", "--set", "value_clip=0.0"),
-    ],
-    "sync-cleanrl-obsclip5": ["--set", "obs_clip=5.0"],
-    "sync-cleanrl-noreturnscale": ["--set", "reward_scale=none"],
-    "sync-cleanrl-separate-opt": ["--set", "shared_optimizer=false"],
-    "sync-cleanrl-varscale-init": ["--set", "init=variance_scaling"],
-    "sync-cleanrl-batch-advnorm": ["--set", "advantage_norm=batch"],
-    "sync-cleanrl-novclip": ["--set", "value_clip=0.0"],
+    "sync-cleanrl-constant-lr": ("sync-cleanrl", ["--set", "lr_schedule=constant"]),
+    "sync-cleanrl-noobsnorm": ("sync-cleanrl", ["--set", "obs_normalization=false"]),
+    "sync-cleanrl-sb3defaults": (
+        "sync-cleanrl",
+        [
+            *("--set", "obs_normalization=false", "--set", "reward_scale=none"),
+            *("--set", "lr_schedule=constant", "--set", "value_clip=0.0"),
+        ],
+    ),
+    "sync-cleanrl-obsclip5": ("sync-cleanrl", ["--set", "obs_clip=5.0"]),
+    "sync-cleanrl-noreturnscale": ("sync-cleanrl", ["--set", "reward_scale=none"]),
+    "sync-cleanrl-separate-opt": ("sync-cleanrl", ["--set", "shared_optimizer=false"]),
+    "sync-cleanrl-varscale-init": ("sync-cleanrl", ["--set", "init=variance_scaling"]),
+    "sync-cleanrl-batch-advnorm": ("sync-cleanrl", ["--set", "advantage_norm=batch"]),
+    "sync-cleanrl-novclip": ("sync-cleanrl", ["--set", "value_clip=0.0"]),
+    "sync-default-returnscale": ("sync-default", ["--set", "reward_scale=return"]),
+    "sync-default-orthinit": ("sync-default", ["--set", "init=orthogonal"]),
 }
-for _name, _more in ABLATIONS.items():
-    VARIANTS[_name] = ("ppo", VARIANTS["sync-cleanrl"][1] + _more)
+for _name, (_base, _more) in ABLATIONS.items():
+    VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)
 
 GRID = 20_480  # env steps between curve points: 10 updates of 2048 env steps (rlfleet's evaluation period)
 CURVE_METRICS = ("approx_kl", "clip_fraction", "entropy", "explained_variance", "value_loss", "policy_std")
