@@ -72,8 +72,9 @@ class _WeightsSubscriber(threading.Thread):
         super().__init__(daemon=True, name="weights")
         self.stub, self.actor_id, self.stop = stub, actor_id, stop
         self.latest: Policy | None = None
-        self._items_per_actor = (-1, 0)  # (policy version, Weights.items_per_actor of it)
+        self._collection = (-1, 0, 0.0, 0)  # (policy version, its Weights.items_per_actor, item_share, versions_ahead)
         self.serial = 0  # weights messages received (a restarted learner may send a version again)
+        self.resends = 0  # weights messages whose version was not newer than the latest (a restarted learner's)
         self._arrived = threading.Condition()
         self.error: str | None = None  # a failure that retrying cannot fix
         self.ready = threading.Event()
@@ -100,7 +101,12 @@ class _WeightsSubscriber(threading.Thread):
                         )
                         self.stop.set()
                         return
-                    self.receive(Policy(version, arrays, msg.exploration), int(msg.items_per_actor))
+                    self.receive(
+                        Policy(version, arrays, msg.exploration),
+                        int(msg.items_per_actor),
+                        float(msg.item_share),
+                        int(msg.versions_ahead),
+                    )
                     self.ready.set()
                     backoff = 0.5
                     if self.stop.is_set():
@@ -114,10 +120,13 @@ class _WeightsSubscriber(threading.Thread):
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
-    def receive(self, policy: Policy, items_per_actor: int) -> None:
-        """Makes `policy` the latest, with the learner's `Weights.items_per_actor` for it, and wakes `wait_next`."""
+    def receive(self, policy: Policy, items_per_actor: int, item_share: float = 0.0, versions_ahead: int = 0) -> None:
+        """Makes `policy` the latest, with the learner's `Weights.items_per_actor`, `item_share` and
+        `versions_ahead` for it, and wakes `wait_next`."""
         with self._arrived:
-            self._items_per_actor = (policy.version, items_per_actor)
+            self._collection = (policy.version, items_per_actor, item_share, versions_ahead)
+            if self.latest is not None and policy.version <= self.latest.version:
+                self.resends += 1
             self.latest = policy
             self.serial += 1
             self._arrived.notify_all()
@@ -125,8 +134,14 @@ class _WeightsSubscriber(threading.Thread):
     def items_per_actor(self, version: int) -> int:
         """The replay items this actor may write with policy `version` before it waits for a newer one
         (`Weights.items_per_actor`: the learner's synchronous mode); 0: no limit."""
-        known, items = self._items_per_actor
+        known, items, _, _ = self._collection
         return items if known == version else 0
+
+    def item_credit(self) -> tuple[float, int]:
+        """(`Weights.item_share`, `Weights.versions_ahead`) of the latest weights message: asynchronous
+        collection's limit on running ahead (`rlfleet.actors.writers.ItemCredit`); (0.0, 0): no limit."""
+        _, _, share, ahead = self._collection
+        return share, ahead
 
     def wait_next(self, serial: int, stop: threading.Event, check=None) -> bool:
         """Blocks until a weights message after the `serial`-th has arrived: a newer policy version, or the

@@ -15,7 +15,8 @@ behaviour policy and writes items into the run's replay table until `actor.stop`
   learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
   `Agent.exploration()` filled); the actor swaps new versions in between steps.
   `weights.items_per_actor(version)` is how many items the learner wants from each actor with that
-  version (0: no limit), `weights.serial` counts the weights messages received and
+  version (0: no limit), `weights.item_credit()` the asynchronous limit on running ahead
+  (`ItemCredit`), `weights.serial` counts the weights messages received and
   `weights.wait_next(serial, stop, check)` waits for the next one (synchronous collection, as
   `collect_trajectories` does it; `actor.check_replay(epoch)` raises ReplayLost after a replay restart).
 - `epoch`: pass it to `wait_written`.
@@ -30,6 +31,44 @@ import reverb
 
 from rlfleet.actors.envs import truncation_observations
 from rlfleet.actors.policy import epsilon_greedy_q, q_values, sample_actions, to_env_action
+
+
+class ItemCredit:
+    """How many more replay items an asynchronous actor may start (flow control by policy version).
+
+    The learner trains one batch per policy version and gives each actor a share of it, `share` items per
+    version (`Weights.item_share`). The actor may hold `share` × (`ahead` + 1) items beyond the versions it
+    has received (`Weights.versions_ahead`, the learner's `max_policy_lag`): each newer version it receives
+    gives back `share` items per version it advanced. With every actor keeping to it, an item started with
+    version v belongs to a batch trained by version v + `ahead` at the latest, so the learner never has to drop
+    it for lag however much faster the actors are than the learner. A share of 0 means no limit.
+    """
+
+    def __init__(self):
+        self.version, self.resends, self.share, self.items = 0, 0, 0.0, 0.0
+
+    def see(self, version: int, share: float, ahead: int, resends: int = 0) -> None:
+        """Takes the latest policy `version`, with its item `share` and versions `ahead`, into account.
+        `resends` counts the weights messages that were not newer than the one before (`weights.resends`): a
+        restarted learner sends its checkpoint's version again and may have lost the items it held, so a
+        resend, like the first limit, gives a full window. Limits (see the class doc): share ≥ 0, ahead ≥ 0."""
+        window = max(1.0, share * (ahead + 1))
+        if self.share <= 0 or resends != self.resends:
+            self.items = window
+        elif version > self.version:
+            self.items = min(window, self.items + share * (version - self.version))
+        else:
+            self.items = min(window, self.items)
+        self.version, self.resends, self.share = version, resends, share
+
+    def available(self) -> bool:
+        """True if an item may start now."""
+        return self.share <= 0 or self.items >= 1.0 - 1e-9
+
+    def take(self) -> None:
+        """Counts an item started."""
+        if self.share > 0:
+            self.items -= 1.0
 
 
 def collect_trajectories(actor, venv, weights, epoch: int) -> None:
@@ -49,6 +88,9 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     acted on by the old version, so it only ends the item before, and the
     next item starts at the step after it. Steps of a version that a newer
     one replaced before they filled an item are never written into one.
+    When it collects asynchronously, the actor starts an item only with
+    `ItemCredit` for it; without, it waits for newer versions and the next
+    item starts at the step after the wait, as above.
     """
     cfg = actor.config
     t, b = cfg.unroll_length, cfg.num_envs
@@ -61,11 +103,26 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     appended = item_start = 0  # steps appended; where the next item starts
     item_version = None  # synchronous collection: the policy version of the item being collected
     items_of_version = collections.Counter()
+    credit = ItemCredit()  # asynchronous collection's limit on running ahead of the learner
     writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
+
+    def wait_for_credit() -> bool:
+        """Waits for weights messages until an item may start; False if the actor stops first."""
+        while True:
+            serial, version = weights.serial, weights.latest.version
+            credit.see(version, *weights.item_credit(), weights.resends)
+            if credit.available():
+                return True
+            if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
+                return False
+
     try:
         while not actor.stop.is_set():
             serial = weights.serial  # read first: a message in between only ends a wait early
             version, arrays, _ = weights.latest
+            credit.see(version, *weights.item_credit(), weights.resends)
+            if appended == item_start:  # this step starts an item (the first, or the first after a wait)
+                credit.take()
             if weights.items_per_actor(version) and version != item_version:
                 if appended - item_start != t:  # not the step that ends an item: start a new one here
                     item_start = appended
@@ -109,8 +166,14 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
                         break
                     item_start, item_version = appended, None
                     items_of_version.clear()
-                elif not actor.wait_written(writer, epoch):
-                    break
+                elif credit.available():  # the step just taken starts the next item too
+                    credit.take()
+                    if not actor.wait_written(writer, epoch):
+                        break
+                else:  # asynchronous and as far ahead as the policy-lag limit lets it run
+                    if not actor.wait_written(writer, epoch, in_flight=0) or not wait_for_credit():
+                        break
+                    item_start = appended
             obs = next_obs
             discounted_return[done] = 0.0
             actor.count_steps(reward, done)

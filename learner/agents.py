@@ -70,6 +70,13 @@ class Agent(abc.ABC):
         (`Weights.items_per_actor`; 0: no limit, asynchronous collection). `num_actors`: actors registered now."""
         return 0
 
+    def item_credit(self, num_actors: int) -> tuple[float, int]:
+        """Asynchronous collection's limit on how far actors run ahead (`Weights.item_share`,
+        `Weights.versions_ahead`): (replay items per policy version each actor may write, how many versions'
+        worth of them beyond the trained ones it may hold). (0.0, 0): no limit. `num_actors`: actors registered
+        now."""
+        return 0.0, 0
+
     def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
         """Called when no sample came for a while (about half a second); `num_actors`: actors registered now.
         A result is handled as `consume`'s is (e.g. an update on a batch that can no longer fill up)."""
@@ -132,10 +139,16 @@ class PPOAgent(Agent):
     mode is measured against): the weights tell each actor how many items to
     write with their version (the batch's items shared out over the
     registered actors, rounded up) before it waits for the next version,
-    and every item of an older version is dropped. When the actors number
-    fewer than the share was made for (one left or timed out) and no sample
-    comes, the update runs on the items it has (`PPOConfig` refuses a synchronous batch triggered by
-    episodes).
+    and every item of an older version is dropped. Asynchronously, the actors
+    collect ahead, but no further than the policy-lag limit: the weights give
+    each actor its share of a batch per version (`item_credit`), and an actor
+    that has written `max_policy_lag` + 1 shares beyond the versions it has
+    received waits for the next one, so that no item it starts is consumed
+    more than `max_policy_lag` versions later (items older than that, e.g.
+    written before a share changed, are still dropped). In both modes, when
+    the actors number fewer than the share was made for (one left or timed
+    out) and no sample comes, the update runs on the items it has
+    (`PPOConfig` refuses a synchronous batch triggered by episodes).
     """
 
     algo, table = "ppo", PPO_TABLE
@@ -148,7 +161,7 @@ class PPOAgent(Agent):
         self.unroll_length = config.unroll_length
         self.ppo = BatchPPO(spec, config, seed)
         self._items, self._steps, self._episodes = [], 0, 0
-        self._shared_by = 0  # synchronous: the actors the latest share was made for
+        self._shared_by = 0  # the actors the latest share of a batch was made for (both modes)
         self.off_policy_env_steps = 0  # env steps trained on that an older policy version acted on (this process)
 
     def signature(self) -> dict:
@@ -182,16 +195,31 @@ class PPOAgent(Agent):
         for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
+    def _batch_items(self) -> int:
+        """Replay items of one update batch of `batch_env_steps` (rounded up to whole items, at least 1)."""
+        c = self.config
+        per_item = c.envs_per_actor * c.unroll_length
+        return max(1, -(-c.batch_env_steps // per_item))
+
     def items_per_actor(self, num_actors: int) -> int:
         """Synchronous: the batch's items shared out over `num_actors` (at least 1), rounded up; the count is
         kept for `on_idle`. With fewer items per batch than actors, some actors' items are dropped."""
-        c = self.config
-        if not c.synchronous:
+        if not self.config.synchronous:
             return 0
         self._shared_by = max(1, num_actors)
-        per_item = c.envs_per_actor * c.unroll_length
-        items = -(-c.batch_env_steps // per_item)  # the batch's items, rounded up
-        return -(-items // self._shared_by)
+        return -(-self._batch_items() // self._shared_by)
+
+    def item_credit(self, num_actors: int) -> tuple[float, int]:
+        """Asynchronous with `actor_credit`: (the batch's items ÷ `num_actors` (at least 1), `max_policy_lag`);
+        the count is kept for `on_idle`. Batches triggered by episodes only have no env-step size to share: no
+        limit. Equal shares suit actors of one speed: where the actors, not the learner, are the bottleneck,
+        a faster actor waits for a slower one's share (`actor_credit=false` lets it run free, at the price of
+        items dropped for lag when the learner is the bottleneck)."""
+        c = self.config
+        if c.synchronous or not c.batch_env_steps or not c.actor_credit:
+            return 0.0, 0
+        self._shared_by = max(1, num_actors)
+        return self._batch_items() / self._shared_by, c.max_policy_lag
 
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
@@ -214,7 +242,7 @@ class PPOAgent(Agent):
         return self._update(policy_version, env_steps)
 
     def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
-        if self.config.synchronous and self._items and num_actors < self._shared_by:
+        if self._items and num_actors < self._shared_by:
             return self._update(policy_version, env_steps)
         return None
 

@@ -20,8 +20,8 @@ constant step size InvertedPendulum-v5 held 1,000 from 200k to 750k env steps an
 × 10 epochs, observations normalised and clipped to ±5. These are the
 Stable-Baselines3 / CleanRL PPO defaults in the places where they differ from
 BatchPPO's; the async-specific parts (decoupled proximal policy, policy-lag
-limit) are rlfleet's. Data up to 3 policy versions old is kept (the sampler
-pipeline holds about a batch and a half): with a limit of 2, HalfCheetah-v5
+limit) are rlfleet's. Data up to 3 policy versions old is kept, and actors run
+no further ahead (`actor_credit`): with a limit of 2 and no credit, HalfCheetah-v5
 dropped 15% of its env steps and reached 1,910 at 1M (seed 0), with 3 it
 dropped none and reached 3,132. ReLU (256, 256) networks with the linear head
 reached 4,281 on HalfCheetah but diverged on Hopper (NaN actions).
@@ -76,6 +76,7 @@ class PPOConfig:
     reward_clip: float = 10.0  # scaled rewards (rms, return) are clipped to ±reward_clip
     max_policy_lag: int = 3  # items older than this many policy versions are dropped (asynchronous mode)
     synchronous: bool = False  # each batch is collected only with the policy version it trains (on-policy PPO)
+    actor_credit: bool = True  # asynchronous: actors write at most max_policy_lag + 1 batch shares ahead (none dropped)
     init: str = "variance_scaling"  # network initialisation: variance_scaling, or orthogonal (CleanRL's gains)
     adam_epsilon: float = 1e-7  # Adam ε, added to √(second moment) before bias correction (Keras' default)
     shared_optimizer: bool = False  # one Adam on policy + value_loss_coef × value loss, one gradient clip
@@ -139,8 +140,8 @@ _BATCHPPO = dict(
 # - a time limit is not a terminal state here: a truncated episode bootstraps from V(final observation), where
 #   CleanRL treats truncation as termination; the return statistics restart at every episode end;
 # - the batch is collected asynchronously unless `synchronous = true` (the on-policy control); collected
-#   asynchronously, each actor's share of a batch is one long item that starts policy versions behind, and
-#   items past `max_policy_lag` are dropped, so the reference is the synchronous run;
+#   asynchronously, each actor's share of a batch is one long item, so every item an actor writes ahead of the
+#   learner is a policy version of lag (`actor_credit` keeps it within `max_policy_lag`);
 # - Keras' Adam adds ε to the root of the second moment before its bias correction (PyTorch's after), so the same
 #   ε weighs more in the first few hundred gradient steps.
 _CLEANRL = dict(

@@ -1,6 +1,7 @@
-"""The PPO writer's items under synchronous collection (`rlfleet.actors.writers.collect_trajectories`), with
-several actors at once: each item's steps are of one policy version, each actor writes its share and waits, and
-the learner's batches keep filling (no stall) whatever the actors' timing. The actors are threads running the
+"""The PPO writer's items (`rlfleet.actors.writers.collect_trajectories`) with several actors at once: under
+synchronous collection each item's steps are of one policy version, each actor writes its share and waits, and
+the learner's batches keep filling (no stall) whatever the actors' timing; asynchronously, the actors run ahead
+of the learner no further than the policy-lag limit (`ItemCredit`). The actors are threads running the
 real writer, weights subscriber (fed in-process) and learner agent; only the replay server and the envs are
 stand-ins (the real ones run in tests/test_synchronous.py)."""
 
@@ -144,6 +145,33 @@ def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monk
     assert dropped <= ((num_actors - 1) * items + (version + 1) * (num_actors * share - items)) * per_item, dropped
 
 
+def test_item_credit_refills_by_share_per_version_up_to_the_window():
+    credit = writers.ItemCredit()
+    credit.see(5, 0.0, 0)
+    for _ in range(3):  # no limit
+        assert credit.available()
+        credit.take()
+    credit.see(5, 1.5, 1)  # a window of 3 items
+    for _ in range(3):
+        assert credit.available()
+        credit.take()
+    assert not credit.available()
+    credit.see(5, 1.5, 1)  # the same version again: nothing new
+    assert not credit.available()
+    credit.see(6, 1.5, 1)
+    assert credit.items == 1.5 and credit.available()
+    credit.see(9, 1.5, 1)  # versions skipped: refilled up to the window, not beyond
+    assert credit.items == 3.0
+    credit.see(10, 0.5, 1)  # a smaller share (more actors): the window shrinks to 1
+    assert credit.items == 1.0
+    credit.take()
+    credit.see(10, 0.5, 1, resends=1)  # a restarted learner sent its version again: a full window
+    assert credit.items == 1.0 and credit.available()
+    credit.take()
+    credit.see(11, 0.25, 3, resends=1)  # a share under one item per version: one item every 4 versions
+    assert credit.items == 0.25 and not credit.available()
+
+
 def test_a_learner_that_sends_the_same_version_again_ends_the_wait():
     subscriber = _WeightsSubscriber(None, 0, threading.Event())
     subscriber.receive(Policy(3, {}, rlfleet_pb2.Exploration()), 2)
@@ -151,6 +179,7 @@ def test_a_learner_that_sends_the_same_version_again_ends_the_wait():
     threading.Timer(0.2, lambda: subscriber.receive(Policy(3, {}, rlfleet_pb2.Exploration()), 2)).start()
     started = time.monotonic()
     assert subscriber.wait_next(serial, stop)  # a restarted learner re-sends its checkpoint's version
+    assert subscriber.resends == 1
     assert 0.1 < time.monotonic() - started < 5
     epoch = {"now": 0}
 
@@ -163,3 +192,60 @@ def test_a_learner_that_sends_the_same_version_again_ends_the_wait():
         subscriber.wait_next(subscriber.serial, stop, check)
     threading.Timer(0.2, stop.set).start()
     assert not subscriber.wait_next(subscriber.serial, stop)
+
+
+@pytest.mark.parametrize(
+    "num_actors,unroll_length,credit", [(1, 64, True), (1, 16, True), (3, 16, True), (1, 64, False)]
+)
+def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch, num_actors, unroll_length, credit):
+    """Actors much faster than the learner: with the credit, they run ahead (consumed data is off-policy) but
+    no item reaches the learner older than `max_policy_lag`, so none is dropped; without it, items one batch
+    long are dropped (the fault the credit removes)."""
+    monkeypatch.setattr(writers.reverb, "Client", _Client)
+    while not ITEMS.empty():
+        ITEMS.get()
+    settings = {"envs_per_actor": 2, "unroll_length": unroll_length, "batch_env_steps": 128, "epochs": 1}
+    config = make_config("default", "Pendulum-v1", dict(settings, actor_credit=credit))
+    agent = PPOAgent(SPEC, config, 0)
+    stop = threading.Event()
+    subscribers = [_WeightsSubscriber(None, i, stop) for i in range(num_actors)]
+
+    def publish(version):
+        share, ahead = agent.item_credit(num_actors)
+        assert (share > 0) == credit
+        for s in subscribers:
+            s.receive(Policy(version, agent.export_weights(), rlfleet_pb2.Exploration()), 0, share, ahead)
+
+    publish(0)
+    threads = []
+    for i, s in enumerate(subscribers):
+        actor = _Actor(config, stop, i)
+        venv = _Envs(config.envs_per_actor, 0.0002 * (i + 1), i)
+        threads.append(threading.Thread(target=writers.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads[-1].start()
+    version, dropped, lags = 0, 0, []
+    try:
+        deadline = time.monotonic() + 60
+        while version < 12:
+            assert time.monotonic() < deadline, f"stalled at policy version {version} ({num_actors} actors)"
+            try:
+                item = ITEMS.get(timeout=5)
+            except queue.Empty:
+                raise AssertionError(f"no item for 5 s at policy version {version}: the actors all wait") from None
+            result = agent.consume(item, version, 0)
+            dropped += result.dropped
+            if result.updated:
+                lags.append(result.metrics["policy_lag_max"])
+                time.sleep(0.15)  # the learner's update: far slower than the actors' items
+                version += 1
+                publish(version)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=10)
+    if credit:
+        assert dropped == 0, (dropped, lags)
+        assert max(lags) >= 1, lags  # asynchronous: the actors did run ahead of the learner
+        assert max(lags) <= config.max_policy_lag, lags
+    else:
+        assert dropped > 0, lags

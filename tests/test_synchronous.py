@@ -20,7 +20,7 @@ SETTINGS = [
 ]
 
 
-def _run(tmp_path, name, *more):
+def _run(tmp_path, name, *more, actors=2):
     logdir = tmp_path / name
     out = rlfleet(
         "up",
@@ -29,7 +29,7 @@ def _run(tmp_path, name, *more):
         "--env",
         "Pendulum-v1",
         "--actors",
-        "2",
+        str(actors),
         "--envs-per-actor",
         "2",
         "--total-steps",
@@ -66,6 +66,14 @@ def test_asynchronous_actors_run_ahead_and_the_lag_is_counted(tmp_path):
     assert max(r["policy_lag_max"] for r in rows) >= 1, rows
 
 
+def test_asynchronous_actors_with_batch_long_items_drop_nothing(tmp_path):
+    # One item of 2 envs x 256 steps is the whole batch: every item held ahead is a policy version of lag.
+    summary, rows = _run(tmp_path, "credit", "--set", "unroll_length=256", actors=1)
+    assert summary["consumed_env_steps"] >= 6 * 512, summary
+    assert summary["dropped_env_steps"] == 0, summary
+    assert max(r["policy_lag_max"] for r in rows) <= 3, rows
+
+
 def test_synchronous_needs_a_batch_of_env_steps():
     out = rlfleet(
         "settings", "--algo", "ppo", "--env", "Pendulum-v1", "--set", "synchronous=true", "--set", "batch_episodes=4"
@@ -84,6 +92,8 @@ def test_the_batch_is_shared_out_over_the_actors_and_a_lost_actor_does_not_stall
     assert [agent.items_per_actor(k) for k in (0, 1, 2, 3, 4, 8)] == [4, 4, 2, 2, 1, 1]
     asynchronous = PPOAgent(spec, make_config("default", "Pendulum-v1", dict(settings, synchronous=False)), 0)
     assert asynchronous.items_per_actor(2) == 0 and asynchronous.on_idle(0, 0, 0) is None
+    assert asynchronous.item_credit(2) == (2.0, 3) and asynchronous.item_credit(3) == (4 / 3, 3)
+    assert agent.item_credit(2) == (0.0, 0)  # synchronous: items_per_actor is the limit
     agent.items_per_actor(2)
     assert agent.on_idle(0, 0, 2) is None  # nothing held
     rng = np.random.default_rng(0)
