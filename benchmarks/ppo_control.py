@@ -5,6 +5,7 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - async-cleanrl: the same preset with the asynchronous actors (policy lag, statistics that travel with weights);
 - async-default: rlfleet's `default` preset as `rlfleet up` runs it;
 - async-cleanrl-nocredit: async-cleanrl with actors that run free of the lag limit (`actor_credit=false`);
+- async-default-returnscale: async-default with rewards divided by the std of the discounted return;
 - sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
@@ -42,6 +43,7 @@ VARIANTS = {
     "async-cleanrl": ("ppo", ["--config", "cleanrl"]),
     "async-default": ("ppo", []),
     "async-cleanrl-nocredit": ("ppo", ["--config", "cleanrl", "--set", "actor_credit=false"]),
+    "async-default-returnscale": ("ppo", ["--set", "reward_scale=return"]),
     "sync-default": ("ppo", ["--set", "synchronous=true"]),
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
     "sb3-default": ("sb3-ppo", []),

@@ -252,9 +252,12 @@ def client_security(f):
 
     @functools.wraps(f)
     def wrapper(*args, tls_ca, tls_cert, tls_key, token, **kwargs):
-        from rlfleet.proto.security import ClientSecurity, token_from_env
+        from rlfleet.proto.security import ClientSecurity, SecurityError, token_from_env
 
-        security = ClientSecurity(tls_ca, tls_cert, tls_key, token_from_env(token))
+        try:
+            security = ClientSecurity(tls_ca, tls_cert, tls_key, token_from_env(token))
+        except SecurityError as e:
+            _fail(str(e))
         return f(*args, security=security, **kwargs)
 
     for opt in reversed(_client_security):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -136,6 +137,32 @@ def _progress_values(st: dict) -> list[tuple[str, str]]:
     return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
 
 
+def resume_command(
+    algo: str,
+    env_id: str,
+    total_steps: int,
+    logdir: str,
+    num_actors: int,
+    seed: int,
+    preset: str,
+    overrides: dict,
+    teacher: str | None = None,
+    bind: str = LOOPBACK,
+    env_backend: str = "auto",
+) -> str:
+    """The `rlfleet up ... --resume LOGDIR` command line that continues a run started with these arguments,
+    shell-quoted (`shlex.join`): pasted into a POSIX shell it passes every path and `--set` value unchanged."""
+    argv = ["rlfleet", "up", "--algo", algo, "--env", env_id, "--total-steps", str(total_steps)]
+    argv += ["--logdir", str(logdir), "--resume", str(logdir), "--actors", str(num_actors), "--seed", str(seed)]
+    argv += ["--config", preset]
+    argv += ["--teacher", str(teacher)] if teacher else []
+    argv += ["--bind", bind] if bind != LOOPBACK else []
+    argv += ["--env-backend", env_backend] if env_backend != "auto" else []
+    for k, v in overrides.items():
+        argv += ["--set", f"{k}={json.dumps(v)}"]
+    return shlex.join(argv)
+
+
 def launch(
     algo: str,
     env_id: str,
@@ -174,30 +201,11 @@ def launch(
             algorithm.part("check_teacher")(teacher, spec)
         run = run_identity(algo, env_id, preset, cfg.to_json(), teacher)
         check_run_dir(logdir, resume, run)
+        security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    resume_cmd = " ".join(
-        [
-            "rlfleet up --algo",
-            algo,
-            "--env",
-            env_id,
-            "--total-steps",
-            str(total_steps),
-            "--logdir",
-            logdir,
-            "--resume",
-            logdir,
-            "--actors",
-            str(num_actors),
-            "--seed",
-            str(seed),
-            "--config",
-            preset,
-            *(["--teacher", teacher] if teacher else []),
-            *(["--bind", bind] if bind != LOOPBACK else []),
-            *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items()),
-        ]
+    resume_cmd = resume_command(
+        algo, env_id, total_steps, logdir, num_actors, seed, preset, overrides, teacher, bind, env_backend
     )
     if learner_port and not _port_free(learner_port, bind):
         raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
@@ -206,7 +214,6 @@ def launch(
     teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
     learner_port = learner_port or portpicker.pick_unused_port()
     learner_address = f"{LOOPBACK if bind in ('0.0.0.0', '::') else bind}:{learner_port}"
-    security = ClientSecurity(token=token_from_env(None))
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
     settings_path = os.path.join(logdir, SETTINGS_FILE)

@@ -29,7 +29,8 @@ _CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 500), ("
 
 
 class SecurityError(ValueError):
-    """Unreadable or incomplete TLS material; the message names the file or option."""
+    """Unreadable or incomplete TLS material, or a token gRPC cannot carry; the message names the file, option
+    or variable."""
 
 
 def _read(path: str | None, what: str) -> bytes | None:
@@ -131,5 +132,21 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
 
 
 def token_from_env(token: str | None) -> str:
-    """`token` if given, else $RLFLEET_TOKEN, else "" (no token)."""
-    return token if token is not None else os.environ.get(TOKEN_ENV, "")
+    """`token` if given, else $RLFLEET_TOKEN, else "" (no token).
+
+    Raises:
+        SecurityError: the token holds a character that gRPC metadata cannot carry (only printable ASCII,
+            without leading or trailing spaces, arrives unchanged), naming --token or the variable; the
+            learner would otherwise start and refuse every client with a message that does not mention it.
+    """
+    source = "--token" if token is not None else f"${TOKEN_ENV}"
+    value = token if token is not None else os.environ.get(TOKEN_ENV, "")
+    bad = sorted({c for c in value if not " " <= c <= "~"})
+    if bad or value != value.strip(" "):
+        what = f"the characters {', '.join(repr(c) for c in bad)}" if bad else "leading or trailing spaces"
+        raise SecurityError(
+            f"{source}: the token holds {what}, which gRPC metadata cannot carry; use printable ASCII only "
+            f"(a token file's trailing newline: {TOKEN_ENV}=\"$(tr -d '\\n' < FILE)\"; a new token: "
+            "openssl rand -hex 32)."
+        )
+    return value

@@ -107,7 +107,7 @@ def test_up_learns_hopper_default_preset(tmp_path):
 
 
 def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
-    logdir = tmp_path / "run"
+    logdir = tmp_path / "run dir's $HOME"  # the printed resume command must survive a shell
     args = [
         sys.executable,
         "-m",
@@ -127,6 +127,8 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
         "sync",
         "--set",
         "batch_env_steps=512",
+        "--set",
+        "value_hidden=[64, 64]",
         "--report-interval",
         "1",
     ]
@@ -141,16 +143,28 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     up.send_signal(signal.SIGINT)  # what Ctrl-C sends
     rest, _ = up.communicate(timeout=300)  # up gives the learner up to 120 s to checkpoint, actors 10 s each
     assert up.returncode == 130, "".join(lines) + rest
-    assert "--resume" in rest
     assert list((logdir / "checkpoints").glob("ckpt-*.index"))
     stopped = json.loads((logdir / "summary.json").read_text())
     assert stopped["completed"] is False and stopped["policy_version"] >= 3
 
-    # Resume: counters continue from the checkpoint instead of restarting.
-    i = args.index("--total-steps") + 1
-    args[i] = str(stopped["env_steps"] + 3000)
+    # Resume with the printed command, pasted into a shell: counters continue from the checkpoint.
+    printed = rest.split("Resume with:\n", 1)[1].splitlines()[0].strip()
+    assert printed.startswith("rlfleet up "), rest
+    pasted = subprocess.run(
+        ["bash", "-c", "rlfleet() { printf '%s\\0' \"$@\"; }; " + printed], capture_output=True, timeout=30
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    resume_args = pasted.stdout.decode().split("\0")[:-1]
+    assert resume_args[resume_args.index("--resume") + 1] == str(logdir), resume_args
+    assert "value_hidden=[64, 64]" in resume_args and "envs_per_actor=4" in resume_args, resume_args
+    resume_args[resume_args.index("--total-steps") + 1] = str(stopped["env_steps"] + 3000)
     resumed = subprocess.run(
-        args + ["--resume", logdir], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "rlfleet.deploy.cli", *resume_args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     final = json.loads((logdir / "summary.json").read_text())

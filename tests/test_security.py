@@ -151,3 +151,29 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
         [learner, actor],
     )
     assert st["actors"][0]["host"]
+
+
+@pytest.mark.parametrize(
+    "where,token,named",
+    [("env", "s3cret\n", "$RLFLEET_TOKEN"), ("flag", "sécret", "--token"), ("env", " s3cret", "$RLFLEET_TOKEN")],
+)
+def test_a_token_grpc_cannot_carry_is_refused_by_every_command_at_start(monkeypatch, tmp_path, where, token, named):
+    """A token file's trailing newline, a non-ASCII letter, a stray space: the learner would start and refuse
+    every client with a message that never mentions the token. Each command refuses it before it starts."""
+    flag = ("--token", token) if where == "flag" else ()
+    if where == "env":
+        monkeypatch.setitem(conftest.ENV, "RLFLEET_TOKEN", token)
+    commands = [
+        ("status", "--learner", "127.0.0.1:1", *flag),
+        ("actor", "--learner", "127.0.0.1:1", *flag),
+        ("learner", "--algo", "dqn", "--env", "CartPole-v1", "--replay", "127.0.0.1:1", "--logdir", tmp_path / "l")
+        + flag,
+    ]
+    if where == "env":  # `up` takes the token from the environment only
+        commands.append(("up", "--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100, "--logdir", tmp_path))
+    for command in commands:
+        out = rlfleet(*command, timeout=120)
+        assert out.returncode == 2, (command, out.stderr[-2000:])
+        assert f"rlfleet: error: {named}: the token holds" in out.stderr, (command, out.stderr[-2000:])
+        assert "Traceback" not in out.stderr
+    assert not (tmp_path / "logs").exists()  # `up` started nothing
