@@ -22,7 +22,7 @@ import numpy as np
 import reverb
 
 from rlfleet import algorithms
-from rlfleet.actors.envs import make_batched_env, resolve_backend
+from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.proto import arrays as proto_arrays
@@ -432,7 +432,7 @@ class Actor:
         self._episode_return = np.zeros(cfg.num_envs, np.float64)
         self._episode_length = np.zeros(cfg.num_envs, np.int64)
         seed = int(cfg.seed) + 7919 * self._restarts  # a restart after a replay outage gets new episodes
-        obs, _ = venv.reset(seed=[seed + i for i in range(cfg.num_envs)])
+        obs, _ = venv.reset(seed=env_seeds(seed, cfg.num_envs))
         return np.random.default_rng(seed), obs
 
     def check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:

@@ -50,6 +50,15 @@ ATARI = dict(
 )
 
 
+SEED_LIMIT = 2**31  # env seeds are taken modulo this: ALE and envpool accept only seeds in [0, 2**31)
+
+
+def env_seeds(first: int, count: int) -> list[int]:
+    """Seeds of `count` envs or episodes from `first` on (first + i), each folded into [0, SEED_LIMIT) so that
+    every backend takes it, whatever run seed and offsets (actor ids, restarts, evaluations) made `first`."""
+    return [(first + i) % SEED_LIMIT for i in range(count)]
+
+
 class EnvError(ValueError):
     """An environment id or its spaces cannot be used for the requested algorithm."""
 

@@ -13,6 +13,9 @@ import click
 
 from rlfleet import algorithms
 
+# Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
+SEED = click.IntRange(0, 2**31 - 1)
+
 
 def _fail(message: str) -> None:
     click.echo(f"rlfleet: error: {message}", err=True)
@@ -309,7 +312,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 )
 @click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
 @click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Run seed (networks, env seeds derive from it).")
 @click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
 @click.option(
     "--bind",
@@ -638,7 +641,7 @@ def replay_checkpoint_cmd(replay_address):
 @click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
 @click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Network initialisation and actor env seeds.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Network initialisation and actor env seeds.")
 @click.option(
     "--resume",
     type=click.Path(exists=True, file_okay=False),

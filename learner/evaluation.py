@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlfleet.actors.envs import make_batched_env, make_env, resolve_backend
+from rlfleet.actors.envs import env_seeds, make_batched_env, make_env, resolve_backend
 from rlfleet.actors.policy import epsilon_greedy, mean_env_action
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
@@ -46,7 +46,7 @@ def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarra
     returns = []
     try:
         for i in range(episodes):
-            obs, _ = env.reset(seed=seed + i)
+            obs, _ = env.reset(seed=env_seeds(seed + i, 1)[0])
             total, done = 0.0, False
             while not done:
                 _check_stop()
@@ -79,7 +79,7 @@ def run_batched_episodes(
     backend = resolve_backend(env_id, "auto")
     venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
     try:
-        obs, _ = venv.reset(seed=[seed + i for i in range(episodes)])
+        obs, _ = venv.reset(seed=env_seeds(seed, episodes))
         totals = np.zeros(episodes)
         running = np.ones(episodes, bool)
         for _ in range(max_steps):

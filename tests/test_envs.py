@@ -5,8 +5,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import rlfleet
 
-from rlfleet.actors.envs import BACKENDS, EnvError, env_spec, make_batched_env
+from rlfleet.actors.envs import BACKENDS, EnvError, env_seeds, env_spec, make_batched_env
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 
@@ -243,3 +244,26 @@ def test_no_settotalmass_warning_from_any_halfcheetah_start():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "settotalmass" not in out.stdout + out.stderr
     assert "a different MuJoCo warning" in out.stderr
+
+
+@pytest.mark.parametrize("env_id,backend", [("ALE/Pong-v5", "ale"), ("HalfCheetah-v5", "envpool")])
+def test_seeds_past_what_a_backend_takes_are_folded_into_its_range(env_id, backend):
+    """The largest run seed plus an actor's offsets passes 2**31, which ALE and envpool refuse."""
+    seeds = env_seeds(2**31 - 1 + 1000 * 512, 2)
+    assert seeds == [(2**31 - 1 + 512_000) % 2**31, (2**31 + 512_000) % 2**31]
+    assert env_seeds(2**31 - 1, 2) == [2**31 - 1, 0]
+    venv = make_batched_env(env_id, 2, _backend(backend))
+    try:
+        a, _ = venv.reset(seed=seeds)
+        b, _ = venv.reset(seed=seeds)
+        np.testing.assert_array_equal(a, b)
+    finally:
+        venv.close()
+
+
+def test_a_run_seed_out_of_range_is_refused_before_anything_starts(tmp_path):
+    out = rlfleet(
+        "up", "--algo", "ppo", "--env", "Hopper-v5", "--total-steps", 100, "--logdir", tmp_path / "r", "--seed", 2**31
+    )
+    assert out.returncode == 2 and "--seed" in out.stderr and "2147483647" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
