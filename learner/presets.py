@@ -33,10 +33,73 @@ import dataclasses
 import inspect
 import io
 import json
+import math
 import textwrap
 import tokenize
+import typing
+from typing import Annotated
 
 from rlfleet.actors.policy import ACTIVATIONS, MEAN_HEADS
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric setting: finite, from `low` to `high` (None: unbounded), each bound included
+    unless its `*_open` is set; for a tuple setting (layer widths), every element, and at least one. A config
+    field declares it in its type, `typing.Annotated[float, Range(...)]` (the aliases below), and `build_config`
+    refuses any value outside it before anything starts."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value) -> bool:
+        values = value if isinstance(value, tuple) else (value,)
+        return bool(values) and all(self._holds(v) for v in values)
+
+    def _holds(self, v) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+            return False
+        return self.high is None or (v < self.high or (not self.high_open and v == self.high))
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return "finite"
+
+
+# The ranges settings are declared with (each field's comment says what a bound value such as 0 means).
+Positive = Annotated[float, Range(0, low_open=True)]  # > 0
+NonNegative = Annotated[float, Range(0)]  # >= 0
+Fraction = Annotated[float, Range(0, 1)]  # in [0, 1]
+Discount = Annotated[float, Range(0, 1, low_open=True)]  # γ in (0, 1]
+Count = Annotated[int, Range(1)]  # >= 1
+Count0 = Annotated[int, Range(0)]  # >= 0
+Widths = Annotated[tuple, Range(1)]  # layer widths: at least one, each >= 1
+# Settings the learner service reads from every algorithm's config: their ranges hold for a config class that
+# declares none (an algorithm plugin's plain `int` fields).
+SERVICE_RANGES = {name: Range(1) for name in ("envs_per_actor", "unroll_length", "eval_episodes", "eval_every_updates")}
+
+
+def ranges(cls) -> dict[str, Range]:
+    """The declared `Range` of each field of the config dataclass `cls` (`SERVICE_RANGES` where it declares
+    none)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = {}
+    for f in dataclasses.fields(cls):
+        declared = [m for m in getattr(hints.get(f.name), "__metadata__", ()) if isinstance(m, Range)]
+        if declared:
+            out[f.name] = declared[0]
+        elif f.name in SERVICE_RANGES:
+            out[f.name] = SERVICE_RANGES[f.name]
+    return out
 
 
 @dataclasses.dataclass
@@ -47,48 +110,53 @@ class PPOConfig:
     `batch_episodes`; 0 turns a trigger off).
     """
 
-    policy_hidden: tuple = (64, 64)  # policy MLP hidden layer widths (units)
-    value_hidden: tuple = (64, 64)  # value MLP hidden layer widths (units)
+    policy_hidden: Widths = (64, 64)  # policy MLP hidden layer widths (units)
+    value_hidden: Widths = (64, 64)  # value MLP hidden layer widths (units)
     activation: str = "tanh"  # hidden-layer activation of both MLPs: relu (BatchPPO) or tanh
     mean_head: str = "linear"  # policy mean = tanh(MLP) (BatchPPO) or the MLP output ("linear")
-    init_std: float = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
-    mean_init_factor: float = 1e-4  # variance-scaling factor of the mean head's initial weights
-    learning_rate: float = 3e-4  # Adam step size, policy and value (per gradient step)
+    init_std: Positive = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
+    mean_init_factor: Positive = 1e-4  # variance-scaling factor of the mean head's initial weights
+    learning_rate: Positive = 3e-4  # Adam step size, policy and value (per gradient step)
     lr_schedule: str = "linear"  # linear: annealed to lr_final_fraction × learning_rate at --total-steps, or constant
-    lr_final_fraction: float = 0.0  # linear schedule: the learning rate at the budget, as a fraction (0: CleanRL)
-    epochs: int = 10  # passes over each update batch
-    num_minibatches: int = 32  # gradient steps per epoch (the batch is split into this many)
-    batch_env_steps: int = 2048  # env steps per update (0: trigger by episodes only)
-    batch_episodes: int = 0  # finished episodes per update (0: trigger by env steps only)
-    discount: float = 0.99  # γ per env step
-    gae_lambda: float = 0.95  # GAE λ (1: discounted return − V, the BatchPPO advantage)
+    lr_final_fraction: Fraction = 0.0  # linear schedule: the learning rate at the budget, as a fraction (0: CleanRL)
+    epochs: Count = 10  # passes over each update batch
+    num_minibatches: Count = 32  # gradient steps per epoch (the batch is split into this many)
+    batch_env_steps: Count0 = 2048  # env steps per update (0: trigger by episodes only)
+    batch_episodes: Count0 = 0  # finished episodes per update (0: trigger by env steps only)
+    discount: Discount = 0.99  # γ per env step
+    gae_lambda: Fraction = 0.95  # GAE λ (1: discounted return − V, the BatchPPO advantage)
     policy_objective: str = "clip"  # clip (PPO-clip) or kl_penalty (BatchPPO: adaptive β, cutoff)
-    kl_target: float = 0.01  # KL(π_old‖π_new) per update that β steers toward (nats)
-    kl_cutoff_factor: float = 2.0  # the quadratic cutoff starts at this multiple of kl_target
-    kl_cutoff_coef: float = 1000.0  # weight of the quadratic KL cutoff term
-    init_beta: float = 1.0  # initial KL penalty coefficient β
-    clip_epsilon: float = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
-    max_importance_weight: float = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
-    max_grad_norm: float = 0.5  # clip each gradient to this global norm (0: no clipping)
+    kl_target: Positive = 0.01  # KL(π_old‖π_new) per update that β steers toward (nats)
+    kl_cutoff_factor: Positive = 2.0  # the quadratic cutoff starts at this multiple of kl_target
+    kl_cutoff_coef: NonNegative = 1000.0  # weight of the quadratic KL cutoff term
+    init_beta: Positive = 1.0  # initial KL penalty coefficient β
+    clip_epsilon: Positive = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
+    max_importance_weight: Positive = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
+    max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
-    obs_clip: float = 5.0  # normalised observations are clipped to ±obs_clip (std units)
+    obs_clip: Positive = 5.0  # normalised observations are clipped to ±obs_clip (std units)
     reward_scale: str = "none"  # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none
-    reward_clip: float = 10.0  # scaled rewards (rms, return) are clipped to ±reward_clip
-    max_policy_lag: int = 3  # items older than this many policy versions are dropped (asynchronous mode)
+    reward_clip: Positive = 10.0  # scaled rewards (rms, return) are clipped to ±reward_clip
+    max_policy_lag: Count0 = 3  # items older than this many policy versions are dropped (asynchronous mode)
     synchronous: bool = False  # each batch is collected only with the policy version it trains (on-policy PPO)
     actor_credit: bool = True  # asynchronous: actors write at most max_policy_lag + 1 batch shares ahead (none dropped)
     init: str = "variance_scaling"  # network initialisation: variance_scaling, or orthogonal (CleanRL's gains)
-    adam_epsilon: float = 1e-7  # Adam ε, added to √(second moment) before bias correction (Keras' default)
+    adam_epsilon: Positive = 1e-7  # Adam ε, added to √(second moment) before bias correction (Keras' default)
     shared_optimizer: bool = False  # one Adam on policy + value_loss_coef × value loss, one gradient clip
-    value_loss_coef: float = 0.5  # weight of the value loss in the shared optimizer's loss (shared only)
-    value_clip: float = 0.0  # V − V_old clipped to ±value_clip in a second value loss, the larger kept (0: none)
+    value_loss_coef: Positive = 0.5  # weight of the value loss in the shared optimizer's loss (shared only)
+    value_clip: NonNegative = 0.0  # V − V_old clipped to ±value_clip in a second value loss, the larger kept (0: none)
     advantage_norm: str = "batch"  # advantages normalised over the whole batch, each minibatch, or none
-    envs_per_actor: int = 8  # envs each actor steps as one batch
-    unroll_length: int = 64  # batch steps per replay item (T; items hold T + 1)
-    eval_episodes: int = 10  # episodes per evaluation (mean action)
-    eval_every_updates: int = 10  # updates (policy versions) between evaluations
+    envs_per_actor: Count = 8  # envs each actor steps as one batch
+    unroll_length: Count = 64  # batch steps per replay item (T; items hold T + 1)
+    eval_episodes: Count = 10  # episodes per evaluation (mean action)
+    eval_every_updates: Count = 10  # updates (policy versions) between evaluations
 
     def __post_init__(self):
+        if self.batch_env_steps <= 0 and self.batch_episodes <= 0:
+            raise ValueError(
+                "PPO batch_env_steps and batch_episodes are both 0: no update would ever start (and every item "
+                "would be kept). Set one of them, e.g. batch_env_steps=2048, in --set or the --config-file."
+            )
         if self.synchronous and (self.batch_env_steps <= 0 or self.batch_episodes):
             raise ValueError(
                 f"PPO synchronous=true needs a batch of env steps (batch_env_steps > 0, now "
@@ -216,25 +284,10 @@ CHOICES = {
 }
 
 
-# Numeric settings with a valid range: (test, what the message asks for).
-RANGES = {
-    "learning_rate": (lambda v: v > 0, "> 0"),
-    "clip_epsilon": (lambda v: v > 0, "> 0"),
-    "max_importance_weight": (lambda v: v > 0, "> 0"),
-    "obs_clip": (lambda v: v > 0, "> 0"),
-    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0: no clipping)"),
-    "adam_epsilon": (lambda v: v > 0, "> 0"),
-    "value_loss_coef": (lambda v: v > 0, "> 0"),
-    "value_clip": (lambda v: v >= 0, ">= 0 (0: no clipped value loss)"),
-    "lr_final_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "teacher_eval_episodes": (lambda v: v >= 0, ">= 0 (0: eval_episodes)"),
-    "distillation_score_episodes": (lambda v: v >= 0, ">= 0 (0: each evaluation's own episodes)"),
-}
-
-
 def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = None):
     """`algorithm`'s settings (`rlfleet.algorithms.Algorithm`): its preset's values, then its per-env
-    overrides, then `overrides`, checked against its config dataclass (names, types, choices, ranges).
+    overrides, then `overrides`, checked against its config dataclass (names, types, choices, the declared
+    `Range` of each numeric setting, and the checks across settings its `__post_init__` makes).
 
     Raises:
         ValueError: naming the setting, what is wrong and the fix.
@@ -248,6 +301,7 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
         per_env = env_overrides.get((preset, "ALE/*"))
     values = {**presets[preset], **(per_env or {}), **(overrides or {})}
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    valid = ranges(cls)
     bad = sorted(set(values) - set(fields))
     if bad:
         raise ValueError(f"unknown {name.upper()} setting(s) {bad}; valid settings: {sorted(fields)}.")
@@ -260,9 +314,13 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
                 f"{name.upper()} setting {k} = {v!r}: choose one of {list(CHOICES[k])}; "
                 "fix it in --set or the --config-file."
             )
-        if k in RANGES and not RANGES[k][0](v):
+        if k in valid and v not in valid[k]:
+            what = describe(cls).get(k)
+            must = f"a non-empty list, each element {valid[k]}" if isinstance(v, tuple) else str(valid[k])
             raise ValueError(
-                f"{name.upper()} setting {k} = {v!r}: must be {RANGES[k][1]}; fix it in --set or the --config-file."
+                f"{name.upper()} setting {k} = {v!r}: must be {must}"
+                + (f" ({what})" if what else "")
+                + "; fix it in --set or the --config-file."
             )
     unused = sorted(set(overrides or {}) & set(algorithm.unused_settings))
     if unused:
@@ -321,30 +379,38 @@ class DQNConfig:
     many actors are attached.
     """
 
-    hidden: tuple = (256, 256)  # MLP Q-network hidden widths (units); Atari uses the Nature CNN
-    n_step: int = 3  # steps of reward before the bootstrap (n-step targets)
-    discount: float = 0.99  # γ per env step
-    learning_rate: float = 1e-4  # Adam step size (per gradient step)
-    adam_epsilon: float = 1.5e-4  # Adam ε, added to the root of the second-moment estimate
-    batch_size: int = 32  # items per gradient step
-    samples_per_insert: float = 8.0  # items sampled per item inserted (batch_size × learner steps per env step)
-    replay_size: int = 1_000_000  # replay capacity (items = env steps); oldest removed first
-    min_replay_size: int = 20_000  # items in replay before the first gradient step
-    target_update_period: int = 2000  # learner steps between target-network copies
-    publish_every: int = 100  # learner steps between weights versions pushed to actors
-    epsilon_start: float = 1.0  # actors' ε at env step 0
-    epsilon_end: float = 0.01  # actors' ε after the decay
-    epsilon_decay_env_steps: int = 250_000  # env steps (all actors) over which ε decays linearly
-    epsilon_eval: float = 0.001  # ε of the evaluation policy
-    envs_per_actor: int = 8  # envs each actor steps as one batch
-    eval_episodes: int = 10  # episodes per evaluation
-    eval_every_updates: int = 20  # weights versions between evaluations
+    hidden: Widths = (256, 256)  # MLP Q-network hidden widths (units); Atari uses the Nature CNN
+    n_step: Count = 3  # steps of reward before the bootstrap (n-step targets)
+    discount: Discount = 0.99  # γ per env step
+    learning_rate: Positive = 1e-4  # Adam step size (per gradient step)
+    adam_epsilon: Positive = 1.5e-4  # Adam ε, added to the root of the second-moment estimate
+    batch_size: Count = 32  # items per gradient step
+    samples_per_insert: Positive = 8.0  # items sampled per item inserted (batch_size × learner steps per env step)
+    replay_size: Count = 1_000_000  # replay capacity (items = env steps); oldest removed first
+    min_replay_size: Count = 20_000  # items in replay before the first gradient step
+    target_update_period: Count = 2000  # learner steps between target-network copies
+    publish_every: Count = 100  # learner steps between weights versions pushed to actors
+    epsilon_start: Fraction = 1.0  # actors' ε at env step 0
+    epsilon_end: Fraction = 0.01  # actors' ε after the decay
+    epsilon_decay_env_steps: Count0 = 250_000  # env steps (all actors) over which ε decays linearly
+    epsilon_eval: Fraction = 0.001  # ε of the evaluation policy
+    envs_per_actor: Count = 8  # envs each actor steps as one batch
+    eval_episodes: Count = 10  # episodes per evaluation
+    eval_every_updates: Count = 20  # weights versions between evaluations
     prioritized: bool = False  # prioritized replay sampling (else uniform)
-    priority_exponent: float = 0.6  # prioritized sampling exponent α
-    reward_clip: float = 0.0  # TD targets use rewards clipped to ±reward_clip (0: unclipped)
+    priority_exponent: NonNegative = 0.6  # prioritized sampling exponent α
+    reward_clip: NonNegative = 0.0  # TD targets use rewards clipped to ±reward_clip (0: unclipped)
     double_q: bool = False  # bootstrap with Q_target(s', argmax Q_online(s')) (van Hasselt et al. 2016)
     lr_schedule: str = "constant"  # constant, or linear: to lr_final_fraction × learning_rate at --total-steps
-    lr_final_fraction: float = 0.0  # linear schedule: the learning rate at the budget, as a fraction
+    lr_final_fraction: Fraction = 0.0  # linear schedule: the learning rate at the budget, as a fraction
+
+    def __post_init__(self):
+        if self.min_replay_size > self.replay_size:
+            raise ValueError(
+                f"min_replay_size = {self.min_replay_size} is above replay_size = {self.replay_size}: the "
+                "replay would never hold enough items to start learning. Lower min_replay_size or raise "
+                "replay_size in --set or the --config-file."
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -422,15 +488,15 @@ class QDaggerConfig(DQNConfig):
     iteration from a 125k-agent-step evaluation, never from pretraining scores.
     """
 
-    learning_rate_final: float = 1e-5  # Adam step size once λ reaches 0 (per gradient step)
-    offline_steps: int = 100_000  # gradient steps on the teacher's replay before any env step
-    distillation_base: float = 3.0  # λ, the distillation coefficient, at the start of the online phase
-    distillation_temperature: float = 0.1  # τ of the teacher's softmax over Q-values (reward units)
-    distillation_cutoff_env_steps: int = 1_000_000  # online env steps after which λ = 0 (0: no cutoff)
-    epsilon_start: float = 0.01  # actors' ε at env step 0 (the student starts competent: ε_end)
-    random_eval_episodes: int = 10  # episodes of a uniform-random policy for the status baseline
-    teacher_eval_episodes: int = 30  # episodes of the teacher's evaluation at start, λ's R_T (0: eval_episodes)
-    distillation_score_episodes: int = 30  # latest online eval episodes averaged to set λ (0: each evaluation alone)
+    learning_rate_final: Positive = 1e-5  # Adam step size once λ reaches 0 (per gradient step)
+    offline_steps: Count0 = 100_000  # gradient steps on the teacher's replay before any env step
+    distillation_base: NonNegative = 3.0  # λ, the distillation coefficient, at the start of the online phase
+    distillation_temperature: Positive = 0.1  # τ of the teacher's softmax over Q-values (reward units)
+    distillation_cutoff_env_steps: Count0 = 1_000_000  # online env steps after which λ = 0 (0: no cutoff)
+    epsilon_start: Fraction = 0.01  # actors' ε at env step 0 (the student starts competent: ε_end)
+    random_eval_episodes: Count = 10  # episodes of a uniform-random policy for the status baseline
+    teacher_eval_episodes: Count0 = 30  # episodes of the teacher's evaluation at start, λ's R_T (0: eval_episodes)
+    distillation_score_episodes: Count0 = 30  # latest online eval episodes averaged to set λ (0: each evaluation alone)
 
 
 QDAGGER_PRESETS = {"default": {}}
