@@ -6,6 +6,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - async-default: rlfleet's `default` preset as `rlfleet up` runs it;
 - async-cleanrl-nocredit: async-cleanrl with actors that run free of the lag limit (`actor_credit=false`);
 - async-default-returnscale: async-default with rewards divided by the std of the discounted return;
+- async-cleanrl-lag1, async-default-lag1: actors at most one policy version ahead (`max_policy_lag=1`): the next
+  batch is collected while the learner trains on the last;
 - sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
@@ -44,6 +46,8 @@ VARIANTS = {
     "async-default": ("ppo", []),
     "async-cleanrl-nocredit": ("ppo", ["--config", "cleanrl", "--set", "actor_credit=false"]),
     "async-default-returnscale": ("ppo", ["--set", "reward_scale=return"]),
+    "async-cleanrl-lag1": ("ppo", ["--config", "cleanrl", "--set", "max_policy_lag=1"]),
+    "async-default-lag1": ("ppo", ["--set", "max_policy_lag=1"]),
     "sync-default": ("ppo", ["--set", "synchronous=true"]),
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
     "sb3-default": ("sb3-ppo", []),

@@ -310,10 +310,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     type=click.Path(file_okay=False),
     help="Run directory (required, except with --resume: then that directory).",
 )
-@click.option("--actors", "num_actors", default=1, show_default=True, type=int, help="Actor processes.")
-@click.option("--envs-per-actor", type=int, default=None, help="Envs per actor (default: preset).")
+@click.option("--actors", "num_actors", default=1, show_default=True, type=click.IntRange(1), help="Actor processes.")
+@click.option("--envs-per-actor", type=click.IntRange(1), default=None, help="Envs per actor (default: preset).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Run seed (networks, env seeds derive from it).")
-@click.option("--learner-port", type=int, default=0, help="Learner port (default: a free one).")
+@click.option("--learner-port", type=click.IntRange(0, 65535), default=0, help="Learner port (default: a free one).")
 @click.option(
     "--bind",
     default="127.0.0.1",
@@ -336,7 +336,13 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     default=None,
     help="Continue from the latest checkpoint of this run directory.",
 )
-@click.option("--report-interval", default=5.0, show_default=True, type=float, help="Seconds between progress rows.")
+@click.option(
+    "--report-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds between progress rows.",
+)
 @click.option(
     "--teacher",
     type=click.Path(file_okay=False),
@@ -345,7 +351,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 )
 @click.option(
     "--offline-steps",
-    type=int,
+    type=click.IntRange(0),
     default=None,
     help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
 )
@@ -417,10 +423,15 @@ def up(
 
 @main.command("replay")
 @common
-@click.option("--port", type=int, required=True, help="Port to serve Reverb on (0: a free one, printed at start).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    required=True,
+    help="Port to serve Reverb on (0: a free one, printed at start).",
+)
 @click.option(
     "--queue-items",
-    type=int,
+    type=click.IntRange(1),
     default=None,
     help="Queue capacity in items (default: one update batch): how far actors may run ahead.",
 )
@@ -442,7 +453,7 @@ def up(
     "--checkpoint-interval",
     default=600.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(0),
     help="dqn/qdagger with --checkpoint-dir: seconds between Reverb checkpoints (0: only on stop), so "
     "that a replay server that crashes restarts with at most this much replay lost.",
 )
@@ -638,8 +649,10 @@ def replay_checkpoint_cmd(replay_address):
     help="Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
     "--resume: then that directory).",
 )
-@click.option("--total-steps", type=int, default=0, show_default=True, help="Env steps (0: until stopped).")
-@click.option("--port", type=int, default=0, show_default=True, help="gRPC port (0: a free one).")
+@click.option(
+    "--total-steps", type=click.IntRange(0), default=0, show_default=True, help="Env steps (0: until stopped)."
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Network initialisation and actor env seeds.")
 @click.option(
@@ -660,21 +673,21 @@ def replay_checkpoint_cmd(replay_address):
     "--report-interval",
     default=5.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(0, min_open=True),
     help="Seconds between metrics rows (metrics.jsonl, TensorBoard).",
 )
 @click.option(
     "--checkpoint-interval",
     default=120.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(0),
     help="Seconds between learner checkpoints (a restarted learner continues from the latest).",
 )
 @click.option(
     "--linger",
     default=5.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(0),
     help="Seconds to keep serving after the run ends, so actors see the stop.",
 )
 @click.option(
@@ -696,7 +709,7 @@ def replay_checkpoint_cmd(replay_address):
 @click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
 @click.option(
     "--offline-steps",
-    type=int,
+    type=click.IntRange(0),
     default=None,
     help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
 )
@@ -710,7 +723,7 @@ def replay_checkpoint_cmd(replay_address):
     "--actor-timeout",
     default=30.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(0, min_open=True),
     help="Seconds without a heartbeat after which an actor leaves the status list.",
 )
 @click.option(
@@ -821,14 +834,18 @@ def learner_cmd(
 @main.command("actor")
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--replay", "replay_address", default=None, help="Override the replay address the learner announces.")
-@click.option("--num-envs", type=int, default=0, help="Must match the run's envs per actor (default: take it).")
+@click.option(
+    "--num-envs", type=click.IntRange(0), default=0, help="Must match the run's envs per actor (default: take it)."
+)
 @click.option(
     "--env-backend",
     default=None,
     type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
     help="Override the run's env backend.",
 )
-@click.option("--connect-timeout", default=30.0, show_default=True, type=float, help="Seconds.")
+@click.option(
+    "--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True), help="Seconds."
+)
 @client_security
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout, security):
     """Run one actor that joins the learner at --learner."""
@@ -845,7 +862,7 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
 @main.command("status")
 @click.option("--learner", "learner_address", required=True, help="Learner host:port.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON (snake_case fields).")
-@click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0, min_open=True), help="Seconds.")
 @client_security
 def status_cmd(learner_address, as_json, timeout, security):
     """Query the learner's status RPC."""
@@ -862,7 +879,7 @@ def status_cmd(learner_address, as_json, timeout, security):
 @main.command("health")
 @click.option("--learner", "learner_address", default=None, help="Learner host:port: ask its gRPC health service.")
 @click.option("--replay", "replay_address", default=None, help="Reverb server host:port: ask it for its tables.")
-@click.option("--timeout", default=5.0, show_default=True, type=float, help="Seconds.")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0, min_open=True), help="Seconds.")
 @client_security
 def health_cmd(learner_address, replay_address, timeout, security):
     """Exit 0 when the service answers (container health checks); exit 1 with the reason otherwise."""

@@ -88,3 +88,17 @@ def test_an_out_of_range_setting_is_an_error_before_anything_starts(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "rlfleet: error: DQN setting publish_every = 0: must be >= 1" in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--actors", 0), ("--envs-per-actor", 0), ("--learner-port", 70000), ("--report-interval", 0), ("--seed", -1)],
+)
+def test_an_out_of_range_option_is_an_error_before_anything_starts(tmp_path, option, value):
+    from conftest import rlfleet
+
+    out = rlfleet(
+        "up", "--algo", "ppo", "--env", "Hopper-v5", "--total-steps", 1000, "--logdir", tmp_path / "r", option, value
+    )
+    assert out.returncode == 2 and f"Invalid value for '{option}'" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
