@@ -120,8 +120,8 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
         while not actor.stop.is_set():
             serial = weights.serial  # read first: a message in between only ends a wait early
             version, arrays, _ = weights.latest
-            credit.see(version, *weights.item_credit(), weights.resends)
             if appended == item_start:  # this step starts an item (the first, or the first after a wait)
+                credit.see(version, *weights.item_credit(), weights.resends)
                 credit.take()
             if weights.items_per_actor(version) and version != item_version:
                 if appended - item_start != t:  # not the step that ends an item: start a new one here
@@ -158,6 +158,7 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
                 written = item_version if item_version is not None else version
                 item_start, item_version = appended - 1, version
                 items_of_version[written] += 1
+                credit.see(version, *weights.item_credit(), weights.resends)  # at item starts only: not per step
                 limit = weights.items_per_actor(written)
                 if limit and items_of_version[written] >= limit:
                     if not actor.wait_written(writer, epoch, in_flight=0):

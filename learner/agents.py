@@ -18,7 +18,7 @@ from rlfleet.actors.envs import EnvSpec
 from rlfleet.learner.evaluation import evaluate
 from rlfleet.learner.ppo import BatchPPO
 from rlfleet.learner.presets import PPOConfig
-from rlfleet.replay.server import PPO_TABLE, ppo_signature
+from rlfleet.replay.server import PPO_TABLE, ppo_queue_items, ppo_signature
 
 
 @dataclasses.dataclass
@@ -195,19 +195,13 @@ class PPOAgent(Agent):
         for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
-    def _batch_items(self) -> int:
-        """Replay items of one update batch of `batch_env_steps` (rounded up to whole items, at least 1)."""
-        c = self.config
-        per_item = c.envs_per_actor * c.unroll_length
-        return max(1, -(-c.batch_env_steps // per_item))
-
     def items_per_actor(self, num_actors: int) -> int:
         """Synchronous: the batch's items shared out over `num_actors` (at least 1), rounded up; the count is
         kept for `on_idle`. With fewer items per batch than actors, some actors' items are dropped."""
         if not self.config.synchronous:
             return 0
         self._shared_by = max(1, num_actors)
-        return -(-self._batch_items() // self._shared_by)
+        return -(-ppo_queue_items(self.config) // self._shared_by)
 
     def item_credit(self, num_actors: int) -> tuple[float, int]:
         """Asynchronous with `actor_credit`: (the batch's items ÷ `num_actors` (at least 1), `max_policy_lag`);
@@ -219,7 +213,7 @@ class PPOAgent(Agent):
         if c.synchronous or not c.batch_env_steps or not c.actor_credit:
             return 0.0, 0
         self._shared_by = max(1, num_actors)
-        return self._batch_items() / self._shared_by, c.max_policy_lag
+        return ppo_queue_items(self.config) / self._shared_by, c.max_policy_lag
 
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
