@@ -8,6 +8,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - async-default-returnscale: async-default with rewards divided by the std of the discounted return;
 - async-cleanrl-lag1, async-default-lag1: actors at most one policy version ahead (`max_policy_lag=1`): the next
   batch is collected while the learner trains on the last;
+- async-cleanrl-lag0: the asynchronous path held to no lag at all (`max_policy_lag=0`): each actor writes its share
+  of a batch and waits for the next version, as the synchronous control does, but through the asynchronous code;
 - sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
@@ -48,6 +50,7 @@ VARIANTS = {
     "async-default-returnscale": ("ppo", ["--set", "reward_scale=return"]),
     "async-cleanrl-lag1": ("ppo", ["--config", "cleanrl", "--set", "max_policy_lag=1"]),
     "async-default-lag1": ("ppo", ["--set", "max_policy_lag=1"]),
+    "async-cleanrl-lag0": ("ppo", ["--config", "cleanrl", "--set", "max_policy_lag=0"]),
     "sync-default": ("ppo", ["--set", "synchronous=true"]),
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
     "sb3-default": ("sb3-ppo", []),

@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 import reverb
+import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
 from rlfleet.learner.evaluation import evaluate
@@ -163,6 +164,13 @@ class PPOAgent(Agent):
         self._items, self._steps, self._episodes = [], 0, 0
         self._shared_by = 0  # the actors the latest share of a batch was made for (both modes)
         self.off_policy_env_steps = 0  # env steps trained on that an older policy version acted on (this process)
+        # Env steps of the batches trained on so far (checkpointed): the learning-rate schedule's clock. The
+        # count the actors report depends on when their heartbeats arrive, so a schedule run by it made two
+        # runs of one seed differ from the first few updates on, even synchronously.
+        # A Python int, mirrored into the variable only for checkpoints (an eager op per update grows the
+        # learner's memory, see rlfleet.learner.ppo.BatchPPO._update).
+        self.trained_env_steps = 0
+        self._trained_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def signature(self) -> dict:
         c = self.config
@@ -182,13 +190,21 @@ class PPOAgent(Agent):
         return self.ppo.export_weights()
 
     def checkpoint_items(self) -> dict:
-        return self.ppo.checkpoint_items()
+        return dict(self.ppo.checkpoint_items(), trained_env_steps=self._trained_variable)
 
     def sync_to_checkpoint(self) -> None:
         self.ppo.sync_to_checkpoint()
+        self._trained_variable.assign(self.trained_env_steps)
 
     def sync_from_checkpoint(self) -> None:
         self.ppo.sync_from_checkpoint()
+        self.trained_env_steps = int(self._trained_variable.numpy())
+
+    def on_resume(self, env_steps: int) -> None:
+        """A checkpoint written before the trained env steps were kept restores 0: the schedule then goes on
+        from the env steps the run collected (`env_steps`), as it did before."""
+        if self.trained_env_steps == 0 and env_steps > 0:
+            self.trained_env_steps = env_steps
 
     def samples(self, replay_address: str):
         client = reverb.Client(replay_address)
@@ -245,7 +261,11 @@ class PPOAgent(Agent):
         behind `policy_version`, over env steps: mean and max, and the share of off-policy steps, lag > 0).
         The observation statistics travel with the weights, so the lag is also their age at the actors."""
         batch = {k: np.concatenate([it[k] for it in self._items], axis=1) for k in self._items[0]}
-        progress = min(1.0, env_steps / self.total_steps) if self.total_steps else 0.0
+        # The schedule's clock is the env steps trained on before this batch (as CleanRL anneals by update
+        # index): a function of the data, not of when heartbeats arrived, so a synchronous run is reproducible.
+        done = self.trained_env_steps
+        progress = min(1.0, done / self.total_steps) if self.total_steps else 0.0
+        self.trained_env_steps += self._steps
         lag = policy_version - batch["policy_version"][:-1]
         self.off_policy_env_steps += int(np.count_nonzero(lag > 0))
         metrics = self.ppo.update(batch, progress)

@@ -283,7 +283,7 @@ class BatchPPO:
         Args:
             batch: replay fields (see `rlfleet.replay.server.ppo_signature`) with leading
                 shape [T+1, N]; step T only provides the bootstrap observation.
-            progress: fraction of the run's env-step budget done, in [0, 1]; with
+            progress: fraction of the run's env-step budget trained on before this batch, in [0, 1]; with
                 `lr_schedule` "linear" the step size is
                 learning_rate × (1 − (1 − lr_final_fraction) × progress) (with a fraction of 0,
                 annealed to 0 at the budget, as CleanRL's PPO does).
