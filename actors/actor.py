@@ -31,6 +31,10 @@ from rlfleet.proto.security import ClientSecurity, channel
 
 log = logging.getLogger("rlfleet.actor")
 
+# Heartbeats in a row that were sent but got no reply (each waits 5 s) before the actor replaces its channel:
+# a connection that died silently is left within about 12 s (`Actor._reconnect`).
+UNANSWERED_BEATS_BEFORE_RECONNECT = 2
+
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
 # finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
 # so that under docker-compose --exit-code-from learner no actor's exit stops the learner's final evaluation.
@@ -66,11 +70,14 @@ class Policy(typing.NamedTuple):
 
 
 class _WeightsSubscriber(threading.Thread):
-    """Keeps the latest `Policy` from the learner's StreamWeights RPC; reconnects with backoff."""
+    """Keeps the latest `Policy` from the learner's StreamWeights RPC; reconnects with backoff.
 
-    def __init__(self, stub, actor_id: int, stop: threading.Event):
+    `stub_of()` gives the `LearnerStub` to stream from, asked again at every reconnect (the actor replaces its
+    channel when a connection died silently: `Actor._reconnect`)."""
+
+    def __init__(self, stub_of, actor_id: int, stop: threading.Event):
         super().__init__(daemon=True, name="weights")
-        self.stub, self.actor_id, self.stop = stub, actor_id, stop
+        self.stub_of, self.actor_id, self.stop = stub_of, actor_id, stop
         self.latest: Policy | None = None
         self._collection = (-1, 0, 0.0, 0)  # (policy version, its Weights.items_per_actor, item_share, versions_ahead)
         self.serial = 0  # weights messages received (a restarted learner may send a version again)
@@ -86,7 +93,7 @@ class _WeightsSubscriber(threading.Thread):
                 # From the version acted with, not the one after: a learner restarted from a checkpoint of that
                 # version sends it again, which ends a synchronous actor's wait for the next one.
                 first = self.latest[0] if self.latest else 0
-                for msg in self.stub.StreamWeights(
+                for msg in self.stub_of().StreamWeights(
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
                     version, arrays = proto_arrays.from_proto(msg)
@@ -117,6 +124,8 @@ class _WeightsSubscriber(threading.Thread):
                     self.stop.set()
                     return
                 log.warning("weights stream interrupted (%s); retrying in %.1fs", e.code(), backoff)
+            except ValueError as e:  # a channel the actor closed under the call (`Actor._reconnect`): the next one
+                log.warning("weights stream interrupted (%s); retrying in %.1fs", e, backoff)
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
@@ -187,6 +196,7 @@ class Actor:
         connect_timeout_s: float = 30.0,
         security: ClientSecurity | None = None,
     ):
+        self.security = security
         self.channel = channel(learner_address, security)
         self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
         self.host = socket.gethostname()
@@ -239,6 +249,7 @@ class Actor:
         self._restarts = 0
         self.learner_address = learner_address
         self._heartbeats_failed = 0  # in a row
+        self._heartbeats_unanswered = 0  # in a row: sent, but no reply in time (not refused)
         self.heartbeats = HeartbeatStream(self.stub)
 
     def _replay_reachable(self) -> bool:
@@ -300,6 +311,7 @@ class Actor:
                 ),
                 timeout_s=5,
             )
+            self._heartbeats_unanswered = 0
             if self._heartbeats_failed:
                 print(
                     f"rlfleet actor {self.actor_id}: learner {self.learner_address} is back after "
@@ -316,6 +328,32 @@ class Actor:
                 self.pending_lengths = lengths + self.pending_lengths
             self._heartbeats_failed += 1
             log.warning("heartbeat failed: %s", e.code())
+            unanswered = e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
+            self._heartbeats_unanswered = self._heartbeats_unanswered + 1 if unanswered else 0
+            if self._heartbeats_unanswered >= UNANSWERED_BEATS_BEFORE_RECONNECT:
+                self._reconnect()
+                self._heartbeats_unanswered = 0
+
+    def _reconnect(self) -> None:
+        """Replaces the channel to the learner by a new one (a new connection), for a connection that died
+        without a FIN or RST (a NAT or firewall that dropped its state): gRPC's keepalive pings are not sent
+        while calls keep writing on it, so every call would wait on the dead connection. Closing the old
+        channel ends the weight stream on it, which the weights thread opens again on the new one."""
+        print(
+            f"rlfleet actor {self.actor_id}: {self._heartbeats_unanswered} heartbeats in a row got no reply; "
+            f"connecting to the learner {self.learner_address} anew",
+            flush=True,
+        )
+        old = self.channel
+        try:
+            self.channel = channel(self.learner_address, self.security)
+        except (ValueError, OSError) as e:  # the settings worked at start; keep the channel there is
+            log.warning("cannot open a new channel to the learner (%s); keeping the old one", e)
+            return
+        self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
+        self.heartbeats.close()
+        self.heartbeats = HeartbeatStream(self.stub)
+        old.close()
 
     def check_replay(self, epoch: int) -> None:
         """Raises ReplayLost when the replay server restarted since `epoch` (its open writers are dead)."""
@@ -346,7 +384,7 @@ class Actor:
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
             self._check_spec(venv)
-            weights = _WeightsSubscriber(self.stub, self.actor_id, self.stop)
+            weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
             weights.start()
             heartbeats.start()
             threading.Thread(target=self._watch_replay, daemon=True, name="replay-watch").start()

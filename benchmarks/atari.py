@@ -87,7 +87,7 @@ def collection(env_id: str, num_envs: int, seconds: float, warmup: float) -> dic
         actor.wait(30)
         items = get_status(address, 2)["replay"][0]["size"]
         rss1 = replay_proc.memory_info().rss
-        path = checkpoint_replay(cluster.replay_address)
+        path = checkpoint_replay(cluster.replay_address, root=checkpoints)  # RUN/replay/ckpt-N
         inserts = s1["replay"][0]["inserts"] - s0["replay"][0]["inserts"]
         return dict(
             written_agent_steps_per_second=inserts / dt,

@@ -82,8 +82,9 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
     work = tempfile.mkdtemp(prefix="rlfleet-distil-")
     server = batches = None
     try:
-        root = open_teacher_replay(os.path.join(teacher_dir, REPLAY_SUBDIR), work)
-        server = reverb.Server(tables_for("qdagger", spec, config), port=None, checkpointer=checkpointer(root))
+        copy = open_teacher_replay(os.path.join(teacher_dir, REPLAY_SUBDIR), work)
+        restoring = checkpointer(work, restore_from=copy)
+        server = reverb.Server(tables_for("qdagger", spec, config), port=None, checkpointer=restoring)
         agent = make_agent(spec, config, seed, teacher=teacher_dir, teacher_replay=f"localhost:{server.port}")
         agent.on_start()  # R_T and the random policy's return, as a QDagger run measures them
         batches = agent.samples("")

@@ -394,6 +394,7 @@ def up(
         return
     if total_steps is None:
         _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
+    from rlfleet.deploy.files import StorageError
     from rlfleet.deploy.launcher import LaunchError, launch
 
     logdir = _logdir(logdir, resume)
@@ -416,7 +417,7 @@ def up(
             teacher=teacher,
             bind=bind,
         )
-    except LaunchError as e:
+    except (LaunchError, StorageError) as e:
         _fail(str(e))
     sys.exit(code)
 
@@ -494,6 +495,7 @@ def replay_cmd(
     algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+    from rlfleet.deploy.files import StorageError
     from rlfleet.learner.presets import make_algo_config
     from rlfleet.replay.server import serve, tables_for
 
@@ -524,23 +526,24 @@ def replay_cmd(
             checkpoint_interval_s=checkpoint_interval,
             run_over=_run_over_probe(learner_address, security) if learner_address else None,
         )
-    except (EnvError, ValueError) as e:
+    except (EnvError, ValueError, StorageError) as e:
         _fail(str(e))
 
 
 def _recorded_fault(logdir: str) -> str | None:
     """The fault that `logdir`'s summary.json records (a run that failed, e.g. diverged) when its latest checkpoint
     is the one the failed run left (a run resumed and checkpointed since is not held to an old fault), else None."""
-    import tensorflow as tf  # the learner imports it next anyway
+    from rlfleet.learner.checkpoints import newest_checkpoint_name  # imports TensorFlow, as the learner next does
 
     try:
         with open(os.path.join(logdir, "summary.json")) as f:
             summary = json.load(f)
     except (OSError, ValueError):
         return None
-    state = tf.train.get_checkpoint_state(os.path.join(logdir, "checkpoints"))
-    left = os.path.basename(summary.get("checkpoint") or "")
-    if not summary.get("fault") or not state or os.path.basename(state.model_checkpoint_path) != left:
+    if not isinstance(summary, dict) or not summary.get("fault"):
+        return None
+    newest = newest_checkpoint_name(os.path.join(logdir, "checkpoints"))
+    if newest is None or newest != os.path.basename(str(summary.get("checkpoint") or "")):
         return None
     return summary["fault"]
 
@@ -620,22 +623,43 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
             )
         click.echo(f"{who}: {out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
         return
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    write_json(out, run)
+    from rlfleet.deploy.files import StorageError, storage_error
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        write_json(out, run)
+    except StorageError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(str(storage_error(e, "the settings file", out)))
     click.echo(f"{who}: wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
 
 
 @main.command("replay-checkpoint")
 @click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
-def replay_checkpoint_cmd(replay_address):
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds to wait for the checkpoint.",
+)
+@click.option(
+    "--checkpoint-dir",
+    default=None,
+    help="The server's --checkpoint-dir, if this machine sees it: prints the checkpoint's final folder there.",
+)
+def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     """Have a running replay server write a Reverb checkpoint now; prints its directory."""
     _quiet_tf()
+    from rlfleet.deploy.files import StorageError
     from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
 
     try:
-        click.echo(checkpoint_replay(replay_address))
-    except ReplayCheckpointError as e:
+        path = checkpoint_replay(replay_address, timeout, checkpoint_dir)
+    except (ReplayCheckpointError, StorageError) as e:
         _fail(str(e))
+    click.echo(path or "written; the replay server keeps it as the newest ckpt-N of its --checkpoint-dir")
 
 
 @main.command("learner")
@@ -794,6 +818,7 @@ def learner_cmd(
             )
         resume = logdir
     from rlfleet.actors.envs import EnvError
+    from rlfleet.deploy.files import StorageError
     from rlfleet.learner.service import Learner, LearnerError
     from rlfleet.proto.security import token_from_env
 
@@ -825,7 +850,7 @@ def learner_cmd(
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
         summary = learner.run()
-    except (EnvError, ValueError, LearnerError) as e:
+    except (EnvError, ValueError, LearnerError, StorageError) as e:
         _fail(str(e))
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)

@@ -14,7 +14,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import portpicker
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.deploy.addresses import bare_host, bind_problem, host_port
+from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.learner.presets import make_algo_config
@@ -67,10 +68,10 @@ def _stop_together(children: list[_Child], timeout: float) -> None:
     for c in children:
         if c.proc.poll() is None:
             c.proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     for c in children:
         try:
-            c.proc.wait(max(0.0, deadline - time.time()))
+            c.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             c.proc.kill()
             c.proc.wait()
@@ -85,24 +86,14 @@ def _fail_child(child: _Child) -> LaunchError:
 
 
 def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> None:
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     while not ready():
         for c in children:
             if c.proc.poll() is not None:
                 raise _fail_child(c)
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             raise LaunchError(f"{what} did not become ready within {timeout:.0f}s; see {children[-1].log_path}")
         time.sleep(0.3)
-
-
-def _port_free(port: int, host: str = LOOPBACK) -> bool:
-    """True when `port` can be bound on `host`."""
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def _interrupt(signum, frame):
@@ -207,13 +198,20 @@ def launch(
     resume_cmd = resume_command(
         algo, env_id, total_steps, logdir, num_actors, seed, preset, overrides, teacher, bind, env_backend
     )
-    if learner_port and not _port_free(learner_port, bind):
-        raise LaunchError(f"--learner-port {learner_port} is in use; choose another port or leave it out.")
-    os.makedirs(os.path.join(logdir, "logs"), exist_ok=True)
+    problem = bind_problem(bind, learner_port or 0)
+    if problem:
+        raise LaunchError(
+            f"the learner cannot listen on {host_port(bind, learner_port or 0)}: {problem}; choose another --bind "
+            "address" + (" or --learner-port (or leave it out)." if learner_port else ".")
+        )
+    try:
+        check_writable(os.path.join(logdir, "logs"), "the run directory")  # makes RUN/logs
+    except StorageError as e:
+        raise LaunchError(str(e)) from None
     replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
     teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
     learner_port = learner_port or portpicker.pick_unused_port()
-    learner_address = f"{LOOPBACK if bind in ('0.0.0.0', '::') else bind}:{learner_port}"
+    learner_address = host_port(LOOPBACK if bare_host(bind) in ("0.0.0.0", "::") else bind, learner_port)
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
     settings_path = os.path.join(logdir, SETTINGS_FILE)
@@ -276,8 +274,8 @@ def launch(
             "--linger",
             "3",
         ]
-        if bind != LOOPBACK and bind not in ("0.0.0.0", "::"):
-            learner_args += ["--replay-for-actors", f"{bind}:{replay_address.split(':')[1]}"]
+        if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
+            learner_args += ["--replay-for-actors", host_port(bind, replay_address.rsplit(":", 1)[1])]
         if resume:
             learner_args += ["--resume", resume]
         if teacher:
@@ -298,7 +296,7 @@ def launch(
             actor = _Child(f"actor-{i}", ["actor", "--learner", learner_address], logdir)
             actors.append(actor)
             children.append(actor)
-        next_report = time.time() + report_interval
+        next_report = time.monotonic() + report_interval
         phase = "starting"
         while learner.proc.poll() is None:
             for c in children:
@@ -307,8 +305,8 @@ def launch(
             for c in children:
                 if "replay" in c.name and c.proc.poll() is not None:
                     raise _fail_child(c)
-            if time.time() >= next_report:
-                next_report = time.time() + report_interval
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + report_interval
                 try:
                     st = get_status(learner_address, 5, security)
                     phase = st["phase"]

@@ -117,7 +117,7 @@ class PPOConfig:
     init_std: Positive = 1.0  # initial std of the Gaussian policy (action units, [-1, 1] scale)
     mean_init_factor: Positive = 1e-4  # variance-scaling factor of the mean head's initial weights
     learning_rate: Positive = 3e-4  # Adam step size, policy and value (per gradient step)
-    lr_schedule: str = "linear"  # linear: annealed by the env steps trained on, to lr_final_fraction × learning_rate at --total-steps; or constant
+    lr_schedule: str = "linear"  # linear: over the env steps trained on, to lr_final_fraction; or constant
     lr_final_fraction: Fraction = 0.0  # linear schedule: the learning rate at the budget, as a fraction (0: CleanRL)
     epochs: Count = 10  # passes over each update batch
     num_minibatches: Count = 32  # gradient steps per epoch (the batch is split into this many)

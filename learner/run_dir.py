@@ -14,12 +14,13 @@ started on its own), so a wrong --resume fails before anything runs. TensorFlow 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import math
 import os
+import shlex
 
 from rlfleet import algorithms
+from rlfleet.deploy.files import atomic_write, storage_error
 
 
 class RunDirError(ValueError):
@@ -44,7 +45,7 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
     if resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
         raise RunDirError(
             f"--logdir {logdir} already holds a run (checkpoints/); continue it with "
-            f"--resume {logdir}, or choose a new --logdir."
+            f"--resume {shlex.quote(str(logdir))}, or choose a new --logdir."
         )
     if resume is None:
         return
@@ -146,12 +147,16 @@ def _json_safe(value):
 
 
 def write_json(path: str, value: dict) -> None:
-    """Writes `value` to `path` as indented JSON, atomically (a reader never sees half a file); a float that is
-    not finite (NaN: a value not measured yet) is written as null, since JSON has no NaN."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(_json_safe(value), f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+    """Writes `value` to `path` as indented JSON, atomically (`rlfleet.deploy.files.atomic_write`); a float that is
+    not finite (NaN: a value not measured yet) is written as null, since JSON has no NaN.
+
+    Raises:
+        rlfleet.deploy.files.StorageError: it could not be written (full disk, read-only folder); the file
+        before it, if any, is unchanged."""
+    try:
+        atomic_write(path, json.dumps(_json_safe(value), indent=2, allow_nan=False))
+    except OSError as e:
+        raise storage_error(e, os.path.basename(path), os.path.dirname(os.path.abspath(path)) or ".") from None
 
 
 def progress_path(checkpoint: str) -> str:
@@ -199,14 +204,6 @@ def read_next_actor_id(logdir: str) -> int:
         return 0
 
 
-def prune_progress(directory: str, kept_checkpoints: list[str]) -> None:
-    """Removes the progress records in `directory` whose checkpoints are no longer kept."""
-    kept = {progress_path(c) for c in kept_checkpoints}
-    for old in glob.glob(os.path.join(directory, "*" + PROGRESS_SUFFIX)):
-        if old not in kept:
-            os.remove(old)
-
-
 class MetricsLog:
     """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes) and
     RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps)."""
@@ -219,10 +216,17 @@ class MetricsLog:
         self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
 
     def write(self, row: dict) -> None:
-        """Appends `row` (it must hold "env_steps"; "time" is not plotted)."""
+        """Appends `row` (it must hold "env_steps"; "time" is not plotted).
+
+        Raises:
+            rlfleet.deploy.files.StorageError: the row could not be written (full disk).
+        """
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-        self.file.write(json.dumps(clean) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: StorageError, which the learner's command reports
+            raise storage_error(e, "metrics.jsonl", os.path.dirname(self.file.name)) from None
         with self.writer.as_default(step=row["env_steps"]):
             for k, v in row.items():
                 if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v):

@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import queue
+import shlex
 import sys
 import threading
 import time
@@ -37,21 +38,22 @@ import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
+from rlfleet.deploy.addresses import bind_problem, host_port
+from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.agents import Agent
+from rlfleet.learner.checkpoints import CheckpointError, CheckpointStore, quarantine, restore_newest
 from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import (
     ACTOR_IDS_FILE,
     MetricsLog,
     check_run_dir,
-    prune_progress,
     read_next_actor_id,
     read_progress,
     run_identity,
     write_json,
-    write_progress,
 )
 from rlfleet.learner.servicer import BindError, LearnerServer, WeightsBroadcast
 from rlfleet.proto import arrays as proto_arrays
@@ -142,7 +144,7 @@ class Learner:
         self.env_backend = env_backend
         self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
         self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
-        os.makedirs(logdir, exist_ok=True)
+        check_writable(logdir, "the run directory")  # StorageError: read-only, no permission, full
         self.algorithm = algorithms.get(algo)
         if self.algorithm.uses_teacher and not (teacher and teacher_replay):
             raise LearnerError(
@@ -190,16 +192,21 @@ class Learner:
         # that runs checkpointed before can be resumed.
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **saved)
-        self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, os.path.join(logdir, "checkpoints"), 3)
+        self.checkpoints = CheckpointStore(os.path.join(logdir, "checkpoints"), self.ckpt, keep=3)
         progress = read_progress(None)
         if resume:
-            latest = tf.train.latest_checkpoint(os.path.join(resume, "checkpoints"))
-            if latest is None:  # check_run_dir saw the index file, but the files it names are gone
+            try:
+                latest, skipped = restore_newest(os.path.join(resume, "checkpoints"), self.ckpt)
+            except CheckpointError as e:
                 raise LearnerError(
-                    f"--resume {resume}: {resume}/checkpoints/checkpoint names no checkpoint "
-                    "whose files exist; resume from an intact run directory."
-                )
-            self.ckpt.restore(latest).assert_existing_objects_matched()
+                    f"--resume {resume}: {e}. Resume from an intact run directory, or start a new run."
+                ) from None
+            for line in skipped:
+                print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
+            if skipped and os.path.abspath(resume) == os.path.abspath(logdir):  # its own: moved aside
+                moved = quarantine(os.path.join(resume, "checkpoints"), skipped)
+                if moved:
+                    print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
             self.agent.sync_from_checkpoint()
             progress = read_progress(latest)
             self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
@@ -215,12 +222,13 @@ class Learner:
         write_json(os.path.join(logdir, "run.json"), run)
 
         self.lock = threading.Lock()
+        self._actor_ids_lock = threading.Lock()  # RUN/actor_ids.json
         self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
         self.finished = False  # the run is over for good and summary.json written (Status.finished)
         self.phase = "waiting_for_actors"
         self.fault = ""  # why the learner stopped with an error (status `fault`)
-        self.start_time = time.time()
+        self.start_time = time.monotonic()
         self.registry = ActorRegistry(
             actor_timeout_s,
             base_env_steps=self.count["env_steps"],  # restored
@@ -247,28 +255,35 @@ class Learner:
 
         # Weight streams and unary calls share no thread pool (asyncio server); no SO_REUSEPORT, so a second
         # learner on a port that one already holds fails here instead of splitting the actors between the two.
-        try:
-            self.server = LearnerServer(
-                self,
-                f"{bind}:{port}",
-                proto_arrays.GRPC_OPTIONS,
-                security.server_credentials(*tls) if tls else None,
-                token,
-            )
-        except BindError:
+        problem = bind_problem(bind, port)
+        if problem is None:
+            try:
+                self.server = LearnerServer(
+                    self,
+                    host_port(bind, port),
+                    proto_arrays.GRPC_OPTIONS,
+                    security.server_credentials(*tls) if tls else None,
+                    token,
+                )
+            except BindError:
+                problem = bind_problem(bind, port) or "gRPC refused the address"
+        if problem is not None:
             raise LearnerError(
-                f"cannot bind the learner service to {bind}:{port} (port in use?); "
-                "choose another port (--port / --learner-port)."
-            ) from None
+                f"cannot bind the learner service to {host_port(bind, port)}: {problem}; choose another --bind "
+                "address or --port (--learner-port for `rlfleet up`)."
+            )
         self.port = self.server.port
-        self.address = f"{bind}:{self.port}"
+        self.address = host_port(bind, self.port)
 
     # ----- called by the servicer (gRPC worker threads) -----
 
     def admit_actor(self, host: str, address: str) -> int:
         """Registers a new actor; returns its id."""
         with self.lock:
-            actor_id = self.registry.register(host, address, self.config.envs_per_actor, time.time())
+            actor_id = self.registry.register(host, address, self.config.envs_per_actor, time.monotonic())
+        # Written (and synced) outside the learner's lock, which heartbeats and status wait on; the count only
+        # grows and is read under the file's own lock, so the file never goes back.
+        with self._actor_ids_lock:
             write_json(os.path.join(self.logdir, ACTOR_IDS_FILE), dict(next_actor_id=self.registry.next_actor_id))
         log.info("actor %d registered from %s", actor_id, host)
         return actor_id
@@ -295,7 +310,7 @@ class Learner:
                 request.actor_id,
                 request.env_steps,
                 request.policy_version,
-                time.time(),
+                time.monotonic(),
                 host=request.host,
                 address=address,
                 num_envs=request.num_envs,
@@ -324,7 +339,7 @@ class Learner:
             consumed = self.count["consumed_env_steps"]
             dropped = self.count["dropped_env_steps"]
             env_steps = max(self._env_steps_locked(), consumed + dropped)
-            now = time.time()
+            now = time.monotonic()
             self.registry.evict_stale(now)  # status never lists an actor past its timeout
             actors = self.registry.snapshot(now)
             recent = list(self.recent_returns)
@@ -370,7 +385,7 @@ class Learner:
     def _housekeeping_loop(self) -> None:
         while not self.stop_event.wait(1.0):
             with self.lock:
-                self.registry.evict_stale(time.time())
+                self.registry.evict_stale(time.monotonic())
             self._refresh_replay_status()  # may take seconds when the replay server is away
 
     def status_proto(self) -> rlfleet_pb2.Status:
@@ -412,7 +427,7 @@ class Learner:
         c = self.config
         fields = dataclasses.asdict(c) if dataclasses.is_dataclass(c) else vars(c)
         suspects = {k: v for k, v in fields.items() if "learning_rate" in k or "reward" in k or "lr_" in k}
-        latest = self.ckpt_manager.latest_checkpoint
+        latest = self.checkpoints.latest
         raise NonFiniteError(
             f"training diverged at learner step {self.count['learner_steps']}: the {what} "
             f"{', '.join(sorted(bad)[:5])} {'is' if len(bad) == 1 else 'are'} not finite (NaN/inf). This is the "
@@ -445,13 +460,13 @@ class Learner:
                 if self.stop_event.is_set():
                     return
                 if lost_since is None:
-                    lost_since = time.time()
+                    lost_since = time.monotonic()
                     print(
                         f"rlfleet learner: lost the replay server {self.replay_address} ({e}); "
                         f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s",
                         flush=True,
                     )
-                elif time.time() - lost_since > REPLAY_OUTAGE_S:
+                elif time.monotonic() - lost_since > REPLAY_OUTAGE_S:
                     self._sampler_error = e  # the main loop reports it
                     return
                 self.stop_event.wait(backoff)
@@ -463,13 +478,13 @@ class Learner:
             self._check_table(self.teacher_replay, "rlfleet replay --teacher DIR", "the teacher's replay")
 
     def _check_table(self, address: str, start_hint: str, what: str) -> None:
-        deadline = time.time() + 60
+        deadline = time.monotonic() + 60
         while True:
             try:
                 info = reverb.Client(address).server_info(timeout=5)
                 break
             except Exception as e:
-                if time.time() > deadline:
+                if time.monotonic() > deadline:
                     raise LearnerError(
                         f"replay server {address} unreachable: {e}; start it with `{start_hint}` first."
                     ) from e
@@ -494,7 +509,7 @@ class Learner:
             )
 
     def _log_metrics(self, metrics: MetricsLog, last: dict) -> dict:
-        now = time.time()
+        now = time.monotonic()
         st = self.status_dict()
         dt = max(now - last["time"], 1e-6)
         self.rates = {
@@ -503,7 +518,7 @@ class Learner:
         }
         extras = st["algorithm_values"]  # e.g. QDagger's distillation coefficient
         row = dict(
-            time=now,
+            time=time.time(),  # for people: the wall clock; intervals and rates use the monotonic one
             wall_seconds=self._wall_seconds(now),
             phase=st["phase"],
             **self._counts(st),
@@ -541,36 +556,31 @@ class Learner:
             book = self.registry.progress()
             progress = dict(
                 next_actor_id=book["next_actor_id"],
-                wall_seconds=self._wall_seconds(time.time()),
+                wall_seconds=self._wall_seconds(time.monotonic()),
                 actor_env_steps={str(i): n for i, n in book["actor_env_steps"].items()},
             )
         self._check_finite(self.agent.export_weights(), "weights")  # a checkpoint is always a finite one
         self.agent.sync_to_checkpoint()
-        # The record goes down before the checkpoint index names the new checkpoint, so a crash right after
-        # the save never leaves a latest checkpoint without its record. The manager numbers checkpoints by
-        # the (restored) save counter plus one.
-        number = int(self.ckpt.save_counter.numpy()) + 1
-        write_progress(os.path.join(self.ckpt_manager.directory, f"ckpt-{number}"), progress)
-        path = self.ckpt_manager.save(checkpoint_number=number)
-        prune_progress(self.ckpt_manager.directory, self.ckpt_manager.checkpoints)
-        return path
+        return self.checkpoints.save(progress)
 
     def _checkpoint_replay(self) -> str | None:
-        """Has the replay server write a Reverb checkpoint; returns the directory it keeps its latest one in
-        (warns when that lies outside this run directory)."""
+        """Has the replay server write a Reverb checkpoint; returns the folder it keeps its checkpoints in when
+        that is this run directory's replay/ (None, with a warning, when the checkpoint failed or went
+        elsewhere)."""
+        inside = os.path.join(os.path.abspath(self.logdir), REPLAY_SUBDIR)
         try:
-            path = checkpoint_replay(self.replay_address)
-        except ReplayCheckpointError as e:
+            path = checkpoint_replay(self.replay_address, root=inside)
+        except (ReplayCheckpointError, StorageError) as e:
             print(f"rlfleet learner: warning: {e}", flush=True)
             return None
-        inside = os.path.join(os.path.abspath(self.logdir), REPLAY_SUBDIR)
-        if not os.path.abspath(path).startswith(inside + os.sep):
+        if path is None:
             print(
-                f"rlfleet learner: warning: the replay checkpoint went to {path}, outside this run "
-                f"directory; start `rlfleet replay` with --checkpoint-dir {inside} so that the run directory "
-                "can serve as a teacher.",
+                "rlfleet learner: warning: the replay server checkpointed outside this run directory; start "
+                f"`rlfleet replay` with --checkpoint-dir {shlex.quote(inside)} so that the run directory can serve "
+                "as a teacher.",
                 flush=True,
             )
+            return None
         print(f"rlfleet learner: replay checkpoint {path}", flush=True)
         return os.path.dirname(path)
 
@@ -604,7 +614,7 @@ class Learner:
             final_eval_return_mean=None,
             final_eval_episodes=0,
             **self._counts(self.status_dict()),
-            checkpoint=self.ckpt_manager.latest_checkpoint,
+            checkpoint=self.checkpoints.latest,
             config=json.loads(self.config.to_json()),
         )
         write_json(os.path.join(self.logdir, "summary.json"), summary)
@@ -633,6 +643,8 @@ class Learner:
         Raises:
             LearnerError: the replay server is unreachable or lost for good; NonFiniteError (a LearnerError):
                 training diverged (status showed the fault; the last checkpoint is a finite one).
+            rlfleet.deploy.files.StorageError: a checkpoint could not be written (full disk); the last good
+                checkpoint stays, and the run can be resumed once there is space.
         """
         evaluation.STOP.clear()
         self._threads: list[threading.Thread] = []
@@ -641,6 +653,10 @@ class Learner:
             return self._serve_and_train()
         except NonFiniteError as e:
             self._fail(str(e))
+            raise
+        except StorageError as e:  # a full disk: status shows it; no summary (it could not be written either)
+            with self.lock:
+                self.fault, self.phase = str(e), "failed"
             raise
         finally:
             self.stop_event.set()
@@ -672,11 +688,11 @@ class Learner:
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
         metrics = self._metrics = MetricsLog(self.logdir)
         c = self.config
-        last = dict(time=time.time(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
-        last_ckpt = time.time()
+        last = dict(time=time.monotonic(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
+        last_ckpt = time.monotonic()
         completed = False
         while not self.stop_event.is_set():
-            if time.time() - last["time"] >= self.report_interval_s:
+            if time.monotonic() - last["time"] >= self.report_interval_s:
                 last = self._log_metrics(metrics, last)
             env_steps = self._env_steps()
             if self.total_steps and env_steps >= self.total_steps:
@@ -725,9 +741,9 @@ class Learner:
             scheduled = result.updated and self.count["updates"] % c.eval_every_updates == 0
             if result.evaluate or scheduled:
                 self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
-            if time.time() - last_ckpt >= self.checkpoint_interval_s:
+            if time.monotonic() - last_ckpt >= self.checkpoint_interval_s:
                 self._save()
-                last_ckpt = time.time()
+                last_ckpt = time.monotonic()
         with self.lock:
             self.run_over = completed
             self.phase = "evaluating" if completed else "stopping"
@@ -754,7 +770,7 @@ class Learner:
         summary.update(
             **self._counts(st),
             replay=st["replay"],
-            wall_seconds=self._wall_seconds(time.time()),
+            wall_seconds=self._wall_seconds(time.monotonic()),
             checkpoint=path,
             config=json.loads(c.to_json()),
         )

@@ -30,12 +30,16 @@ _SERVICE = "rlfleet.Learner"
 MAX_WRITES = 32
 SEND_BUDGET_BYTES = 64 * 2**20
 WRITE_TIMEOUT_S = 30.0  # a weights write that takes longer ends its stream (the reader stopped reading)
-# HTTP/2 keepalive pings find connections to actors that vanished (a frozen host, a partition) and close them.
+# HTTP/2 keepalive pings find connections to actors that vanished (a frozen host, a partition) and close them;
+# the clients' own pings (`rlfleet.proto.security.CLIENT_KEEPALIVE_TIME_MS`, every 10 s) are permitted down to
+# every 5 s, with or without calls, so that none is answered with GOAWAY too_many_pings.
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 

@@ -16,7 +16,8 @@ import os
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, read_tables
+from rlfleet.learner.checkpoints import CheckpointError, checkpoint_numbers, restore_newest
+from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, usable_checkpoint
 
 TEACHER_ALGOS = ("dqn", "qdagger")
 
@@ -64,7 +65,7 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         )
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
-    if tf.train.latest_checkpoint(os.path.join(directory, "checkpoints")) is None:
+    if not checkpoint_numbers(os.path.join(directory, "checkpoints")):
         raise TeacherError(f"--teacher {directory}: no Q-network checkpoint in {directory}/checkpoints; {hint}.")
     if latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR)) is None:
         raise TeacherError(
@@ -88,16 +89,20 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
     run = check_teacher_dir(directory, spec)
     config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
     q = make_q_network(spec, config, 0, "teacher_q")
-    latest = tf.train.latest_checkpoint(os.path.join(directory, "checkpoints"))
     try:
-        tf.train.Checkpoint(q=q).restore(latest).expect_partial().assert_existing_objects_matched()
-    except (ValueError, AssertionError, tf.errors.OpError) as e:
+        _, skipped = restore_newest(os.path.join(directory, "checkpoints"), tf.train.Checkpoint(q=q), partial=True)
+    except CheckpointError as e:
         raise TeacherError(
-            f"--teacher {directory}: its Q-network does not fit {spec.env_id} "
+            f"--teacher {directory}: no Q-network of it can be restored for {spec.env_id} "
             f"({spec.action_dim} actions, observations {spec.obs_shape}): {e}"
         ) from None
-    replay = latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
-    read_tables(replay)  # ReplayCheckpointError (a ValueError) on an unreadable checkpoint
+    for line in skipped:
+        print(f"rlfleet: warning: --teacher {directory}: skipped the damaged checkpoint {line}", flush=True)
+    replay, skipped, _ = usable_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
+    if replay is None:  # the replay server serving it (`open_teacher_replay`) would find none either
+        raise TeacherError(f"--teacher {directory}: no replay checkpoint of it can be read ({'; '.join(skipped)})")
+    for line in skipped:
+        print(f"rlfleet: warning: --teacher {directory}: skipped the damaged replay checkpoint {line}", flush=True)
     summary_path = os.path.join(directory, "summary.json")
     final = None
     if os.path.exists(summary_path):

@@ -25,7 +25,21 @@ METADATA_KEY = "authorization"
 PROTECTED_PREFIX = "/rlfleet.Learner/"
 # gRPC's default reconnect backoff grows to 120 s; capped at 2 s, clients (actors above all) are back within
 # about 2 s of a restarted learner answering, whatever the length of the outage.
-_CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
+# Keepalive: a connection that died without a FIN or RST (a NAT or firewall that dropped its state, a frozen
+# host) leaves every call on it waiting, and new calls go to it too: a ping unanswered for
+# CLIENT_KEEPALIVE_TIMEOUT_MS after CLIENT_KEEPALIVE_TIME_MS closes it, and the channel connects anew. The
+# learner permits pings this often (`rlfleet.learner.servicer.KEEPALIVE_OPTIONS`), so it never answers them
+# with GOAWAY too_many_pings.
+CLIENT_KEEPALIVE_TIME_MS = 10_000
+CLIENT_KEEPALIVE_TIMEOUT_MS = 5_000
+_CLIENT_OPTIONS = GRPC_OPTIONS + [
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", CLIENT_KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class SecurityError(ValueError):

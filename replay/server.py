@@ -21,6 +21,7 @@ from collections.abc import Callable
 import reverb
 import tensorflow as tf
 
+from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.stopping import on_stop_signals
 
 PPO_TABLE = "ppo_trajectories"
@@ -214,19 +215,35 @@ def serve(
     under docker-compose ends when its learner's run does).
 
     Raises:
-        ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay.
+        ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay;
+        rlfleet.deploy.files.StorageError: the checkpoint folder cannot be written.
     """
     from rlfleet.replay import checkpoints
 
-    ckpt = None
+    ckpt = restoring = None
     if teacher_dir:
         if not checkpoint_dir:
             raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
-        root = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
-        ckpt = checkpoints.checkpointer(root)
+        check_writable(checkpoint_dir, "the copy of the teacher's replay")
+        copy = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
+        ckpt = checkpoints.checkpointer(checkpoint_dir, restore_from=copy)
     elif checkpoint_dir:
-        ckpt = checkpoints.checkpointer(checkpoint_dir)
-    restoring = checkpoint_dir and not teacher_dir and checkpoints.latest_checkpoint(checkpoint_dir)
+        check_writable(checkpoint_dir, "replay checkpoints")  # StorageError: read-only, no permission, full
+        # Finished checkpoints a stopped server left in the staging folder count; unfinished ones are debris.
+        # Nothing is removed before the checkpoint to restore is known to read.
+        checkpoints.discard_unfinished(checkpoint_dir)
+        checkpoints.promote(checkpoint_dir, keep=None)
+        restoring, skipped, damaged = checkpoints.usable_checkpoint(checkpoint_dir)
+        for line in skipped:
+            print(f"rlfleet replay: warning: skipped a damaged replay checkpoint: {line}", flush=True)
+        for path in checkpoints.quarantine(damaged):
+            print(f"rlfleet replay: moved the damaged checkpoint aside: {path}", flush=True)
+        if restoring:
+            print(f"rlfleet replay: restoring {restoring}", flush=True)
+        elif skipped:
+            print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
+        checkpoints.promote(checkpoint_dir, protect=restoring)  # prunes to the newest KEEP, the restored one kept
+        ckpt = checkpoints.checkpointer(checkpoint_dir, restore_from=restoring)
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
@@ -261,34 +278,54 @@ def serve(
     print(f"rlfleet replay: serving on port {port}", flush=True)
     writes_checkpoints = bool(checkpoint_dir and not teacher_dir)
 
-    def checkpoint_if_changed(final: bool = False):
+    def checkpoint_if_changed(final: bool = False) -> bool:
+        """Writes a checkpoint if the tables changed since the latest; False when it could not be written."""
         client = reverb.Client(f"localhost:{port}")
-        latest = checkpoints.latest_checkpoint(checkpoint_dir)
-        if checkpoints.tables_changed(client, latest):
-            print(f"rlfleet replay: checkpoint {client.checkpoint()}", flush=True)
-        elif final:
-            print(
-                f"rlfleet replay: tables unchanged since checkpoint {latest}"
-                if latest
-                else "rlfleet replay: tables empty, no checkpoint written",
-                flush=True,
-            )
+        try:
+            checkpoints.promote(checkpoint_dir, protect=restoring)  # Reverb keeps only its newest name: empty it
+            latest = checkpoints.latest_checkpoint(checkpoint_dir)
+            if checkpoints.tables_changed(client, latest):
+                client.checkpoint()
+                checkpoints.promote(checkpoint_dir, protect=restoring)
+                print(f"rlfleet replay: checkpoint {checkpoints.latest_checkpoint(checkpoint_dir)}", flush=True)
+            elif final:
+                print(
+                    f"rlfleet replay: tables unchanged since checkpoint {latest}"
+                    if latest
+                    else "rlfleet replay: tables empty, no checkpoint written",
+                    flush=True,
+                )
+            return True
+        except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
+            # a full disk, say: the tables stay served, and the checkpoints before stay as they were
+            print(f"rlfleet replay: error: the replay checkpoint failed: {e}", flush=True)
+            return False
 
-    next_checkpoint = time.time() + checkpoint_interval_s
-    next_poll = time.time() + RUN_OVER_POLL_S
+    next_checkpoint = time.monotonic() + checkpoint_interval_s
+    next_poll = time.monotonic() + RUN_OVER_POLL_S
     while not stop.wait(0.5):
-        if run_over is not None and time.time() >= next_poll:
+        if run_over is not None and time.monotonic() >= next_poll:
             reason = run_over()
             if reason:
                 print(f"rlfleet replay: {reason}; stopping", flush=True)
                 break
-            next_poll = time.time() + RUN_OVER_POLL_S
-        if writes_checkpoints and checkpoint_interval_s > 0 and time.time() >= next_checkpoint:
+            next_poll = time.monotonic() + RUN_OVER_POLL_S
+        if writes_checkpoints:
+            try:
+                checkpoints.promote(checkpoint_dir, protect=restoring)  # those clients asked for (`checkpoint_replay`)
+            except StorageError as e:
+                print(f"rlfleet replay: error: {e}", flush=True)
+        if writes_checkpoints and checkpoint_interval_s > 0 and time.monotonic() >= next_checkpoint:
             checkpoint_if_changed()
-            next_checkpoint = time.time() + checkpoint_interval_s
-    if writes_checkpoints:
-        checkpoint_if_changed(final=True)
+            next_checkpoint = time.monotonic() + checkpoint_interval_s
+    saved = checkpoint_if_changed(final=True) if writes_checkpoints else True
     server.stop()
+    if not saved:
+        raise StorageError(
+            errno.EIO,
+            f"the last replay checkpoint could not be written to {checkpoint_dir}; the newest one there, "
+            f"{checkpoints.latest_checkpoint(checkpoint_dir)}, is what a restart restores.",
+        )
     if scratch and not _remove_if_empty(scratch):
         print(
             f"rlfleet replay: checkpoints asked of this server (started without --checkpoint-dir) are in {scratch}",
@@ -324,6 +361,10 @@ def _remove_if_empty(path: str | None) -> bool:
     if path is None:
         return True
     try:
+        from rlfleet.replay.checkpoints import STAGING
+
+        if os.path.isdir(os.path.join(path, STAGING)):
+            os.rmdir(os.path.join(path, STAGING))
         os.rmdir(path)
         return True
     except OSError:

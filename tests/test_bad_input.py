@@ -160,8 +160,43 @@ def test_learner_port_in_use(tmp_path):
             port,
             timeout=120,
         )
-    assert out.returncode == 2 and f"--learner-port {port} is in use" in out.stderr
+    assert out.returncode == 2 and f"port {port} is held by another process" in out.stderr, out.stderr
+    assert "--learner-port" in out.stderr
     assert not (tmp_path / "r" / "logs").exists()
+
+
+def test_bind_addresses_are_bound_as_written_or_refused_with_the_reason(procs, free_port, tmp_path):
+    import socket
+
+    from conftest import status_or_none, wait_for
+
+    # An address of no interface here: said so, before anything starts (nothing is sent to it).
+    out = rlfleet(
+        "up", "--env", "InvertedPendulum-v5", "--total-steps", "1000", "--logdir", tmp_path / "r", "--bind",
+        "10.255.255.1", timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and "10.255.255.1 is not an address of this machine" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "r" / "logs").exists()
+    # IPv6 loopback, with or without brackets, and a host name: bound as written.
+    if not socket.has_ipv6:
+        return
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return  # no IPv6 loopback on this host
+    dqn = ("--algo", "dqn", "--env", "CartPole-v1")
+    replay_port = free_port()
+    replay = procs.start("replay", "replay", *dqn, "--port", replay_port)
+    wait_for(lambda: "serving on port" in replay.output(), 120, "the replay server", [replay])
+    for i, bind in enumerate(["::1", "[::1]", "localhost"]):
+        port = free_port()
+        learner = procs.start(
+            f"learner-{i}", "learner", *dqn, "--replay", f"127.0.0.1:{replay_port}", "--port", port, "--bind", bind,
+            "--logdir", tmp_path / f"l{i}",
+        )  # fmt: skip
+        address = f"{'[::1]' if '::1' in bind else bind}:{port}"
+        assert wait_for(lambda a=address: status_or_none(a), 120, f"the learner on {bind}", [learner])
+        learner.stop()
 
 
 def test_malformed_config_file(tmp_path):

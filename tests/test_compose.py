@@ -75,7 +75,7 @@ def test_compose_config_is_valid():
     assert actor["command"][:3] == ["actor", "--learner", f"learner:{LEARNER_PORT}"]
     for svc in (replay, learner, actor):
         assert svc["environment"]["RLFLEET_TOKEN"] == TOKEN
-        assert svc["restart"] == "on-failure"
+        assert svc["restart"] == "on-failure:5"  # a refusal (status 2) is not restarted forever
 
     assert replay["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--replay", f"localhost:{REPLAY_PORT}"]
     assert learner["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--learner", f"localhost:{LEARNER_PORT}"]

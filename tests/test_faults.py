@@ -33,7 +33,7 @@ def _server_info(address):
 
 
 def _cluster(procs, tmp_path, free_port, actors=2, replay_extra=(), learner_extra=()):
-    run = tmp_path / "run"
+    run = tmp_path / "run [1]*? ü"  # characters TensorFlow and Reverb read as file-name patterns
     replay_port, learner_port = free_port(), free_port()
     replay_args = ("replay", *DQN, "--port", replay_port, "--checkpoint-dir", run / "replay", *replay_extra)
     replay = procs.start("replay", *replay_args)
@@ -219,7 +219,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     replay_address = f"127.0.0.1:{c['replay_args'][c['replay_args'].index('--port') + 1]}"
     info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
     assert info.current_size >= _table(before)["size"], "the table did not come back from its checkpoint"
-    assert "Loading checkpoint from" in replay.output()
+    assert "rlfleet replay: restoring " in replay.output(), replay.output()[-2000:]
     restored = wait_for(lambda: status_or_none(c["address"]), 60, "status after the restart", [replay, c["learner"]])
     # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
     later = wait_for(
@@ -249,3 +249,30 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     wait_for(lambda: _server_info(replay_address), 120, "the replay server once more", [again])
     assert again.stop() == 0
     assert f"tables unchanged since checkpoint {latest}" in again.output(), again.output()[-2000:]
+
+
+def test_checkpoint_replay_keeps_its_timeout_against_a_frozen_server(procs, tmp_path, free_port):
+    import time
+
+    from conftest import rlfleet
+
+    from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
+
+    port = free_port()
+    replay = procs.start("replay", "replay", *DQN, "--port", port, "--checkpoint-dir", tmp_path / "replay")
+    wait_for(lambda: "serving on port" in replay.output(), 120, "the replay server", [replay])
+    address = f"127.0.0.1:{port}"
+    assert checkpoint_replay(address, 60, root=str(tmp_path / "replay")) == str(tmp_path / "replay" / "ckpt-1")
+    replay.proc.send_signal(signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
+    try:
+        started = time.monotonic()
+        try:
+            checkpoint_replay(address, timeout_s=3)
+            raise AssertionError("a frozen replay server wrote a checkpoint")
+        except ReplayCheckpointError as e:
+            assert "no answer within 3 s" in str(e), e
+        assert time.monotonic() - started < 6
+        out = rlfleet("replay-checkpoint", "--replay", address, "--timeout", "2", timeout=120)
+        assert out.returncode == 2 and "no answer within 2 s" in out.stderr, out.stderr
+    finally:
+        replay.proc.send_signal(signal.SIGCONT)

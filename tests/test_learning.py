@@ -107,7 +107,8 @@ def test_up_learns_hopper_default_preset(tmp_path):
 
 
 def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
-    logdir = tmp_path / "run dir's $HOME"  # the printed resume command must survive a shell
+    # The printed resume command must survive a shell, and the checkpoints a name TensorFlow would read as a pattern.
+    logdir = tmp_path / "run dir's $HOME [1]*?{a,b}\\ ü"
     args = [
         sys.executable,
         "-m",

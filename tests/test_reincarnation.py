@@ -216,7 +216,7 @@ def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(t
                 "dqn_replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 1000, reverb.rate_limiters.MinSize(1)
             )
         ],
-        checkpointer=checkpointer(open_teacher_replay(str(root), str(work))),
+        checkpointer=checkpointer(str(work), restore_from=open_teacher_replay(str(root), str(work))),
     )
     new_client = reverb.Client(f"localhost:{new_server.port}")
     assert new_client.server_info()["dqn_replay"].current_size == len(values)

@@ -1,0 +1,149 @@
+"""Files rlfleet writes and the paths it hands to libraries.
+
+- `atomic_write`: a file is written whole or not at all (temporary file in the same folder, fsync, rename, fsync
+  of the folder), so a crash or a full disk never leaves half of it under its name.
+- `glob_free`: TensorFlow's checkpoint reader and Reverb's checkpointer expand `*`, `?`, `[...]` and `\\` in the
+  paths they are given (TensorFlow's `GetMatchingPaths`). A folder whose path holds any of them is handed to them
+  as `/proc/self/fd/N`, a name of the same folder held open by this process that holds none.
+- `StorageError`: an `OSError` of writing (full disk, read-only or missing folder, no permission) as the message
+  `rlfleet: error:` prints: what could not be written, why, and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+# Characters TensorFlow's file-name matching treats as patterns (tensorflow/tsl/platform/file_system_helper.cc).
+GLOB_CHARACTERS = frozenset("*?[]\\{}")
+
+_aliases: dict[str, int] = {}  # folder (absolute) -> a descriptor of it held open by this process
+_aliases_lock = threading.Lock()
+
+
+class StorageError(OSError):
+    """A folder or file could not be written; the message names it, the reason and the fix."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def storage_error(e: OSError, what: str, path: str) -> StorageError:
+    """`e` (raised writing `what` to `path`) as a `StorageError` whose message says why and what to do."""
+    hint = {
+        errno.ENOSPC: "the disk is full: free space there (or give a folder on another disk)",
+        errno.EDQUOT: "the disk quota is used up: free space there (or give a folder on another disk)",
+        errno.EROFS: "give a folder on a writable disk",
+        errno.EACCES: "this user may not write there: give a folder you can write to (or fix its permissions)",
+        errno.EPERM: "this user may not write there: give a folder you can write to (or fix its permissions)",
+        errno.ENOENT: "a folder on the way does not exist: create it or give another path",
+        errno.ENOTDIR: "a part of the path is a file, not a folder: give another path",
+    }.get(e.errno, "check the folder and the disk")
+    return StorageError(e.errno, f"cannot write {what} to {path}: {e.strerror or e}; {hint}.")
+
+
+def check_writable(folder: str, what: str) -> None:
+    """Creates `folder` if needed and checks that a file can be written in it (one is written, synced and
+    removed).
+
+    Raises:
+        StorageError: naming `what` the folder is for, the reason (read-only, no permission, full disk) and the fix.
+    """
+    probe = os.path.join(folder, f".rlfleet-write-check-{os.getpid()}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"rlfleet")
+            f.flush()
+            os.fsync(f.fileno())
+        os.remove(probe)
+    except OSError as e:
+        raise storage_error(e, what, folder) from None
+
+
+def listdir(folder: str) -> list[str]:
+    """The names in `folder`; [] when it does not exist (or is not a folder)."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def fsync_folder(folder: str) -> None:
+    """Makes the names in `folder` (files created, renamed or removed there) durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    """Makes the contents of the file `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes | str) -> None:
+    """Writes `data` to `path`: a reader sees the old file or the new one, never part of one.
+
+    Raises:
+        OSError: the write failed (nothing replaced `path`; the temporary file is removed).
+    """
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_folder(os.path.dirname(os.path.abspath(path)))
+
+
+def glob_free(folder: str) -> str:
+    """A path of the existing folder `folder` that no file-name pattern matching misreads.
+
+    Returns `folder` made absolute when it holds none of `GLOB_CHARACTERS`; else `/proc/self/fd/N`, N a
+    descriptor of the folder this process keeps open (one per folder, reopened if the folder was replaced):
+    alias long-lived folders (a run's checkpoint folders), and reach their contents by names that hold none of
+    the characters. The alias means the folder only inside this process: never hand it to another one or print
+    it.
+
+    Raises:
+        OSError: the folder does not exist, or the system has no /proc/self/fd.
+    """
+    real = os.path.abspath(folder)
+    if not GLOB_CHARACTERS & set(real):
+        return real
+    with _aliases_lock:
+        fd = _aliases.get(real)
+        if fd is not None:
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(real))
+            except OSError:
+                same = False
+            if not same:
+                os.close(fd)
+                fd = None
+        if fd is None:
+            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            _aliases[real] = fd
+    alias = f"/proc/self/fd/{fd}"
+    if not os.path.isdir(alias):
+        raise OSError(
+            errno.ENOTSUP,
+            f"{folder}: its path holds characters TensorFlow and Reverb read as file-name patterns "
+            f"({''.join(sorted(GLOB_CHARACTERS & set(real)))}), and this system has no /proc/self/fd to name it "
+            "otherwise; use a folder without them.",
+        )
+    return alias
