@@ -70,17 +70,8 @@ def listdir(folder: str) -> list[str]:
         return []
 
 
-def fsync_folder(folder: str) -> None:
-    """Makes the names in `folder` (files created, renamed or removed there) durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: str) -> None:
-    """Makes the contents of the file `path` durable."""
+def fsync_path(path: str) -> None:
+    """Makes a file's contents, or a folder's names (files created, renamed or removed there), durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -107,7 +98,7 @@ def atomic_write(path: str, data: bytes | str) -> None:
         except OSError:
             pass
         raise
-    fsync_folder(os.path.dirname(os.path.abspath(path)))
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def glob_free(folder: str) -> str:

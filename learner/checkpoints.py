@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import tensorflow as tf
 
-from rlfleet.deploy.files import atomic_write, fsync_file, fsync_folder, glob_free, listdir, storage_error
+from rlfleet.deploy.files import atomic_write, fsync_path, glob_free, listdir, storage_error
 from rlfleet.learner.run_dir import PROGRESS_SUFFIX, read_progress, write_progress
 
 INDEX_FILE = "checkpoint"  # TensorFlow's CheckpointState, as text
@@ -65,8 +66,6 @@ def _files_of(folder: str, number: int) -> list[str]:
 
 
 def _remove(paths: list[str]) -> None:
-    import shutil
-
     for p in paths:
         if os.path.isdir(p):
             shutil.rmtree(p, ignore_errors=True)
@@ -133,7 +132,7 @@ def quarantine(folder: str, skipped: list[str]) -> list[str]:
             os.replace(path, target)
             moved.append(os.path.basename(target))
     if moved:
-        fsync_folder(folder)
+        fsync_path(folder)
     return moved
 
 
@@ -182,8 +181,8 @@ class CheckpointStore:
             self.checkpoint.write(os.path.join(glob_free(self.folder), f"ckpt-{number}"))
             for name in os.listdir(self.folder):
                 if name.startswith(f"ckpt-{number}.") and not name.endswith(PROGRESS_SUFFIX):
-                    fsync_file(os.path.join(self.folder, name))
-            fsync_folder(self.folder)
+                    fsync_path(os.path.join(self.folder, name))
+            fsync_path(self.folder)
         except (OSError, tf.errors.OpError) as e:
             _remove(_files_of(self.folder, number))
             if isinstance(e, tf.errors.OpError):

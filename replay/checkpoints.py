@@ -35,15 +35,17 @@ as unknown fields, which protobuf writes back unchanged.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import shutil
 import sys
+import zlib
 
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from rlfleet.deploy.files import fsync_folder, glob_free, listdir, storage_error
+from rlfleet.deploy.files import fsync_path, glob_free, listdir, storage_error
 
 DONE = "DONE"  # Reverb writes this file last into a complete checkpoint
 TABLES_FILE = "tables.tfrecord"  # ZLIB-compressed TFRecord of PriorityTableCheckpoint messages
@@ -99,10 +101,10 @@ def latest_checkpoint(root: str) -> str | None:
     return found[0] if found else None
 
 
-def promote(root: str, keep: int | None = KEEP, protect: str | None = None) -> list[str]:
+def promote(root: str, protect: str | None = None, then_prune: bool = True) -> list[str]:
     """Moves the finished checkpoints out of `root`'s staging folder into `root` as ckpt-N (N one above the
-    highest there), then removes all but the newest `keep` complete checkpoints of `root` (None: removes none;
-    `protect`, the checkpoint a server restored, is never removed).
+    highest there); when it moved any and `then_prune`, keeps the newest `KEEP` (`prune`; `protect`, the
+    checkpoint a server restored, is never removed).
 
     Safe to call from several processes at once (a move that another one made first is skipped). Unfinished
     checkpoints in the staging folder are left for the server that writes them.
@@ -140,14 +142,21 @@ def promote(root: str, keep: int | None = KEEP, protect: str | None = None) -> l
         if dst:
             moved.append(dst)
     if moved:
-        fsync_folder(root)
-        fsync_folder(staging)
-    if keep is not None:
-        kept = [p for p in checkpoints_newest_first(root) if os.path.dirname(p) != staging]
-        for old in kept[keep:]:
-            if protect is None or os.path.abspath(old) != os.path.abspath(protect):
-                shutil.rmtree(old, ignore_errors=True)
+        fsync_path(root)
+        fsync_path(staging)
+        if then_prune:
+            prune(root, protect=protect)
     return moved
+
+
+def prune(root: str, keep: int = KEEP, protect: str | None = None) -> None:
+    """Removes all but the newest `keep` complete checkpoints of `root` (not those still in its staging
+    folder); `protect` is never removed."""
+    staging = os.path.join(root, STAGING)
+    kept = [p for p in checkpoints_newest_first(root) if os.path.dirname(p) != staging]
+    for old in kept[keep:]:
+        if protect is None or os.path.abspath(old) != os.path.abspath(protect):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def quarantine(paths: list[str]) -> list[str]:
@@ -171,9 +180,11 @@ def discard_unfinished(root: str) -> list[str]:
     return gone
 
 
-def _records(checkpoint: str, name: str) -> list[bytes]:
-    """Every record of the TFRecord file `name` of `checkpoint` (ZLIB, as Reverb writes them, else uncompressed,
-    as it wrote before), checksums checked. Raises ReplayCheckpointError naming the file."""
+def _records(checkpoint: str, name: str, keep: bool) -> tuple[int, list[bytes]]:
+    """Reads every record of the TFRecord file `name` of `checkpoint` (ZLIB, as Reverb writes them, else
+    uncompressed, as it wrote before), checksums checked; returns their count and, with `keep`, the records
+    (a chunks file can be as large as the replay: it is only counted). Raises ReplayCheckpointError naming the
+    file."""
     shown = os.path.join(checkpoint, name)
     # Through an alias of the checkpoint's parent (one per run folder), by names without pattern characters.
     path = os.path.join(glob_free(os.path.dirname(checkpoint)), os.path.basename(checkpoint), name)
@@ -181,31 +192,56 @@ def _records(checkpoint: str, name: str) -> list[bytes]:
         raise ReplayCheckpointError(f"{shown} is missing")
     errors = []
     for compression in ("ZLIB", ""):
+        count, records = 0, []
         try:
-            return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20)]
+            for record in tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20):
+                count += 1
+                if keep:
+                    records.append(record.numpy())
+            if compression and not _zlib_stream_complete(path):  # cut where a record ended: no error above
+                raise ReplayCheckpointError(f"{shown} is cut short (its compressed stream does not end)")
+            return count, records
         except (tf.errors.OpError, OSError) as e:
             errors.append(getattr(e, "message", str(e)).strip().splitlines()[0][:200])
     raise ReplayCheckpointError(f"{shown} cannot be read: {errors[0]}")
 
 
+def _zlib_stream_complete(path: str) -> bool:
+    """True when the file `path` holds a whole zlib stream (one that reaches its end marker); read in blocks."""
+    stream = zlib.decompressobj()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                while block and not stream.eof:
+                    stream.decompress(block, 1 << 24)
+                    block = stream.unconsumed_tail
+                if stream.eof:
+                    return True
+    except zlib.error:
+        return False
+    return stream.eof
+
+
 def validate(checkpoint: str) -> None:
     """Reads every record of the Reverb checkpoint `checkpoint` (tables, items, chunks; their checksums) and
-    checks that nothing is missing: a record per table, items where a table holds some (its rate limiter's
-    inserts minus deletes), chunks where there are items. An emptied file (a crash before the data reached the
-    disk) reads as no records, not as an error.
+    checks that nothing is missing: a record per table, as many items as the tables hold (their rate limiters'
+    inserts minus deletes), chunks where there are items, and compressed streams that reach their end. An
+    emptied file (a crash before the data reached the disk) reads as no records, not as an error.
 
     Raises:
         ReplayCheckpointError: a file is missing, truncated, emptied or damaged; the message names it.
     """
-    tables, chunks, items = (_records(checkpoint, name) for name in DATA_FILES)
+    _, tables = _records(checkpoint, TABLES_FILE, keep=True)
+    chunks, _ = _records(checkpoint, DATA_FILES[1], keep=False)
+    items, _ = _records(checkpoint, DATA_FILES[2], keep=False)
     if not tables:
         raise ReplayCheckpointError(f"{os.path.join(checkpoint, TABLES_FILE)} holds no table")
     cls = _table_message()
     held = sum(max(0, t.rate_limiter.insert_count - t.rate_limiter.delete_count) for t in map(cls.FromString, tables))
-    if held and not items:
-        raise ReplayCheckpointError(f"{os.path.join(checkpoint, DATA_FILES[2])} holds no item (the tables hold {held})")
+    if items != held:
+        raise ReplayCheckpointError(f"{os.path.join(checkpoint, DATA_FILES[2])} holds {items} items, the tables {held}")
     if items and not chunks:
-        raise ReplayCheckpointError(f"{os.path.join(checkpoint, DATA_FILES[1])} holds no chunk ({len(items)} items)")
+        raise ReplayCheckpointError(f"{os.path.join(checkpoint, DATA_FILES[1])} holds no chunk ({items} items)")
 
 
 def usable_checkpoint(root: str) -> tuple[str | None, list[str], list[str]]:
@@ -235,6 +271,7 @@ def checkpointer(root: str, restore_from: str | None = None):
     )
 
 
+@functools.cache
 def _checkpoint_response():
     """Reverb's `CheckpointResponse` message (reverb/cc/reverb_service.proto: field 1, checkpoint_path)."""
     f = descriptor_pb2.FieldDescriptorProto
@@ -348,6 +385,7 @@ def tables_changed(client, checkpoint: str | None) -> bool:
     return now != saved
 
 
+@functools.cache
 def _table_message():
     f = descriptor_pb2.FieldDescriptorProto
     fdp = descriptor_pb2.FileDescriptorProto(

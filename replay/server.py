@@ -232,7 +232,7 @@ def serve(
         # Finished checkpoints a stopped server left in the staging folder count; unfinished ones are debris.
         # Nothing is removed before the checkpoint to restore is known to read.
         checkpoints.discard_unfinished(checkpoint_dir)
-        checkpoints.promote(checkpoint_dir, keep=None)
+        checkpoints.promote(checkpoint_dir, then_prune=False)  # nothing goes before it is known which one reads
         restoring, skipped, damaged = checkpoints.usable_checkpoint(checkpoint_dir)
         for line in skipped:
             print(f"rlfleet replay: warning: skipped a damaged replay checkpoint: {line}", flush=True)
@@ -242,7 +242,7 @@ def serve(
             print(f"rlfleet replay: restoring {restoring}", flush=True)
         elif skipped:
             print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
-        checkpoints.promote(checkpoint_dir, protect=restoring)  # prunes to the newest KEEP, the restored one kept
+        checkpoints.prune(checkpoint_dir, protect=restoring)  # the newest KEEP, and the restored one
         ckpt = checkpoints.checkpointer(checkpoint_dir, restore_from=restoring)
     requested = {t.name: t.info for t in tables}
     scratch = None

@@ -119,10 +119,10 @@ def _insert(server, start, count):
 def _server(root):
     """A Reverb server on `root` as `rlfleet replay` starts one: finished checkpoints moved out of staging, the
     newest readable one restored, the damaged ones moved aside, the rest pruned."""
-    replay_ckpt.promote(root, keep=None)
+    replay_ckpt.promote(root, then_prune=False)
     restoring, skipped, damaged = replay_ckpt.usable_checkpoint(root)
     replay_ckpt.quarantine(damaged)
-    replay_ckpt.promote(root, protect=restoring)
+    replay_ckpt.prune(root, protect=restoring)
     return reverb.Server([_table()], checkpointer=replay_ckpt.checkpointer(root, restore_from=restoring)), skipped
 
 
