@@ -24,6 +24,7 @@ import reverb
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
+from rlfleet.actors.replay_link import insert_admitted
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
@@ -34,6 +35,11 @@ log = logging.getLogger("rlfleet.actor")
 # Heartbeats in a row that were sent but got no reply (each waits 5 s) before the actor replaces its channel:
 # a connection that died silently is left within about 12 s (`Actor._reconnect`).
 UNANSWERED_BEATS_BEFORE_RECONNECT = 2
+# Seconds a writer may go without a confirmed item before the actor asks the replay server whether the table
+# holds inserts back (`replay_link.insert_admitted`), and how many answers in a row, a second apart, must say
+# that it takes them for the actor to call its connection dead.
+REPLAY_STALL_S = 10.0
+REPLAY_STALL_PROBES = 3
 
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
 # finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
@@ -55,7 +61,8 @@ class ActorError(RuntimeError):
 
 
 class ReplayLost(Exception):
-    """The replay server went away and came back (a restart): the open writers are dead. `Actor.wait_written`
+    """The replay server went away and came back (a restart), or the connection to it died silently: the open
+    writers are dead; the message, if any, says which. `Actor.wait_written`
     raises it; a writer function (`rlfleet.algorithms.Algorithm.collect`) lets it through, and the actor
     opens new writers and resets its envs."""
 
@@ -364,8 +371,10 @@ class Actor:
         """Blocks until at most `in_flight` items are pending (rate-limiter backpressure); False if stopping.
 
         Raises:
-            ReplayLost: the replay server restarted since `epoch` (a writer never recovers from that).
+            ReplayLost: the replay server restarted since `epoch` (a writer never recovers from that), or the
+                writer's connection died silently (`_replay_connection_dead`).
         """
+        stalled_since = time.monotonic()
         while True:
             if self.replay_epoch != epoch:
                 raise ReplayLost()
@@ -375,6 +384,26 @@ class Actor:
             except reverb.errors.DeadlineExceededError:
                 if self.stop.is_set():
                     return False
+            if time.monotonic() - stalled_since >= REPLAY_STALL_S:
+                if self._replay_connection_dead():
+                    raise ReplayLost(
+                        f"rlfleet actor {self.actor_id}: no item confirmed for {REPLAY_STALL_S:g} s while the "
+                        f"replay table takes inserts: the connection to {self.replay_address} died silently; "
+                        "new writers on a new connection, envs reset (the episodes in progress are dropped)"
+                    )
+                stalled_since = time.monotonic()
+
+    def _replay_connection_dead(self) -> bool:
+        """True when the replay server, asked over new connections `REPLAY_STALL_PROBES` times a second apart,
+        says every time that the table would take an insert (`replay_link.insert_admitted`): writes that stay
+        unconfirmed then never reached it. A rate limiter holding inserts back, a server too busy to answer
+        (writing a checkpoint) or one that is down (`_watch_replay` sees its restart) is no reason."""
+        for probe in range(REPLAY_STALL_PROBES):
+            if probe and self.stop.wait(1.0):
+                return False
+            if not insert_admitted(self.replay_address, self.config.table):
+                return False
+        return True
 
     def run(self) -> int:
         """Collects until the learner says stop or SIGTERM/SIGINT; returns env steps taken."""
@@ -404,10 +433,11 @@ class Actor:
                 try:
                     self.collect(self, venv, weights, self.replay_epoch)
                     break
-                except ReplayLost:
+                except ReplayLost as e:
                     self._restarts += 1
                     print(
-                        f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
+                        str(e)
+                        or f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
                         "writers, envs reset (the episodes in progress are dropped)",
                         flush=True,
                     )

@@ -80,9 +80,10 @@ def status_or_none(address):
 def start_replay_and_learner(procs, free_port, settings, logdir, *learner_args):
     """Starts `rlfleet replay` and `rlfleet learner` (never-ending budget) with the same `settings` (--algo,
     --env, --set ...) on free loopback ports; returns (replay, learner, learner address). The caller waits
-    for the learner; `learner_args` go to the learner only."""
+    for the learner; `learner_args` go to the learner only. The replay server's port is `replay.port`."""
     replay_port, learner_port = free_port(), free_port()
     replay = procs.start("replay", "replay", *settings, "--port", replay_port)
+    replay.port = replay_port
     learner = procs.start(
         "learner",
         "learner",

@@ -1,7 +1,8 @@
 """A connection that dies without a FIN or RST (a NAT or firewall that dropped its state, a frozen host): the actor
-notices by its heartbeats going unanswered and connects anew (gRPC's keepalive pings are not sent while its calls
-keep writing). Real processes; the actor reaches the learner through a loopback relay that, when frozen, stops
-forwarding on its open connections without closing them."""
+notices and connects anew. To the learner, by its heartbeats going unanswered (gRPC's keepalive pings are not sent
+while its calls keep writing); to the replay server, by its items going unconfirmed while the server says the
+table takes inserts. Real processes; the actor reaches the learner or the replay server through a loopback relay
+that, when frozen, stops forwarding on its open connections without closing them."""
 
 import select
 import socket
@@ -111,5 +112,35 @@ def test_an_actor_whose_connection_died_silently_reconnects(procs, tmp_path, fre
         assert len(relay.connections) > 1
         assert "heartbeats in a row got no reply; connecting to the learner" in actor.output(), actor.output()
         assert "too_many_pings" not in learner.output() + actor.output()
+    finally:
+        relay.close()
+
+
+def test_an_actor_whose_replay_connection_died_silently_writes_on_a_new_one(procs, tmp_path, free_port):
+    replay, learner, address = start_replay_and_learner(procs, free_port, SETTINGS, tmp_path / "run")
+    wait_for(lambda: status_or_none(address), 180, "the learner to serve", [replay, learner])
+    relay = FreezableRelay(replay.port)
+    try:
+        actor = procs.start("actor", "actor", "--learner", address, "--replay", f"127.0.0.1:{relay.port}")
+        every = [replay, learner, actor]
+        wait_for(lambda: (a := _actor(status_or_none(address))) and a["policy_version"] >= 2, 180, "training", every)
+        assert relay.freeze() >= 1
+        frozen_at = time.monotonic()
+        before = status_or_none(address)
+        # Items stop reaching the replay table through the frozen connection, so the learner stops updating...
+        time.sleep(5)
+        stalled = status_or_none(address)
+        assert stalled["policy_version"] <= before["policy_version"] + 1, (before, stalled)
+        # ... until the actor has seen no item confirmed for a while, asked the server (on a new connection)
+        # whether the table takes inserts, and writes on a new connection.
+        wait_for(
+            lambda: status_or_none(address)["policy_version"] >= stalled["policy_version"] + 2,
+            60,
+            "training to go on through a new replay connection",
+            every,
+        )
+        assert time.monotonic() - frozen_at < 60
+        assert len(relay.connections) > 1
+        assert "died silently; new writers on a new connection" in actor.output(), actor.output()
     finally:
         relay.close()
