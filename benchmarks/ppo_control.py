@@ -14,7 +14,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
 - sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
-- ablations of one setting each from the control or from sync-default (`ABLATIONS`), run when named with --variants.
+- ablations of one setting each from the control, from sync-default or from async-cleanrl (`ABLATIONS`), run when
+  named with --variants.
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
 continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
@@ -56,7 +57,7 @@ VARIANTS = {
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
-# name -> (the synchronous variant it starts from, the one difference): which of the cleanrl preset's details, or
+# name -> (the variant it starts from, the one difference): which of the cleanrl preset's details, or
 # of the default preset's against them, costs what per env step.
 ABLATIONS = {
     "sync-cleanrl-constant-lr": ("sync-cleanrl", ["--set", "lr_schedule=constant"]),
@@ -76,6 +77,8 @@ ABLATIONS = {
     "sync-cleanrl-novclip": ("sync-cleanrl", ["--set", "value_clip=0.0"]),
     "sync-default-returnscale": ("sync-default", ["--set", "reward_scale=return"]),
     "sync-default-orthinit": ("sync-default", ["--set", "init=orthogonal"]),
+    "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
+    "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():
     VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)

@@ -9,7 +9,10 @@ batch. A time limit is not a terminal state: a truncated step bootstraps from
 V(final observation). Data from older behaviour policies (actors run up to
 `max_policy_lag` versions behind) is handled with a decoupled objective
 (Hilton et al. 2021): the ratio and the KL term are taken to the policy at
-the start of the update, and each sample is weighted by π_that/π_behaviour.
+the start of the update, and each sample is weighted by π_that/π_behaviour;
+or, with `off_policy_objective` "behaviour", the clipped ratio is taken to the
+behaviour policy itself (as IMPALA-style asynchronous PPO does), so that no
+update moves the policy more than the clip range from the data's policy.
 """
 
 from __future__ import annotations
@@ -359,13 +362,18 @@ class BatchPPO:
             opt.learning_rate.assign(lr)
         prox_mean, prox_log_std = self.policy(obs_t)
         prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
-        is_weights = ppo_math.proximal_weights(
-            prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
-        )
+        if self.config.off_policy_objective == "behaviour":  # the ratio's anchor is the behaviour policy
+            anchor_log_prob = flat(behaviour_log_prob)
+            is_weights = tf.ones_like(anchor_log_prob)
+        else:
+            anchor_log_prob = prox_log_prob
+            is_weights = ppo_math.proximal_weights(
+                prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
+            )
         p_loss, v_loss, approx_kl, clip_fraction = self._train(
             obs_t,
             actions,
-            prox_log_prob,
+            anchor_log_prob,
             prox_mean,
             prox_log_std,
             is_weights,

@@ -132,6 +132,7 @@ class PPOConfig:
     init_beta: Positive = 1.0  # initial KL penalty coefficient β
     clip_epsilon: Positive = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
     max_importance_weight: Positive = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
+    off_policy_objective: str = "decoupled"  # ratio to the learner's policy × π_proximal/π_behaviour, or to π_behaviour
     max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
     obs_clip: Positive = 5.0  # normalised observations are clipped to ±obs_clip (std units)
@@ -163,6 +164,13 @@ class PPOConfig:
                 f"{self.batch_env_steps}) and no episode trigger (batch_episodes = 0, now "
                 f"{self.batch_episodes}): the actors' share of a batch is counted in env steps. "
                 "Fix them in --set or the --config-file."
+            )
+
+        if self.off_policy_objective == "behaviour" and self.policy_objective == "kl_penalty":
+            raise ValueError(
+                "PPO off_policy_objective=behaviour needs policy_objective=clip: the KL penalty is taken to the "
+                "learner's policy, whose distribution is known, not to the behaviour policy's (only its "
+                "log-probabilities are stored). Set off_policy_objective=decoupled or policy_objective=clip."
             )
 
     def to_json(self) -> str:
@@ -281,6 +289,7 @@ CHOICES = {
     "lr_schedule": ("constant", "linear"),
     "init": ("variance_scaling", "orthogonal"),
     "advantage_norm": ("batch", "minibatch", "none"),
+    "off_policy_objective": ("decoupled", "behaviour"),
 }
 
 

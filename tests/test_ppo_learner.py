@@ -201,3 +201,33 @@ def test_cleanrl_preset_and_its_update():
     assert 0.0 <= metrics["clip_fraction"] <= 1.0 and metrics["approx_kl"] >= 0.0
     assert metrics["explained_variance"] <= 1.0 and np.isfinite(metrics["entropy"])
     assert metrics["max_importance_weight"] >= metrics["mean_importance_weight"] > 0
+
+
+def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_policy():
+    """On-policy data: both objectives are one update. Data whose behaviour policy gave every action e times less
+    probability than the learner's: the decoupled objective's ratio starts at 1 (anchor: the learner's policy) and
+    weights samples by π_proximal/π_behaviour = e truncated to max_importance_weight; the behaviour objective's
+    ratio starts at e, outside the clip range for every sample, with weights of 1."""
+    cfg = {"epochs": 1, "num_minibatches": 1, "policy_objective": "clip", "max_importance_weight": 2.0}
+    algos = {
+        o: BatchPPO(SPEC, make_config("default", SPEC.env_id, dict(cfg, off_policy_objective=o)), seed=0)
+        for o in ("decoupled", "behaviour")
+    }
+    on_policy = make_batch(algos["decoupled"])
+    for algo in algos.values():
+        algo.update(on_policy)
+    a, b = (algos[o].export_weights() for o in ("decoupled", "behaviour"))
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+    off_policy = dict(on_policy, behaviour_log_prob=on_policy["behaviour_log_prob"] - 1.0)
+    decoupled, behaviour = (
+        BatchPPO(SPEC, make_config("default", SPEC.env_id, dict(cfg, off_policy_objective=o)), seed=0).update(
+            off_policy
+        )
+        for o in ("decoupled", "behaviour")
+    )
+    assert decoupled["clip_fraction"] == 0.0 and decoupled["mean_importance_weight"] == pytest.approx(2.0)
+    assert behaviour["clip_fraction"] == 1.0 and behaviour["mean_importance_weight"] == 1.0
+    with pytest.raises(ValueError, match="off_policy_objective=behaviour needs policy_objective=clip"):
+        make_config("default", SPEC.env_id, {"off_policy_objective": "behaviour", "policy_objective": "kl_penalty"})
