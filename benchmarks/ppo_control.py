@@ -79,6 +79,7 @@ ABLATIONS = {
     "sync-default-orthinit": ("sync-default", ["--set", "init=orthogonal"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
+    "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():
     VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)

@@ -12,7 +12,9 @@ V(final observation). Data from older behaviour policies (actors run up to
 the start of the update, and each sample is weighted by π_that/π_behaviour;
 or, with `off_policy_objective` "behaviour", the clipped ratio is taken to the
 behaviour policy itself (as IMPALA-style asynchronous PPO does), so that no
-update moves the policy more than the clip range from the data's policy.
+update moves the policy more than the clip range from the data's policy; or,
+with "uncorrected", to the learner's policy with no weights (an ablation: what
+the correction is worth).
 """
 
 from __future__ import annotations
@@ -364,6 +366,9 @@ class BatchPPO:
         prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
         if self.config.off_policy_objective == "behaviour":  # the ratio's anchor is the behaviour policy
             anchor_log_prob = flat(behaviour_log_prob)
+            is_weights = tf.ones_like(anchor_log_prob)
+        elif self.config.off_policy_objective == "uncorrected":  # the learner's policy, every sample weighs 1
+            anchor_log_prob = prox_log_prob
             is_weights = tf.ones_like(anchor_log_prob)
         else:
             anchor_log_prob = prox_log_prob

@@ -132,7 +132,7 @@ class PPOConfig:
     init_beta: Positive = 1.0  # initial KL penalty coefficient β
     clip_epsilon: Positive = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
     max_importance_weight: Positive = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
-    off_policy_objective: str = "decoupled"  # ratio to the learner's policy × π_proximal/π_behaviour, or to π_behaviour
+    off_policy_objective: str = "decoupled"  # PPO ratio anchor for lagged data: decoupled, behaviour, uncorrected
     max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
     obs_clip: Positive = 5.0  # normalised observations are clipped to ±obs_clip (std units)
@@ -289,7 +289,7 @@ CHOICES = {
     "lr_schedule": ("constant", "linear"),
     "init": ("variance_scaling", "orthogonal"),
     "advantage_norm": ("batch", "minibatch", "none"),
-    "off_policy_objective": ("decoupled", "behaviour"),
+    "off_policy_objective": ("decoupled", "behaviour", "uncorrected"),
 }
 
 

@@ -207,7 +207,8 @@ def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_
     """On-policy data: both objectives are one update. Data whose behaviour policy gave every action e times less
     probability than the learner's: the decoupled objective's ratio starts at 1 (anchor: the learner's policy) and
     weights samples by π_proximal/π_behaviour = e truncated to max_importance_weight; the behaviour objective's
-    ratio starts at e, outside the clip range for every sample, with weights of 1."""
+    ratio starts at e, outside the clip range for every sample, with weights of 1; the uncorrected one's ratio
+    starts at 1, with weights of 1."""
     cfg = {"epochs": 1, "num_minibatches": 1, "policy_objective": "clip", "max_importance_weight": 2.0}
     algos = {
         o: BatchPPO(SPEC, make_config("default", SPEC.env_id, dict(cfg, off_policy_objective=o)), seed=0)
@@ -221,13 +222,14 @@ def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6)
 
     off_policy = dict(on_policy, behaviour_log_prob=on_policy["behaviour_log_prob"] - 1.0)
-    decoupled, behaviour = (
+    decoupled, behaviour, uncorrected = (
         BatchPPO(SPEC, make_config("default", SPEC.env_id, dict(cfg, off_policy_objective=o)), seed=0).update(
             off_policy
         )
-        for o in ("decoupled", "behaviour")
+        for o in ("decoupled", "behaviour", "uncorrected")
     )
     assert decoupled["clip_fraction"] == 0.0 and decoupled["mean_importance_weight"] == pytest.approx(2.0)
     assert behaviour["clip_fraction"] == 1.0 and behaviour["mean_importance_weight"] == 1.0
+    assert uncorrected["clip_fraction"] == 0.0 and uncorrected["mean_importance_weight"] == 1.0
     with pytest.raises(ValueError, match="off_policy_objective=behaviour needs policy_objective=clip"):
         make_config("default", SPEC.env_id, {"off_policy_objective": "behaviour", "policy_objective": "kl_penalty"})
