@@ -57,4 +57,7 @@ def bind_problem(host: str, port: int) -> str | None:
                 else:
                     problems.append(f"{sockaddr[0]}: {e.strerror}")
     unique = list(dict.fromkeys(problems))
-    return f"{host} ({'; '.join(unique)})" if unique else f"{host} resolves to no address"
+    if not unique:
+        return f"{host} resolves to no address"
+    literal = all(info[4][0] == host for info in infos)  # an address, not a name: the problems name it already
+    return "; ".join(unique) if literal else f"{host} ({'; '.join(unique)})"

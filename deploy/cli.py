@@ -159,7 +159,8 @@ _common = [
         "preset",
         default=None,
         help="Hyperparameter preset of the algorithm (default: default; ppo also has paper, the BatchPPO "
-        "reference values).",
+        "reference values, and cleanrl, CleanRL's ppo_continuous_action.py; `rlfleet up --show-config` prints "
+        "the settings).",
     ),
     click.option(
         "--set",

@@ -32,6 +32,16 @@ from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
 LOOPBACK = "127.0.0.1"
+# What a line that `rlfleet` itself wrote in a child's log holds for `up` to print it on the terminal too.
+RELAYED = (
+    ": warning:",
+    ": error:",
+    ": moved the damaged",
+    ": resumed from",
+    ": restoring ",
+    "died silently",
+    "got no reply",
+)
 
 
 class LaunchError(RuntimeError):
@@ -43,7 +53,7 @@ class _Child:
         self.name = name
         self.log_path = os.path.join(logdir, "logs", f"{name}.log")
         self.log = open(self.log_path, "ab")  # a resumed run appends to the same log
-        self.log_start = self.log.tell()
+        self.log_start = self.relayed_to = self.log.tell()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlfleet.deploy.cli", *args],
             stdout=self.log,
@@ -51,6 +61,18 @@ class _Child:
             start_new_session=True,  # Ctrl-C reaches `up` alone, which stops the children in order
             env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),
         )
+
+    def relay(self) -> None:
+        """Prints the lines this process wrote since the last call that a person running `up` must see
+        (`RELAYED`: warnings, damaged checkpoints moved aside, where a resumed run resumed from)."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.relayed_to)
+            text = f.read()
+        end = text.rfind(b"\n") + 1  # whole lines only; the rest is read next time
+        self.relayed_to += end
+        for line in text[:end].decode(errors="replace").splitlines():
+            if line.startswith("rlfleet") and any(r in line for r in RELAYED):
+                print(line, flush=True)
 
     def tail(self, n: int = 25) -> str:
         """The last `n` lines this process wrote (not those of an earlier start of the run)."""
@@ -89,6 +111,7 @@ def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> Non
     deadline = time.monotonic() + timeout
     while not ready():
         for c in children:
+            c.relay()
             if c.proc.poll() is not None:
                 raise _fail_child(c)
         if time.monotonic() > deadline:
@@ -201,8 +224,8 @@ def launch(
     problem = bind_problem(bind, learner_port or 0)
     if problem:
         raise LaunchError(
-            f"the learner cannot listen on {host_port(bind, learner_port or 0)}: {problem}; choose another --bind "
-            "address" + (" or --learner-port (or leave it out)." if learner_port else ".")
+            f"the learner cannot listen on {host_port(bind, learner_port) if learner_port else bind}: {problem}; "
+            "choose another --bind address" + (" or --learner-port (or leave it out)." if learner_port else ".")
         )
     try:
         check_writable(os.path.join(logdir, "logs"), "the run directory")  # makes RUN/logs
@@ -300,6 +323,8 @@ def launch(
         phase = "starting"
         while learner.proc.poll() is None:
             for c in children:
+                c.relay()
+            for c in children:
                 if c is not learner and c.proc.poll() not in (None, 0):
                     raise _fail_child(c)
             for c in children:
@@ -318,6 +343,8 @@ def launch(
                         if phase not in ("evaluating", "done"):
                             print(f"rlfleet up: status unavailable: {e}", flush=True)
             time.sleep(0.2)
+        for c in children:
+            c.relay()
         if learner.proc.returncode != 0:
             raise _fail_child(learner)
         for a in actors:  # they were told to stop; give them a moment to flush

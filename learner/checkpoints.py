@@ -76,6 +76,27 @@ def _remove(paths: list[str]) -> None:
                 pass
 
 
+# (what an error's text says, the damage in words) for the errors a damaged checkpoint gives; the first match wins.
+_DAMAGE_WORDS = (
+    ("Read less bytes than requested", "a file is shorter than its index says (cut short)"),
+    ("checksum does not match", "its data does not match its checksums (overwritten or corrupted)"),
+    ("sstable", "its index file is damaged"),
+    ("No such file", "a file of it is missing"),
+    ("JSONDecodeError", "its progress record is damaged"),
+)
+
+
+def damage_in_words(error: BaseException) -> str:
+    """Why a checkpoint could not be read, in words a person acts on, with the error it came from, e.g.
+    "a file is shorter than its index says (cut short) [IndexError: Read less bytes than requested]"."""
+    detail = (getattr(error, "message", None) or str(error)).strip()
+    detail = f"{type(error).__name__}: {detail.splitlines()[0][:300] if detail else ''}"
+    for needle, words in _DAMAGE_WORDS:
+        if needle.lower() in detail.lower():
+            return f"{words} [{detail}]"
+    return f"it cannot be read [{detail}]"
+
+
 def restore_newest(folder: str, checkpoint: tf.train.Checkpoint, partial: bool = False) -> tuple[str, list[str]]:
     """Restores into `checkpoint` the newest checkpoint of `folder` that reads whole.
 
@@ -112,8 +133,7 @@ def restore_newest(folder: str, checkpoint: tf.train.Checkpoint, partial: bool =
             status.assert_existing_objects_matched()
             return path, skipped
         except DAMAGE_ERRORS as e:
-            reason = getattr(e, "message", None) or str(e)
-            skipped.append(f"ckpt-{number}: {type(e).__name__}: {reason.strip().splitlines()[0][:300]}")
+            skipped.append(f"ckpt-{number}: {damage_in_words(e).replace(alias, path)}")
     if not numbers:
         raise CheckpointError(f"no checkpoint in {folder}" + (f" ({'; '.join(skipped)})" if skipped else ""))
     raise CheckpointError(f"no checkpoint in {folder} can be read: {'; '.join(skipped)}")

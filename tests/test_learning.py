@@ -1,6 +1,8 @@
 """End to end: `rlfleet up` learns InvertedPendulum-v5 and survives interruption (real processes, loopback)."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +161,13 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert resume_args[resume_args.index("--resume") + 1] == str(logdir), resume_args
     assert "value_hidden=[64, 64]" in resume_args and "envs_per_actor=4" in resume_args, resume_args
     resume_args[resume_args.index("--total-steps") + 1] = str(stopped["env_steps"] + 3000)
+    # A newer checkpoint whose data file was cut short: the resume skips it and says so on `up`'s terminal.
+    newest = max(int(p.name[len("ckpt-") : -len(".index")]) for p in (logdir / "checkpoints").glob("ckpt-*.index"))
+    for suffix in (".index", ".data-00000-of-00001", ".progress.json"):
+        shutil.copyfile(
+            logdir / "checkpoints" / f"ckpt-{newest}{suffix}", logdir / "checkpoints" / f"ckpt-{newest + 1}{suffix}"
+        )
+    os.truncate(logdir / "checkpoints" / f"ckpt-{newest + 1}.data-00000-of-00001", 100)
     resumed = subprocess.run(
         [sys.executable, "-m", "rlfleet.deploy.cli", *resume_args],
         cwd=ROOT,
@@ -168,6 +177,8 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"skipped the damaged checkpoint ckpt-{newest + 1}: a file is shorter" in resumed.stdout, resumed.stdout
+    assert f"resumed from {logdir / 'checkpoints' / f'ckpt-{newest}'}" in resumed.stdout, resumed.stdout
     final = json.loads((logdir / "summary.json").read_text())
     assert final["completed"] is True
     assert final["policy_version"] > stopped["policy_version"]

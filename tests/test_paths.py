@@ -94,6 +94,7 @@ def test_a_damaged_newest_learner_checkpoint_falls_back_to_the_older_one(tmp_pat
     path, skipped = restore_newest(folder, tf.train.Checkpoint(v=variable))
     assert path == os.path.join(folder, "ckpt-1"), skipped
     assert len(skipped) == 1 and skipped[0].startswith("ckpt-2"), skipped
+    assert "it cannot be read" not in skipped[0], skipped  # the damage is said in words, not only as an error
     assert variable.numpy()[0] == 1
     # The next save goes above the damaged one, so that it is the newest again.
     assert store.save(PROGRESS).endswith("ckpt-3")
