@@ -479,11 +479,15 @@ class Learner:
 
     def _check_table(self, address: str, start_hint: str, what: str) -> None:
         deadline = time.monotonic() + 60
+        said = False
         while True:
             try:
                 info = reverb.Client(address).server_info(timeout=5)
                 break
             except Exception as e:
+                if not said:
+                    print(f"rlfleet learner: waiting up to 60 s for the replay server {address}", flush=True)
+                    said = True
                 if time.monotonic() > deadline:
                     raise LearnerError(
                         f"replay server {address} unreachable: {e}; start it with `{start_hint}` first."
