@@ -29,8 +29,44 @@ class StorageError(OSError):
         return self.strerror or super().__str__()
 
 
-def storage_error(e: OSError, what: str, path: str) -> StorageError:
-    """`e` (raised writing `what` to `path`) as a `StorageError` whose message says why and what to do."""
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def disk_space(path: str, needed_bytes: int | None = None) -> str:
+    """How much space is free on the disk of `path` (of the nearest existing folder above it), and, when
+    `needed_bytes` is given, how much a write there needs, in words ("0.2 MB free there; it needs about 0.4
+    MB"); "" when the disk cannot be asked."""
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        free = os.statvfs(folder)
+    except OSError:
+        return ""
+    said = f"{_megabytes(free.f_bavail * free.f_frsize)} free there"
+    return said + (f"; it needs about {_megabytes(needed_bytes)}" if needed_bytes else "")
+
+
+def tree_bytes(paths: list[str]) -> int:
+    """The bytes of the files `paths` and of every file in the folders among them (0 for those that are gone)."""
+    total = 0
+    for path in paths:
+        if os.path.isdir(path):
+            for folder, _, files in os.walk(path):
+                total += tree_bytes([os.path.join(folder, f) for f in files])
+        else:
+            try:
+                total += os.path.getsize(path)
+            except OSError:
+                pass
+    return total
+
+
+def storage_error(e: OSError, what: str, path: str, needed_bytes: int | None = None) -> StorageError:
+    """`e` (raised writing `what` to `path`) as a `StorageError` whose message says why and what to do; for a
+    full disk also the space free there and, given `needed_bytes` (an estimate), what the write needs."""
+    space = disk_space(path, needed_bytes) if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     hint = {
         errno.ENOSPC: "the disk is full: free space there (or give a folder on another disk)",
         errno.EDQUOT: "the disk quota is used up: free space there (or give a folder on another disk)",
@@ -40,7 +76,8 @@ def storage_error(e: OSError, what: str, path: str) -> StorageError:
         errno.ENOENT: "a folder on the way does not exist: create it or give another path",
         errno.ENOTDIR: "a part of the path is a file, not a folder: give another path",
     }.get(e.errno, "check the folder and the disk")
-    return StorageError(e.errno, f"cannot write {what} to {path}: {e.strerror or e}; {hint}.")
+    reason = f"{e.strerror or e} ({space})" if space else f"{e.strerror or e}"
+    return StorageError(e.errno, f"cannot write {what} to {path}: {reason}; {hint}.")
 
 
 def check_writable(folder: str, what: str) -> None:

@@ -25,7 +25,7 @@ import shutil
 
 import tensorflow as tf
 
-from rlfleet.deploy.files import atomic_write, fsync_path, glob_free, listdir, storage_error
+from rlfleet.deploy.files import atomic_write, fsync_path, glob_free, listdir, storage_error, tree_bytes
 from rlfleet.learner.run_dir import PROGRESS_SUFFIX, read_progress, write_progress
 
 INDEX_FILE = "checkpoint"  # TensorFlow's CheckpointState, as text
@@ -207,7 +207,8 @@ class CheckpointStore:
             _remove(_files_of(self.folder, number))
             if isinstance(e, tf.errors.OpError):
                 e = OSError(getattr(e, "errno", None) or _errno_of(e), e.message)
-            raise storage_error(e, "a learner checkpoint", self.folder) from None
+            before = _files_of(self.folder, numbers[0]) if numbers else []  # the last one's size: the estimate
+            raise storage_error(e, "a learner checkpoint", self.folder, tree_bytes(before) or None) from None
         kept = sorted([number, *numbers], reverse=True)[: self.keep]
         try:
             self._write_index(sorted(kept))

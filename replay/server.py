@@ -21,7 +21,7 @@ from collections.abc import Callable
 import reverb
 import tensorflow as tf
 
-from rlfleet.deploy.files import StorageError, check_writable
+from rlfleet.deploy.files import StorageError, check_writable, disk_space, tree_bytes
 from rlfleet.deploy.stopping import on_stop_signals
 
 PPO_TABLE = "ppo_trajectories"
@@ -298,7 +298,12 @@ def serve(
             return True
         except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
             # a full disk, say: the tables stay served, and the checkpoints before stay as they were
-            print(f"rlfleet replay: error: the replay checkpoint failed: {e}", flush=True)
+            last = checkpoints.latest_checkpoint(checkpoint_dir)
+            space = disk_space(checkpoint_dir, tree_bytes([last]) if last else None)
+            print(
+                f"rlfleet replay: error: the replay checkpoint failed: {e} ({space or 'disk space unknown'})",
+                flush=True,
+            )
             return False
 
     next_checkpoint = time.monotonic() + checkpoint_interval_s

@@ -9,6 +9,7 @@ loopback; the cluster-level resume is in test_learning.py.
 
 import json
 import os
+import re
 import string
 import subprocess
 import sys
@@ -239,8 +240,11 @@ def test_a_full_disk_is_a_clear_error_and_the_last_checkpoint_stays(small_disk):
     store = CheckpointStore(folder, tf.train.Checkpoint(v=variable), keep=3)
     store.save(PROGRESS)
     variable.assign(np.full(100_000, 2, np.float32))
-    with pytest.raises(StorageError, match=r"cannot write a learner checkpoint to .*small disk \[1\].*disk is full"):
+    with pytest.raises(
+        StorageError, match=r"cannot write a learner checkpoint to .*small disk \[1\].*disk is full"
+    ) as e:
         store.save(PROGRESS)
+    assert re.search(r"\(0\.\d MB free there; it needs about 0\.4 MB\)", str(e.value)), e.value  # the last one's size
     assert sorted(os.listdir(folder)) == [
         "checkpoint",
         "ckpt-1.data-00000-of-00001",
