@@ -80,6 +80,7 @@ ABLATIONS = {
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),
+    "async-cleanrl-traces": ("async-cleanrl", ["--set", "advantage_traces=ratio"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():
     VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)

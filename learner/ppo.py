@@ -249,7 +249,8 @@ class BatchPPO:
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
         """
-        return self._advantages(*self._graph_inputs(batch, obs_n)[:5])[:2]
+        inputs = self._graph_inputs(batch, obs_n)[:5]
+        return self._advantages(*inputs, tf.zeros_like(inputs[2]))[:2]
 
     def _graph_inputs(self, batch: dict, obs_n: np.ndarray | None = None) -> tuple:
         """The batch as `_advantages` and `_update` take it: normalised observations [T+1, N, obs_dim] and
@@ -267,19 +268,33 @@ class BatchPPO:
             np.asarray(batch["behaviour_log_prob"][:-1], np.float32),
         )
 
-    @tf.function(input_signature=[_SPEC_3D, _SPEC_3D, _SPEC_2D, _SPEC_2D_BOOL, _SPEC_2D_BOOL])
-    def _advantages(self, obs_n, final_obs_n, rewards, terminated, truncated):
+    @tf.function(input_signature=[_SPEC_3D, _SPEC_3D, _SPEC_2D, _SPEC_2D_BOOL, _SPEC_2D_BOOL, _SPEC_2D])
+    def _advantages(self, obs_n, final_obs_n, rewards, terminated, truncated, log_ratios):
         """`advantages` in one graph: V of every observation and of every final observation (used where
-        truncated), GAE over the time axis. Shapes as `_graph_inputs` returns them. Returns (advantages,
-        returns, V(obs_t)), each float32 [T, N]."""
+        truncated), GAE over the time axis (`advantage_traces` "ratio": weighted by the ratios exp(`log_ratios`)
+        [T, N] of the learner's policy to the behaviour policy truncated at 1, `ppo_math.traced_gae_advantages`).
+        Shapes as `_graph_inputs` returns them. Returns (advantages, value targets, V(obs_t)), each float32
+        [T, N]."""
         c = self.config
         t1, n, obs_dim = tf.shape(obs_n)[0], tf.shape(obs_n)[1], tf.shape(obs_n)[2]
         values = tf.reshape(self.value(tf.reshape(obs_n, [-1, obs_dim])), [t1, n])
         final_values = tf.reshape(self.value(tf.reshape(final_obs_n, [-1, obs_dim])), [t1 - 1, n])
         next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, final_values)
-        adv, returns = ppo_math.gae_advantages(
-            rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
-        )
+        if c.advantage_traces == "ratio":
+            adv, returns = ppo_math.traced_gae_advantages(
+                rewards,
+                values[:-1],
+                next_values,
+                terminated,
+                terminated | truncated,
+                c.discount,
+                c.gae_lambda,
+                log_ratios,
+            )
+        else:
+            adv, returns = ppo_math.gae_advantages(
+                rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
+            )
         return adv, returns, values[:-1]
 
     def update(self, batch: dict, progress: float = 0.0) -> dict:
@@ -355,15 +370,16 @@ class BatchPPO:
         One call, not a few hundred eager ops: with Python 3.11, TensorFlow 2.15 keeps ~100 bytes per eager op
         or function call it runs (tensorflow/tensorflow#62551), which made the learner grow ~7 MB a minute.
         """
-        adv, returns, values = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated)
-        if self.config.advantage_norm == "batch":
-            adv = ppo_math.normalize_advantages(adv)
         flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
         obs_t, actions = flat(obs_n[:-1]), flat(actions)
-        for opt in (self.policy_opt, self.value_opt):
-            opt.learning_rate.assign(lr)
         prox_mean, prox_log_std = self.policy(obs_t)
         prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
+        log_ratios = tf.reshape(prox_log_prob, tf.shape(behaviour_log_prob)) - behaviour_log_prob
+        adv, returns, values = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated, log_ratios)
+        if self.config.advantage_norm == "batch":
+            adv = ppo_math.normalize_advantages(adv)
+        for opt in (self.policy_opt, self.value_opt):
+            opt.learning_rate.assign(lr)
         if self.config.off_policy_objective == "behaviour":  # the ratio's anchor is the behaviour policy
             anchor_log_prob = flat(behaviour_log_prob)
             is_weights = tf.ones_like(anchor_log_prob)

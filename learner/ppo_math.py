@@ -158,6 +158,40 @@ def gae_advantages(rewards, values, next_values, terminated, episode_ends, disco
     return advantages, advantages + values
 
 
+def traced_gae_advantages(
+    rewards, values, next_values, terminated, episode_ends, discount, lambda_, log_ratios, max_ratio=1.0
+):
+    """GAE for data an older behaviour policy collected, its later steps weighted toward the target policy.
+
+    rho_t = min(max_ratio, pi(a_t|s_t) / mu(a_t|s_t))   (target pi, behaviour mu)
+    delta_t = r_t + discount * (1 - term_t) * next_t - V_t
+    A_t     = delta_t + discount * lambda_ * (1 - end_t) * rho_{t+1} * A_{t+1}   (rho_T = 1: V(obs_T) closes it)
+    targets = V_t + rho_t * A_t
+
+    The TD error of every step after t is weighted by the truncated ratios of the actions taken since t (the
+    traces c of Retrace, Munos et al. 2016, and of V-trace, Espeholt et al. 2018, section 4.1, with c-bar =
+    `max_ratio`, 1 in both papers), so that A_t estimates the advantage of a_t under pi's later actions, not
+    mu's; step t's own action is left to the policy loss's importance weight. The value targets weight A_t by
+    rho_t (V-trace's first-step correction). With pi = mu (on-policy data) both equal `gae_advantages`.
+
+    Args:
+      rewards, values, next_values, terminated, episode_ends, discount, lambda_: as `gae_advantages`.
+      log_ratios: float32 [T, B], log pi(a_t|s_t) - log mu(a_t|s_t).
+      max_ratio: the truncation c-bar = rho-bar (> 0).
+    Returns:
+      (advantages, value targets), both float32 [T, B].
+    """
+    rewards, values, next_values = _f32(rewards), _f32(values), _f32(next_values)
+    not_terminal = 1.0 - _f32(terminated)
+    not_end = 1.0 - _f32(episode_ends)
+    discount, lambda_ = _f32(discount), _f32(lambda_)
+    ratios = tf.minimum(tf.exp(_f32(log_ratios)), _f32(max_ratio))
+    next_ratios = tf.concat([ratios[1:], tf.ones_like(ratios[:1])], axis=0)
+    deltas = rewards + discount * not_terminal * next_values - values
+    advantages = _backward_recurrence(deltas, discount * lambda_ * not_end * next_ratios, tf.zeros_like(values[0]))
+    return advantages, values + ratios * advantages
+
+
 def discounted_returns(rewards, next_values, terminated, episode_ends, discount):
     """Discounted return, reset at episode ends, bootstrapped at the end and at truncations.
 

@@ -133,6 +133,7 @@ class PPOConfig:
     clip_epsilon: Positive = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
     max_importance_weight: Positive = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
     off_policy_objective: str = "decoupled"  # PPO ratio anchor for lagged data: decoupled, behaviour, uncorrected
+    advantage_traces: str = "none"  # GAE on lagged data: none (as collected), ratio (later steps × truncated π/π_b)
     max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
     obs_clip: Positive = 5.0  # normalised observations are clipped to ±obs_clip (std units)
@@ -290,6 +291,7 @@ CHOICES = {
     "init": ("variance_scaling", "orthogonal"),
     "advantage_norm": ("batch", "minibatch", "none"),
     "off_policy_objective": ("decoupled", "behaviour", "uncorrected"),
+    "advantage_traces": ("none", "ratio"),
 }
 
 

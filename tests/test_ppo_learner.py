@@ -233,3 +233,18 @@ def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_
     assert uncorrected["clip_fraction"] == 0.0 and uncorrected["mean_importance_weight"] == 1.0
     with pytest.raises(ValueError, match="off_policy_objective=behaviour needs policy_objective=clip"):
         make_config("default", SPEC.env_id, {"off_policy_objective": "behaviour", "policy_objective": "kl_penalty"})
+
+
+def test_advantage_traces_change_nothing_on_policy_and_something_off_policy():
+    cfg = {"epochs": 1, "num_minibatches": 1}
+    make = lambda traces: BatchPPO(
+        SPEC, make_config("default", SPEC.env_id, dict(cfg, advantage_traces=traces)), seed=0
+    )
+    on_policy = make_batch(make("none"))
+    shifted = dict(on_policy, behaviour_log_prob=on_policy["behaviour_log_prob"] + 0.7)  # pi/mu = 0.5: traces cut
+    for batch, same in ((on_policy, True), (shifted, False)):
+        plain, traced = make("none"), make("ratio")
+        plain.update(batch)
+        traced.update(batch)
+        a, b = plain.export_weights(), traced.export_weights()
+        assert all(np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a) is same

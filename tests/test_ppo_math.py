@@ -236,6 +236,31 @@ def test_gae_lambda_zero_is_td_error():
     np.testing.assert_allclose(ret.numpy(), td + values, rtol=1e-5, atol=1e-6)
 
 
+def test_traced_gae_is_gae_on_policy_and_weights_later_steps_by_truncated_ratios():
+    rng = np.random.default_rng(7)
+    values = rng.normal(size=(4, 2)).astype(np.float32)
+    nv, lam = _next(values), 0.9
+    gae, gae_ret = ppo_math.gae_advantages(REWARDS, values, nv, DONES, DONES, GAMMA, lam)
+    adv, targets = ppo_math.traced_gae_advantages(REWARDS, values, nv, DONES, DONES, GAMMA, lam, np.zeros((4, 2)))
+    np.testing.assert_allclose(adv.numpy(), gae.numpy(), rtol=1e-6)  # pi = mu: GAE itself
+    np.testing.assert_allclose(targets.numpy(), gae_ret.numpy(), rtol=1e-6)
+
+    ratios = np.array([[0.5, 3.0], [2.0, 0.25], [0.8, 1.0], [1.5, 0.1]], np.float32)  # pi / mu per step
+    adv, targets = ppo_math.traced_gae_advantages(
+        REWARDS, values, nv, DONES, DONES, GAMMA, lam, np.log(ratios), max_ratio=1.0
+    )
+    c = np.minimum(ratios, 1.0)
+    delta = REWARDS + GAMMA * (1 - DONES) * nv - values
+    expected = np.zeros_like(values)
+    later = np.zeros(2, np.float32)
+    for t in reversed(range(4)):  # the trace of step t + 1 carries A_{t+1} back; V(obs_T) closes the item
+        c_next = c[t + 1] if t + 1 < 4 else np.ones(2, np.float32)
+        expected[t] = delta[t] + GAMMA * lam * (1 - DONES[t]) * c_next * later
+        later = expected[t]
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(targets.numpy(), values + c * expected, rtol=1e-5, atol=1e-6)
+
+
 def test_gae_in_tf_function():
     values = np.zeros((4, 2), np.float32)
     f = tf.function(lambda r, v, nv, d: ppo_math.gae_advantages(r, v, nv, d, d, GAMMA, 1.0))
