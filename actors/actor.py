@@ -24,7 +24,7 @@ import reverb
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
-from rlfleet.actors.replay_link import insert_admitted
+from rlfleet.actors.replay_link import connection_died_silently
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
@@ -35,11 +35,11 @@ log = logging.getLogger("rlfleet.actor")
 # Heartbeats in a row that were sent but got no reply (each waits 5 s) before the actor replaces its channel:
 # a connection that died silently is left within about 12 s (`Actor._reconnect`).
 UNANSWERED_BEATS_BEFORE_RECONNECT = 2
-# Seconds a writer may go without a confirmed item before the actor asks the replay server whether the table
-# holds inserts back (`replay_link.insert_admitted`), and how many answers in a row, a second apart, must say
-# that it takes them for the actor to call its connection dead.
+# Seconds a writer may wait for its items to be confirmed before the actor asks whether its connection to the
+# replay server died silently (`replay_link.connection_died_silently`), and how many answers in a row, a second
+# apart, must say so.
 REPLAY_STALL_S = 10.0
-REPLAY_STALL_PROBES = 3
+REPLAY_STALL_PROBES = 2
 
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
 # finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
@@ -387,21 +387,21 @@ class Actor:
             if time.monotonic() - stalled_since >= REPLAY_STALL_S:
                 if self._replay_connection_dead():
                     raise ReplayLost(
-                        f"rlfleet actor {self.actor_id}: no item confirmed for {REPLAY_STALL_S:g} s while the "
-                        f"replay table takes inserts: the connection to {self.replay_address} died silently; "
-                        "new writers on a new connection, envs reset (the episodes in progress are dropped)"
+                        f"rlfleet actor {self.actor_id}: no item confirmed for {REPLAY_STALL_S:g} s and the "
+                        f"connection to {self.replay_address} gets no answer while a new one does: it died "
+                        "silently; new writers on a new connection, envs reset (the episodes in progress are "
+                        "dropped)"
                     )
                 stalled_since = time.monotonic()
 
     def _replay_connection_dead(self) -> bool:
-        """True when the replay server, asked over new connections `REPLAY_STALL_PROBES` times a second apart,
-        says every time that the table would take an insert (`replay_link.insert_admitted`): writes that stay
-        unconfirmed then never reached it. A rate limiter holding inserts back, a server too busy to answer
-        (writing a checkpoint) or one that is down (`_watch_replay` sees its restart) is no reason."""
+        """True when `replay_link.connection_died_silently` says so `REPLAY_STALL_PROBES` times in a row, a
+        second apart: the writers' connection gets no answer while a new one does. A rate limiter holding the
+        writes back, a slow link or a server that is down (`_watch_replay` sees its restart) is no reason."""
         for probe in range(REPLAY_STALL_PROBES):
             if probe and self.stop.wait(1.0):
                 return False
-            if not insert_admitted(self.replay_address, self.config.table):
+            if not connection_died_silently(self.replay_address):
                 return False
         return True
 

@@ -180,6 +180,9 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
             actor.count_steps(reward, done)
     finally:
         writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
+        # Nothing may keep the client alive (an exception's traceback holds this frame): while it lives, a new
+        # client to the same address reuses its connection, which may be the dead one the actor replaces.
+        writer = client = None
 
 
 # Items a DQN writer may have in flight (created, not yet confirmed by the replay server) before the actor waits.
@@ -280,3 +283,5 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
     finally:
         for writer in writers:
             writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
+        writers.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
+        writer = client = None

@@ -369,6 +369,8 @@ def launch(
         for c in children:
             if c.name == "learner":
                 c.stop(120)
+        for c in children:
+            c.relay()  # what they said while stopping (a checkpoint that failed, say)
         if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
             print(f"rlfleet up: stopped. Resume with:\n  {resume_cmd}", flush=True)
         else:

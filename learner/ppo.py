@@ -14,7 +14,9 @@ or, with `off_policy_objective` "behaviour", the clipped ratio is taken to the
 behaviour policy itself (as IMPALA-style asynchronous PPO does), so that no
 update moves the policy more than the clip range from the data's policy; or,
 with "uncorrected", to the learner's policy with no weights (an ablation: what
-the correction is worth).
+the correction is worth). With `advantage_traces` "ratio" the advantages of
+lagged data weight later steps' TD errors by the truncated ratios of the
+learner's policy to the behaviour policy (`ppo_math.traced_gae_advantages`).
 """
 
 from __future__ import annotations
@@ -165,9 +167,9 @@ class BatchPPO:
     ):
         """All gradient steps of one update in one graph call.
 
-        The ratio and the KL term are taken to the proximal policy (the
-        policy when the update starts), and `is_weights` (π_prox / π_behaviour,
-        `ppo_math.proximal_weights`) correct for the behaviour policy.
+        The ratio and the KL term are taken to `prox_log_prob`, the anchor `off_policy_objective` chooses (the
+        proximal policy, i.e. the policy when the update starts, or the behaviour policy), and `is_weights`
+        weigh the samples (π_prox / π_behaviour, `ppo_math.proximal_weights`, or 1).
         `minibatches` [S, M] int32 holds the sample indices of each of the S
         gradient steps (epochs × minibatches, reshuffled every epoch).
         `old_values` [N] are V(s) when the update started (the clipped value loss).
@@ -241,7 +243,8 @@ class BatchPPO:
         Rewards are scaled by the reward normalizer; a step whose episode a
         time limit cut (`truncated`) bootstraps from V(final_observation), a
         terminal one (`terminated`) from nothing (`ppo_math.next_state_values`,
-        `ppo_math.gae_advantages`).
+        `ppo_math.gae_advantages`). Plain GAE whatever `advantage_traces` says: the traces need the
+        learner's log-probabilities of the batch's actions, which `update` computes.
 
         Args:
             batch: replay fields (`rlfleet.replay.server.ppo_signature`), leading shape [T+1, N].
@@ -316,7 +319,9 @@ class BatchPPO:
             (of the value targets by V before the update), beta (the KL penalty's, after adaptation; init_beta
             unchanged under the clip objective), policy_std (mean over action
             dimensions of the state-independent std), mean_importance_weight
-            (π_proximal/π_behaviour, truncated), max_importance_weight (the same before truncation),
+            (π_proximal/π_behaviour, truncated; 1 with off_policy_objective behaviour or uncorrected, whose
+            approx_kl and clip_fraction under behaviour measure the distance to the behaviour policy, lag
+            included), max_importance_weight (π_proximal/π_behaviour before truncation),
             learning_rate (this update's), gradient_steps.
         """
         c = self.config

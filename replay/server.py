@@ -298,12 +298,14 @@ def serve(
             return True
         except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
             # a full disk, say: the tables stay served, and the checkpoints before stay as they were
-            last = checkpoints.latest_checkpoint(checkpoint_dir)
-            space = disk_space(checkpoint_dir, tree_bytes([last]) if last else None)
-            print(
-                f"rlfleet replay: error: the replay checkpoint failed: {e} ({space or 'disk space unknown'})",
-                flush=True,
-            )
+            space = ""
+            if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+                try:
+                    last = checkpoints.latest_checkpoint(checkpoint_dir)
+                    space = f" ({disk_space(checkpoint_dir, tree_bytes([last]) if last else None)})"
+                except OSError:
+                    pass
+            print(f"rlfleet replay: error: the replay checkpoint failed: {e}{space}", flush=True)
             return False
 
     next_checkpoint = time.monotonic() + checkpoint_interval_s

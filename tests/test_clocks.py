@@ -62,7 +62,7 @@ def test_status_and_run_times_survive_wall_clock_steps(tmp_path):
                     tmp = tmp_path / "clock-steps.tmp"
                     tmp.write_text(f"{back}:-3600,{forward}:7200")
                     tmp.rename(clock_file)
-                elif sum(t >= forward for t, _ in seen) >= 6:  # enough answers after both steps: stop as Ctrl-C does
+                elif sum(t >= forward for t, _ in seen) >= 6:  # enough answers after both steps: SIGINT to `up`
                     break
             time.sleep(0.5)
         up.send_signal(signal.SIGINT)
