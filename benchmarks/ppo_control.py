@@ -88,6 +88,7 @@ for _name, (_base, _more) in ABLATIONS.items():
 GRID = 20_480  # env steps between curve points: 10 updates of 2048 env steps (rlfleet's evaluation period)
 CURVE_METRICS = ("approx_kl", "clip_fraction", "entropy", "explained_variance", "value_loss", "policy_std")
 PEER = "sb3-cleanrl"
+MIN_PEER_SEEDS = 3  # fewer peer runs give no band to hold the control's curve against
 CONTROL = "sync-cleanrl"
 
 
@@ -161,7 +162,7 @@ def report(out: str, budget: int | None = None) -> dict:
             dirs=[r["dir"] for r in rs],
         )
     for variants in result.values():
-        if CONTROL in variants and PEER in variants:
+        if CONTROL in variants and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             control, peer = variants[CONTROL], variants[PEER]
             inside = [
                 c is not None and p is not None and p[0] <= c <= p[1]

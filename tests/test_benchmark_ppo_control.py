@@ -3,6 +3,7 @@ and the SB3 peer's mapping of the cleanrl preset (benchmarks/sb3_peer.py), witho
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -63,6 +64,9 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert low <= 100 <= high
     assert control["inside_peer_band"][1] == 3 and control["inside_peer_band"][0] >= 1
     assert "inside_peer_band" not in result["async-default"]
+    # Two peer runs are no band: the control is not held against one.
+    shutil.rmtree(out / "sb3-cleanrl" / "Hopper-v5-s2")
+    assert "inside_peer_band" not in ppo_control.report(str(out))["Hopper-v5"]["sync-cleanrl"]
     # Diagnostics: each run's latest row at or before each grid point, the median over runs.
     assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.6)), (3 * GRID, pytest.approx(1.1))]
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
