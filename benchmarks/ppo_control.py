@@ -19,7 +19,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
 continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
-IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate; the IQM
+IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
+the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs; the IQM
 learning curve on a grid of `GRID` env steps with its CI band, and whether the control's curve stays inside the
 peer's band; it writes one PNG of curves and one of training diagnostics (approx KL, clip fraction, entropy,
 explained variance, value loss, policy std, the medians over seeds) per env.
@@ -39,7 +40,7 @@ import json
 import os
 
 import numpy as np
-from report import iqm_with_ci, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
+from report import compare_with_ci, iqm_with_ci, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 from suite import run_one
 
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
@@ -81,6 +82,8 @@ ABLATIONS = {
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),
     "async-cleanrl-traces": ("async-cleanrl", ["--set", "advantage_traces=ratio"]),
+    # Swimmer-v5 with the discount the `default` preset uses for it (see learner/presets.py, ENV_OVERRIDES).
+    "async-cleanrl-gamma9999": ("async-cleanrl", ["--set", "discount=0.9999"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():
     VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)
@@ -162,6 +165,11 @@ def report(out: str, budget: int | None = None) -> dict:
             dirs=[r["dir"] for r in rs],
         )
     for variants in result.values():
+        control = variants.get(CONTROL)
+        if control and len(control["final_returns"]) > 1:
+            for name, v in variants.items():
+                if name != CONTROL and len(v["final_returns"]) > 1:
+                    v["against_control"] = compare_with_ci(v["final_returns"], control["final_returns"])
         if CONTROL in variants and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             control, peer = variants[CONTROL], variants[PEER]
             inside = [
@@ -244,6 +252,12 @@ def print_report(result: dict) -> None:
                 f"  {variant:28s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
             )
+            if "against_control" in v:
+                c = v["against_control"]
+                ratio = c["iqm_ratio"]
+                said = f"IQM ÷ {CONTROL}'s {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}], " if ratio else ""
+                p_x = c["probability_of_improvement"]
+                print(f"  {'':28s} {said}P(a run beats one of {CONTROL}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
             if "inside_peer_band" in v:
                 inside, total = v["inside_peer_band"]
                 print(f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points")

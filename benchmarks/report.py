@@ -115,6 +115,30 @@ def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, flo
     return float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])
 
 
+def compare_with_ci(scores_x: np.ndarray, scores_y: np.ndarray, reps: int = 2000) -> dict:
+    """How runs X compare with runs Y on one task, each a 1-D array of final returns (any number of runs each),
+    with stratified-bootstrap 95% CIs (rliable, Agarwal et al. 2021, Sec. 4):
+    `probability_of_improvement`: [P(X > Y), low, high], the chance that a run of X beats a run of Y (0.5: no
+    difference; scale-free); `iqm_difference`: [IQM(X) − IQM(Y), low, high] in return units; `iqm_ratio`:
+    [IQM(X) / IQM(Y), low, high], or None where a run of Y returned ≤ 0 (a bootstrap IQM of Y could be 0).
+    A CI that excludes 0.5 (difference: 0; ratio: 1) is a difference the runs establish."""
+    from rliable import library, metrics
+
+    x = np.asarray(scores_x, dtype=float).reshape(-1, 1)
+    y = np.asarray(scores_y, dtype=float).reshape(-1, 1)
+    funcs = {
+        "probability_of_improvement": lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
+        "iqm_difference": lambda a, b: np.array([metrics.aggregate_iqm(a) - metrics.aggregate_iqm(b)]),
+    }
+    if (y > 0).all():
+        funcs["iqm_ratio"] = lambda a, b: np.array([metrics.aggregate_iqm(a) / metrics.aggregate_iqm(b)])
+    out = {"iqm_ratio": None}
+    for name, func in funcs.items():
+        point, interval = library.get_interval_estimates({"xy": [x, y]}, func, reps=reps)
+        out[name] = [float(point["xy"][0]), float(interval["xy"][0][0]), float(interval["xy"][1][0])]
+    return out
+
+
 def return_at(rows: list[dict], env_steps: int) -> float | None:
     """The latest evaluation return in metrics rows at or before `env_steps` env steps (None: none yet)."""
     values = [

@@ -64,12 +64,32 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert low <= 100 <= high
     assert control["inside_peer_band"][1] == 3 and control["inside_peer_band"][0] >= 1
     assert "inside_peer_band" not in result["async-default"]
+    # Against the control: every async-default run beats every control run, by about 16.6 times its IQM.
+    against = result["async-default"]["against_control"]
+    assert against["probability_of_improvement"] == [1.0, 1.0, 1.0]
+    ratio, low, high = against["iqm_ratio"]
+    assert ratio == pytest.approx(5001 / 301) and low <= ratio <= high
+    assert against["iqm_difference"][0] == pytest.approx(4700)
+    assert "against_control" not in control
     # Two peer runs are no band: the control is not held against one.
     shutil.rmtree(out / "sb3-cleanrl" / "Hopper-v5-s2")
     assert "inside_peer_band" not in ppo_control.report(str(out))["Hopper-v5"]["sync-cleanrl"]
     # Diagnostics: each run's latest row at or before each grid point, the median over runs.
     assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.6)), (3 * GRID, pytest.approx(1.1))]
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
+
+
+def test_runs_compared_with_a_control_say_whether_a_difference_is_established():
+    from report import compare_with_ci
+
+    same = compare_with_ci([1000, 1100, 1200, 1300], [1050, 1150, 1250, 1000])
+    p, low, high = same["probability_of_improvement"]
+    assert low < 0.5 < high and same["iqm_difference"][1] < 0 < same["iqm_difference"][2]
+    worse = compare_with_ci([100, 110, 120, 130], [1000, 1100, 1200, 1300])
+    assert worse["probability_of_improvement"] == [0.0, 0.0, 0.0] and worse["iqm_ratio"][2] < 1
+    # A control run at or below 0 leaves the ratio undefined; the difference and the probability still hold.
+    signed = compare_with_ci([10, 20, 30], [-5, 5, 15])
+    assert signed["iqm_ratio"] is None and signed["probability_of_improvement"][0] > 0.5
 
 
 def test_the_sb3_peer_takes_the_cleanrl_preset():
