@@ -21,9 +21,9 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
 IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
 the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs; the IQM
-learning curve on a grid of `GRID` env steps with its CI band, and whether the control's curve stays inside the
-peer's band; it writes one PNG of curves and one of training diagnostics (approx KL, clip fraction, entropy,
-explained variance, value loss, policy std, the medians over seeds) per env.
+learning curve on a grid of `GRID` env steps with its CI band, and at how many points the control's curve lies
+inside, above or below the peer's band; it writes one PNG of curves and one of training diagnostics (approx KL,
+clip fraction, entropy, explained variance, value loss, policy std, the medians over seeds) per env.
 
 Usage (`pip install -e ".[cpu,report,bench]"`; peers need the machine to themselves, see benchmarks/README.md):
     python benchmarks/ppo_control.py run --envs Hopper-v5 --seeds 0 1 2 3 4 --total-steps 300000 --out runs/ppo-control
@@ -82,6 +82,15 @@ ABLATIONS = {
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),
     "async-cleanrl-traces": ("async-cleanrl", ["--set", "advantage_traces=ratio"]),
+    # Importance weights π_proximal/π_behaviour as they are (no truncation): the decoupled objective's correction in
+    # full once the policy's std is small and a few versions of lag make them large.
+    "async-cleanrl-untruncated": ("async-cleanrl", ["--set", "max_importance_weight=1000000.0"]),
+    # The preset with the `default` preset's item length: a batch from several items (and, with several actors, from
+    # all of them) rather than one item per actor.
+    "async-cleanrl-unroll64": ("async-cleanrl", ["--set", "unroll_length=64"]),
+    # Updates stopped once the policy has moved an approx KL of 1.5 × 0.01 from the update's start.
+    "async-cleanrl-targetkl": ("async-cleanrl", ["--set", "target_kl=0.01"]),
+    "sync-cleanrl-targetkl": ("sync-cleanrl", ["--set", "target_kl=0.01"]),
     # Swimmer-v5 with the discount the `default` preset uses for it (see learner/presets.py, ENV_OVERRIDES).
     "async-cleanrl-gamma9999": ("async-cleanrl", ["--set", "discount=0.9999"]),
 }
@@ -172,11 +181,10 @@ def report(out: str, budget: int | None = None) -> dict:
                     v["against_control"] = compare_with_ci(v["final_returns"], control["final_returns"])
         if CONTROL in variants and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             control, peer = variants[CONTROL], variants[PEER]
-            inside = [
-                c is not None and p is not None and p[0] <= c <= p[1]
-                for c, p in zip(control["curve_iqm"], peer["curve_ci95"])
-            ]
-            control["inside_peer_band"] = [sum(inside), len(inside)]
+            points = [(c, p) for c, p in zip(control["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
+            control["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(control["curve_iqm"])]
+            control["above_peer_band"] = sum(c > p[1] for c, p in points)
+            control["below_peer_band"] = sum(c < p[0] for c, p in points)
     return result
 
 
@@ -260,7 +268,10 @@ def print_report(result: dict) -> None:
                 print(f"  {'':28s} {said}P(a run beats one of {CONTROL}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
             if "inside_peer_band" in v:
                 inside, total = v["inside_peer_band"]
-                print(f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points")
+                print(
+                    f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points, above it at "
+                    f"{v['above_peer_band']}, below it at {v['below_peer_band']}"
+                )
 
 
 def main() -> None:

@@ -173,13 +173,18 @@ class BatchPPO:
         `minibatches` [S, M] int32 holds the sample indices of each of the S
         gradient steps (epochs × minibatches, reshuffled every epoch).
         `old_values` [N] are V(s) when the update started (the clipped value loss).
+        With `target_kl` > 0 the steps stop at the first minibatch whose approx KL from the policy at the
+        update's start (`prox_mean`, `prox_log_std`, whatever the ratio's anchor) exceeds 1.5 × target_kl, before
+        its step (Stable-Baselines3's `target_kl`; CleanRL checks once per epoch); the first step is always taken.
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
-        steps, each measured on its minibatch before its step, as CleanRL and Stable-Baselines3 log them).
+        steps taken, each measured on its minibatch before its step, as CleanRL and Stable-Baselines3 log them,
+        and the number of steps taken, int32).
         """
         c = self.config
         policy_loss = v_loss = tf.constant(0.0)
         kl_sum = clip_sum = tf.constant(0.0)
         steps = tf.shape(minibatches)[0]
+        taken = tf.constant(0)
         policy_vars, value_vars = self.policy.trainable_variables, self.value.trainable_variables
         for i in tf.range(steps):
             idx = minibatches[i]
@@ -205,6 +210,10 @@ class BatchPPO:
                 else:
                     v_loss = ppo_math.value_loss(values, tf.gather(returns, idx))
                 total = policy_loss + c.value_loss_coef * v_loss
+            if c.target_kl > 0:
+                start_log_prob = ppo_math.gaussian_log_prob(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), a)
+                if ppo_math.approx_kl(log_prob, start_log_prob) > 1.5 * c.target_kl:
+                    break
             if c.shared_optimizer:
                 both = tuple(policy_vars) + tuple(value_vars)
                 self._apply(self.policy_opt, tape.gradient(total, both), both)
@@ -215,8 +224,9 @@ class BatchPPO:
             ratio = tf.exp(log_prob - old_log_prob)
             kl_sum += ppo_math.approx_kl(log_prob, old_log_prob)
             clip_sum += tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > c.clip_epsilon, tf.float32))
-        n = tf.cast(tf.maximum(steps, 1), tf.float32)
-        return policy_loss, v_loss, kl_sum / n, clip_sum / n
+            taken += 1
+        n = tf.cast(tf.maximum(taken, 1), tf.float32)
+        return policy_loss, v_loss, kl_sum / n, clip_sum / n, taken
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """Rewards as the value function and advantages see them, float32 (scaled ones clipped to ±reward_clip).
@@ -322,7 +332,8 @@ class BatchPPO:
             (π_proximal/π_behaviour, truncated; 1 with off_policy_objective behaviour or uncorrected, whose
             approx_kl and clip_fraction under behaviour measure the distance to the behaviour policy, lag
             included), max_importance_weight (π_proximal/π_behaviour before truncation),
-            learning_rate (this update's), gradient_steps.
+            learning_rate (this update's), gradient_steps (taken: fewer than epochs × num_minibatches when
+            `target_kl` stopped the update).
         """
         c = self.config
         done = min(max(progress, 0.0), 1.0) if c.lr_schedule == "linear" else 0.0
@@ -349,7 +360,7 @@ class BatchPPO:
         metrics = {k: float(v) for k, v in out.items()}
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
             self.beta = ppo_math.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
-        return dict(metrics, beta=self.beta, learning_rate=lr, gradient_steps=len(minibatches))
+        return dict(metrics, beta=self.beta, learning_rate=lr, gradient_steps=int(metrics["gradient_steps"]))
 
     @tf.function(
         input_signature=[
@@ -396,7 +407,7 @@ class BatchPPO:
             is_weights = ppo_math.proximal_weights(
                 prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
             )
-        p_loss, v_loss, approx_kl, clip_fraction = self._train(
+        p_loss, v_loss, approx_kl, clip_fraction, taken = self._train(
             obs_t,
             actions,
             anchor_log_prob,
@@ -416,6 +427,7 @@ class BatchPPO:
             kl=tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)),
             approx_kl=approx_kl,
             clip_fraction=clip_fraction,
+            gradient_steps=tf.cast(taken, tf.float32),
             entropy=tf.reduce_mean(ppo_math.gaussian_entropy(log_std)),
             explained_variance=ppo_math.explained_variance(values, returns),
             policy_std=tf.reduce_mean(tf.exp(self.policy.log_std)),

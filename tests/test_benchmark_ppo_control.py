@@ -63,6 +63,7 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     low, high = result["sb3-cleanrl"]["curve_ci95"][0]
     assert low <= 100 <= high
     assert control["inside_peer_band"][1] == 3 and control["inside_peer_band"][0] >= 1
+    assert sum((control["inside_peer_band"][0], control["above_peer_band"], control["below_peer_band"])) == 3
     assert "inside_peer_band" not in result["async-default"]
     # Against the control: every async-default run beats every control run, by about 16.6 times its IQM.
     against = result["async-default"]["against_control"]

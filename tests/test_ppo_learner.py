@@ -248,3 +248,20 @@ def test_advantage_traces_change_nothing_on_policy_and_something_off_policy():
         traced.update(batch)
         a, b = plain.export_weights(), traced.export_weights()
         assert all(np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a) is same
+
+
+def test_target_kl_stops_an_update_once_the_policy_has_moved_far_enough():
+    """The same batch and start: without target_kl every gradient step runs; with a target smaller than any first
+    step's KL, only the first (taken before any drift) runs; with a middling one the update stops part-way and ends
+    closer to where it started."""
+    cfg = {"epochs": 10, "num_minibatches": 4}
+    runs = {}
+    for target in (0.0, 1e-9, 1e-4):
+        algo = BatchPPO(SPEC, make_config("cleanrl", SPEC.env_id, dict(cfg, target_kl=target)), seed=0)
+        runs[target] = algo.update(make_batch(algo, t=64, n=4, seed=1))
+    assert runs[0.0]["gradient_steps"] == 40
+    assert runs[1e-9]["gradient_steps"] == 1
+    assert 1 < runs[1e-4]["gradient_steps"] < 40
+    assert runs[1e-9]["kl"] < runs[1e-4]["kl"] < runs[0.0]["kl"]
+    with pytest.raises(ValueError, match=r"target_kl = -0.01: must be >= 0"):
+        make_config("cleanrl", SPEC.env_id, {"target_kl": -0.01})
