@@ -40,7 +40,9 @@ import json
 import os
 
 import numpy as np
-from report import compare_with_ci, iqm_with_ci, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
+
+# benchmarks/report.py (this script's folder is on sys.path)
+from report import MIN_COMPARED_RUNS, compare_with_ci, iqm_with_ci, load_runs
 from suite import run_one
 
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
@@ -175,14 +177,14 @@ def report(out: str, budget: int | None = None) -> dict:
         )
     for variants in result.values():
         control = variants.get(CONTROL)
-        if control and len(control["final_returns"]) > 1:
+        if control and len(control["final_returns"]) >= MIN_COMPARED_RUNS:
             for name, v in variants.items():
-                if name != CONTROL and len(v["final_returns"]) > 1:
+                if name != CONTROL and len(v["final_returns"]) >= MIN_COMPARED_RUNS:
                     v["against_control"] = compare_with_ci(v["final_returns"], control["final_returns"])
         if CONTROL in variants and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             control, peer = variants[CONTROL], variants[PEER]
             points = [(c, p) for c, p in zip(control["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
-            control["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(control["curve_iqm"])]
+            control["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(points)]
             control["above_peer_band"] = sum(c > p[1] for c, p in points)
             control["below_peer_band"] = sum(c < p[0] for c, p in points)
     return result

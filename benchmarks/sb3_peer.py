@@ -133,6 +133,7 @@ def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
         vf_coef=c.value_loss_coef / 2,  # SB3's value loss is the mean squared error, rlfleet's and CleanRL's half of it
         max_grad_norm=c.max_grad_norm,
         ent_coef=0.0,
+        target_kl=c.target_kl or None,
         policy_kwargs=dict(net_arch=dict(pi=list(c.policy_hidden), vf=list(c.value_hidden))),
     )
 

@@ -178,7 +178,9 @@ class BatchPPO:
         its step (Stable-Baselines3's `target_kl`; CleanRL checks once per epoch); the first step is always taken.
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
         steps taken, each measured on its minibatch before its step, as CleanRL and Stable-Baselines3 log them,
-        and the number of steps taken, int32).
+        and the number of steps taken, int32). After a stop the losses are those of the minibatch that stopped it
+        (not stepped on), as Stable-Baselines3 logs them; under `off_policy_objective` behaviour the approx KL
+        returned is to the behaviour policy, while the stop compares the KL to the update's start.
         """
         c = self.config
         policy_loss = v_loss = tf.constant(0.0)
@@ -212,7 +214,7 @@ class BatchPPO:
                 total = policy_loss + c.value_loss_coef * v_loss
             if c.target_kl > 0:
                 start_log_prob = ppo_math.gaussian_log_prob(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), a)
-                if ppo_math.approx_kl(log_prob, start_log_prob) > 1.5 * c.target_kl:
+                if tf.logical_and(i > 0, ppo_math.approx_kl(log_prob, start_log_prob) > 1.5 * c.target_kl):
                     break
             if c.shared_optimizer:
                 both = tuple(policy_vars) + tuple(value_vars)

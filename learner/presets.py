@@ -135,7 +135,7 @@ class PPOConfig:
     off_policy_objective: str = "decoupled"  # PPO ratio anchor for lagged data: decoupled, behaviour, uncorrected
     advantage_traces: str = "none"  # GAE on lagged data: none (as collected), ratio (later steps × truncated π/π_b)
     max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
-    target_kl: NonNegative = 0.0  # an update stops once a minibatch's approx KL to its start passes 1.5× this (0: off)
+    target_kl: NonNegative = 0.0  # update stops once a minibatch's approx KL from its start > 1.5× this (nats; 0: off)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)
     obs_clip: Positive = 5.0  # normalised observations are clipped to ±obs_clip (std units)
     reward_scale: str = "none"  # rewards ÷ RMS of rewards (rms, BatchPPO), ÷ std of returns, or none

@@ -48,35 +48,38 @@ def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
 
 def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_the_peer_band(tmp_path):
     out = tmp_path / "control"
+    for seed in range(5):
+        _write_run(str(out / "sync-cleanrl" / f"Hopper-v5-s{seed}"), [10, 400 + seed], final=300 + seed, seed=seed)
     for seed in range(3):
-        _write_run(str(out / "sync-cleanrl" / f"Hopper-v5-s{seed}"), [100, 200 + seed], final=300 + seed, seed=seed)
         peer = [90 + 10 * seed, 190 + 10 * seed]
         _write_run(str(out / "sb3-cleanrl" / f"Hopper-v5-s{seed}"), peer, final=290 + 10 * seed, eval_env_steps=False)
         _write_run(str(out / "async-default" / f"Hopper-v5-s{seed}"), [10, 20], final=5000 + seed, seed=seed)
     result = ppo_control.report(str(out))["Hopper-v5"]
     control = result["sync-cleanrl"]
     assert control["curve_env_steps"] == [GRID, 2 * GRID, 3 * GRID]
-    assert control["curve_iqm"][0] == pytest.approx(100) and control["curve_iqm"][2] == pytest.approx(301)
-    assert control["final_returns"] == [300, 301, 302] and control["final_median"] == 301
+    assert control["curve_iqm"][0] == pytest.approx(10) and control["curve_iqm"][2] == pytest.approx(302)
+    assert control["final_returns"] == [300, 301, 302, 303, 304] and control["final_median"] == 302
     # Each evaluation counts at its own env steps, not at the later row's: the first point is 100, not None.
     assert result["sb3-cleanrl"]["curve_iqm"][0] == pytest.approx(100)
     low, high = result["sb3-cleanrl"]["curve_ci95"][0]
     assert low <= 100 <= high
-    assert control["inside_peer_band"][1] == 3 and control["inside_peer_band"][0] >= 1
-    assert sum((control["inside_peer_band"][0], control["above_peer_band"], control["below_peer_band"])) == 3
+    # The control's curve: below the peer's band at the first point (10), above it at the second (402), inside at
+    # the last (302 in the peer's 290-310).
+    assert control["inside_peer_band"] == [1, 3]
+    assert (control["below_peer_band"], control["above_peer_band"]) == (1, 1)
     assert "inside_peer_band" not in result["async-default"]
     # Against the control: every async-default run beats every control run, by about 16.6 times its IQM.
     against = result["async-default"]["against_control"]
     assert against["probability_of_improvement"] == [1.0, 1.0, 1.0]
     ratio, low, high = against["iqm_ratio"]
-    assert ratio == pytest.approx(5001 / 301) and low <= ratio <= high
-    assert against["iqm_difference"][0] == pytest.approx(4700)
+    assert ratio == pytest.approx(5001 / 302) and low <= ratio <= high
+    assert against["iqm_difference"][0] == pytest.approx(4699)
     assert "against_control" not in control
     # Two peer runs are no band: the control is not held against one.
     shutil.rmtree(out / "sb3-cleanrl" / "Hopper-v5-s2")
     assert "inside_peer_band" not in ppo_control.report(str(out))["Hopper-v5"]["sync-cleanrl"]
     # Diagnostics: each run's latest row at or before each grid point, the median over runs.
-    assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.6)), (3 * GRID, pytest.approx(1.1))]
+    assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.7)), (3 * GRID, pytest.approx(1.2))]
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
 
 

@@ -251,9 +251,9 @@ def test_advantage_traces_change_nothing_on_policy_and_something_off_policy():
 
 
 def test_target_kl_stops_an_update_once_the_policy_has_moved_far_enough():
-    """The same batch and start: without target_kl every gradient step runs; with a target smaller than any first
-    step's KL, only the first (taken before any drift) runs; with a middling one the update stops part-way and ends
-    closer to where it started."""
+    """The same batch and start: without target_kl every gradient step runs; with a target smaller than any step's
+    KL, only the first (always taken) runs; with a middling one the update stops part-way and ends closer to where
+    it started."""
     cfg = {"epochs": 10, "num_minibatches": 4}
     runs = {}
     for target in (0.0, 1e-9, 1e-4):
@@ -263,5 +263,13 @@ def test_target_kl_stops_an_update_once_the_policy_has_moved_far_enough():
     assert runs[1e-9]["gradient_steps"] == 1
     assert 1 < runs[1e-4]["gradient_steps"] < 40
     assert runs[1e-9]["kl"] < runs[1e-4]["kl"] < runs[0.0]["kl"]
+    # The stop measures the KL from the update's start, not from the ratio's anchor: with the behaviour policy as
+    # the anchor and every action e times likelier under the learner's policy, the first step is taken as ever.
+    algo = BatchPPO(
+        SPEC, make_config("cleanrl", SPEC.env_id, dict(cfg, target_kl=1e-9, off_policy_objective="behaviour")), seed=0
+    )
+    batch = make_batch(algo, t=64, n=4, seed=1)
+    off_policy = algo.update(dict(batch, behaviour_log_prob=batch["behaviour_log_prob"] - 1.0))
+    assert off_policy["gradient_steps"] == 1 and off_policy["approx_kl"] > 0.1
     with pytest.raises(ValueError, match=r"target_kl = -0.01: must be >= 0"):
         make_config("cleanrl", SPEC.env_id, {"target_kl": -0.01})
