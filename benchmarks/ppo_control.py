@@ -181,8 +181,8 @@ def report(out: str, budget: int | None = None) -> dict:
             for name, v in variants.items():
                 if name != CONTROL and len(v["final_returns"]) >= MIN_COMPARED_RUNS:
                     v["against_control"] = compare_with_ci(v["final_returns"], control["final_returns"])
-        if CONTROL in variants and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
-            control, peer = variants[CONTROL], variants[PEER]
+        if control and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
+            peer = variants[PEER]
             points = [(c, p) for c, p in zip(control["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
             control["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(points)]
             control["above_peer_band"] = sum(c > p[1] for c, p in points)

@@ -107,12 +107,20 @@ def save_record(run: dict, path: str, **extra) -> None:
 
 def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:
     """IQM of a [num_runs, num_games] score matrix and its stratified-bootstrap 95% CI (rliable)."""
-    from rliable import library, metrics
+    from rliable import metrics
+
+    return tuple(_estimate(scores, lambda s: np.array([metrics.aggregate_iqm(s)]), reps))
+
+
+def _estimate(scores, func, reps: int) -> list[float]:
+    """[point, low, high] of `func` over `scores` (a score matrix, or a list of two for a comparison, which `func`
+    takes as two arguments) with rliable's stratified-bootstrap 95% CI, seeded so that a report repeats."""
+    from rliable import library
 
     point, interval = library.get_interval_estimates(
-        {"x": scores}, lambda s: np.array([metrics.aggregate_iqm(s)]), reps=reps, random_state=np.random.RandomState(0)
+        {"x": scores}, func, reps=reps, random_state=np.random.RandomState(0)
     )
-    return float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])
+    return [float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])]
 
 
 MIN_COMPARED_RUNS = 3  # runs a side below which compare_with_ci's bootstrap CIs say nothing
@@ -128,7 +136,7 @@ def compare_with_ci(scores_x: np.ndarray, scores_y: np.ndarray, reps: int = 2000
     few a side the bootstrap CI is coarse (three runs of X all above three of Y give [1, 1, 1], where the exact
     Mann-Whitney p is 0.05), so callers compare at least `MIN_COMPARED_RUNS` a side and CIs from fewer than five
     a side are rough. The bootstrap is seeded: a report gives the same CIs every time."""
-    from rliable import library, metrics
+    from rliable import metrics
 
     x = np.asarray(scores_x, dtype=float).reshape(-1, 1)
     y = np.asarray(scores_y, dtype=float).reshape(-1, 1)
@@ -140,10 +148,7 @@ def compare_with_ci(scores_x: np.ndarray, scores_y: np.ndarray, reps: int = 2000
         funcs["iqm_ratio"] = lambda a, b: np.array([metrics.aggregate_iqm(a) / metrics.aggregate_iqm(b)])
     out = {"iqm_ratio": None}
     for name, func in funcs.items():
-        point, interval = library.get_interval_estimates(
-            {"xy": [x, y]}, func, reps=reps, random_state=np.random.RandomState(0)
-        )
-        out[name] = [float(point["xy"][0]), float(interval["xy"][0][0]), float(interval["xy"][1][0])]
+        out[name] = _estimate([x, y], func, reps)
     return out
 
 

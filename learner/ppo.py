@@ -147,6 +147,7 @@ class BatchPPO:
             _SPEC_1D,
             _SPEC_1D,
             _SPEC_1D,
+            _SPEC_1D,
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([], tf.float32),
         ]
@@ -158,6 +159,7 @@ class BatchPPO:
         prox_log_prob,
         prox_mean,
         prox_log_std,
+        start_log_prob,
         is_weights,
         advantages,
         returns,
@@ -174,7 +176,7 @@ class BatchPPO:
         gradient steps (epochs × minibatches, reshuffled every epoch).
         `old_values` [N] are V(s) when the update started (the clipped value loss).
         With `target_kl` > 0 the steps stop at the first minibatch whose approx KL from the policy at the
-        update's start (`prox_mean`, `prox_log_std`, whatever the ratio's anchor) exceeds 1.5 × target_kl, before
+        update's start (`start_log_prob` [N], whatever the ratio's anchor) exceeds 1.5 × target_kl, before
         its step (Stable-Baselines3's `target_kl`; CleanRL checks once per epoch); the first step is always taken.
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
         steps taken, each measured on its minibatch before its step, as CleanRL and Stable-Baselines3 log them,
@@ -213,8 +215,9 @@ class BatchPPO:
                     v_loss = ppo_math.value_loss(values, tf.gather(returns, idx))
                 total = policy_loss + c.value_loss_coef * v_loss
             if c.target_kl > 0:
-                start_log_prob = ppo_math.gaussian_log_prob(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), a)
-                if tf.logical_and(i > 0, ppo_math.approx_kl(log_prob, start_log_prob) > 1.5 * c.target_kl):
+                if tf.logical_and(
+                    i > 0, ppo_math.approx_kl(log_prob, tf.gather(start_log_prob, idx)) > 1.5 * c.target_kl
+                ):
                     break
             if c.shared_optimizer:
                 both = tuple(policy_vars) + tuple(value_vars)
@@ -415,6 +418,7 @@ class BatchPPO:
             anchor_log_prob,
             prox_mean,
             prox_log_std,
+            prox_log_prob,
             is_weights,
             flat(adv),
             flat(returns),
