@@ -5,7 +5,7 @@ configuration (algorithm, env, replay address, table, envs per actor, unroll
 length, network spec), subscribes to weights on a background thread (new
 versions are swapped in between steps, collection never pauses for them),
 heartbeats its env steps and finished episodes, and runs the algorithm's writer
-(`rlfleet.algorithms.Algorithm.collect`; the built-in ones are in
+(`AlgorithmBuilder.collect`; the built-in ones are in
 `rlfleet.actors.writers`), which steps the batched env and writes into Reverb.
 """
 
@@ -63,7 +63,7 @@ class ActorError(RuntimeError):
 class ReplayLost(Exception):
     """The replay server went away and came back (a restart), or the connection to it died silently: the open
     writers are dead; the message, if any, says which. `Actor.wait_written`
-    raises it; a writer function (`rlfleet.algorithms.Algorithm.collect`) lets it through, and the actor
+    raises it; a writer (`AlgorithmBuilder.collect`) lets it through, and the actor
     opens new writers and resets its envs."""
 
 
@@ -104,8 +104,7 @@ class _WeightsSubscriber(threading.Thread):
                     rlfleet_pb2.StreamWeightsRequest(actor_id=self.actor_id, min_policy_version=first)
                 ):
                     version, arrays = proto_arrays.from_proto(msg)
-                    # NaN only: learners before issue 11 sent +inf for "no observation clip"; an inf elsewhere
-                    # shows in the policy's outputs (`check_policy_output`).
+                    # NaN only: an inf shows in the policy's outputs (`check_policy_output`).
                     bad = sorted(k for k, a in arrays.items() if a.dtype.kind == "f" and np.isnan(a).any())
                     if bad:  # never acted on: the learner diverged (a learner of this version checks first)
                         self.error = (
@@ -233,7 +232,7 @@ class Actor:
             raise ActorError(f"learner refused registration: {e.details()}") from None
         self.actor_id, self.config = resp.actor_id, resp.config
         try:
-            self.collect = algorithms.get(self.config.algo).part("collect")
+            self.collect = algorithms.get(self.config.algo).collect
         except (ValueError, ImportError) as e:
             raise ActorError(
                 f"the learner runs algorithm {self.config.algo!r}, which this machine cannot run ({e}). Install "

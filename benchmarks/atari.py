@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from rlfleet.actors.envs import env_spec, make_atari_env  # noqa: E402
-from rlfleet.learner.presets import make_algo_config  # noqa: E402
+from rlfleet.algorithms.settings import make_algo_config  # noqa: E402
 
 STACKED_BYTES = 4 * 84 * 84
 
@@ -113,9 +113,10 @@ def learner_rates(env_id: str, seconds: float) -> dict:
     """Gradient steps/s of DQN and QDagger (batch 32, Nature CNN) on replay-shaped random batches."""
     import tensorflow as tf
 
-    from rlfleet.learner.dqn import DQNAgent, make_q_network
-    from rlfleet.learner.qdagger import QDaggerAgent
-    from rlfleet.learner.teacher import Teacher
+    from rlfleet.algorithms.dqn.agent import DQNAgent
+    from rlfleet.algorithms.dqn.networks import make_q_network
+    from rlfleet.algorithms.qdagger.agent import QDaggerAgent
+    from rlfleet.algorithms.qdagger.teacher import Teacher
 
     spec = env_spec(env_id)
     rng = np.random.default_rng(0)
@@ -143,12 +144,12 @@ def learner_rates(env_id: str, seconds: float) -> dict:
 
 def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
     """Milliseconds per call of the Nature CNN (4 stacked 84x84 frames, 6 actions): forward, forward with bfloat16
-    weights and arithmetic (`rlfleet.actors.policy.nature_cnn_q` on the weights cast once), and forward +
+    weights and arithmetic (`rlfleet.algorithms.dqn.policy.nature_cnn_q` on the weights cast once), and forward +
     backward (the gradient of the summed Q-values), at each batch size, each a `tf.function`."""
     import tensorflow as tf
 
-    from rlfleet.actors.policy import nature_cnn_q
-    from rlfleet.learner.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import NatureCNN
+    from rlfleet.algorithms.dqn.policy import nature_cnn_q
 
     net = NatureCNN(4, (84, 84), 6, 0, "q")
     rng = np.random.default_rng(0)
@@ -190,7 +191,7 @@ def actor_budget(raw: float, written: float, forward: dict, num_envs: int, share
     `env_us` (1 / raw rate), `allowed_us` (1 / (share x raw rate)), `left_us` (what that leaves beside the env
     step for the behaviour policy and the replay writes), `forward_us` / `forward_bfloat16_us` (the Nature CNN's
     forward pass per observation at a batch of `num_envs`, from `network_costs`) and `actor_us` (1 / the rate one
-    actor writes into Reverb). `share` is the fraction of the raw rate issue 13 asks of an actor (0.6)."""
+    actor writes into Reverb). `share` is the fraction of the raw rate an actor is to reach (0.6)."""
     env_us, allowed_us = 1e6 / raw, 1e6 / (share * raw)
     return dict(
         share=share,
@@ -208,7 +209,7 @@ def nature_cnn_flops(net, frame_shape=(84, 84)) -> dict:
     "forward_backward", the forward pass plus the gradients of every weight and of every layer's input but the
     first (the frames need none): 3x the forward's, less the first convolution's once. Biases and ReLUs (under 1%)
     are left out."""
-    from rlfleet.learner.networks import CONV_STRIDES
+    from rlfleet.algorithms.dqn.policy import CONV_STRIDES
 
     (h, w), layers = frame_shape, []
     for kernel, stride in zip(net.conv_kernels, CONV_STRIDES):
@@ -239,7 +240,7 @@ def arithmetic_ceiling(env_id: str, dqn_steps_per_second: float, seconds: float)
     gradient step (the online network's forward + backward and the target network's forward, `nature_cnn_flops`),
     the GFLOP/s the learner computes at `dqn_steps_per_second`, the float32 matmul peak (`matmul_gflops`), and
     the steps/s at that peak: an upper bound for any float32 learner on this machine, and its ratio to today's."""
-    from rlfleet.learner.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import NatureCNN
 
     batch_size = make_algo_config("dqn", "default", env_id).batch_size
     flops = nature_cnn_flops(NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q"))
@@ -260,7 +261,7 @@ def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
     the Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs."""
     import tensorflow as tf
 
-    from rlfleet.learner.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import NatureCNN
 
     net = NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q")
     forward = tf.function(lambda frames: tf.argmax(net(frames), axis=1))

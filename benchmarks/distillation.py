@@ -2,7 +2,7 @@
 
 For each teacher (the run directory of a finished `rlfleet up --algo dqn` run) and each variant (a set of
 overrides of the QDagger preset for the teacher's env; "" is the preset itself), a QDagger student
-(`rlfleet.learner.qdagger.QDaggerAgent`, λ at its base value) takes --steps gradient steps on the teacher's
+(`rlfleet.algorithms.qdagger.agent.QDaggerAgent`, λ at its base value) takes --steps gradient steps on the teacher's
 replay, served by an in-process Reverb server from a read-only copy of the teacher's checkpoint
 (`open_teacher_replay`, as `rlfleet replay --teacher` serves it), and is evaluated every --every gradient steps
 (--episodes episodes, the learner's ε-greedy evaluation policy, each evaluation on new env seeds; a QDagger
@@ -65,10 +65,10 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
     import reverb
 
     from rlfleet.actors.envs import env_spec
+    from rlfleet.algorithms.qdagger.agent import make_agent
+    from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
+    from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.learner.evaluation import evaluation_seed
-    from rlfleet.learner.presets import make_algo_config
-    from rlfleet.learner.qdagger import make_agent
-    from rlfleet.learner.teacher import check_teacher_dir
     from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpointer, open_teacher_replay
     from rlfleet.replay.server import tables_for
 

@@ -3,12 +3,12 @@ distributed part, the single-process way (a replay buffer of numpy arrays in the
 Stable-Baselines3 keeps it) measured in the same run.
 
 1. Actor loop: the preset's envs per actor (SyncVectorEnv) stepped with the ε-greedy numpy Q-network, with and
-   without per-env Reverb writers in the layout of `rlfleet.actors.writers.collect_transitions` (an item of
+   without per-env Reverb writers in the layout of `rlfleet.algorithms.dqn.items.collect_transitions` (an item of
    n + 1 steps per env step; see `actor_loop`), into a replay server process (`rlfleet.replay.server.serve`)
    with the table of `serve_open_table`: the preset's signature and size, a `MinSize(1)` rate limiter.
    Client CPU and the replay server's CPU per env step.
 2. Replay sampling: minibatches of the preset's batch size from that table through
-   `rlfleet.learner.dqn.batches` (the learner's own sampler: Reverb's tf.data dataset), from that table:
+   `rlfleet.algorithms.dqn.items.batches` (the learner's own sampler: Reverb's tf.data dataset), from that table:
    wall, client CPU and server CPU per minibatch.
    Baseline: the same minibatch gathered from numpy arrays by uniform indices.
 3. Learner update: the preset's `_train_step` graph (Huber TD loss, double-Q where the preset has it, Adam)
@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from rlfleet.actors.envs import env_spec, make_batched_env
-from rlfleet.learner.presets import make_algo_config
+from rlfleet.algorithms.settings import make_algo_config
 
 
 def timed(call, seconds: float) -> dict:
@@ -66,7 +66,8 @@ def serve_open_table(env_id: str, port: int) -> None:
     die_with_parent()
     import reverb
 
-    from rlfleet.replay.server import dqn_tables_for, serve
+    from rlfleet.algorithms.dqn.items import dqn_tables_for
+    from rlfleet.replay.server import serve
 
     (table,) = dqn_tables_for(env_spec(env_id), make_algo_config("dqn", "default", env_id))
     info = table.info
@@ -99,10 +100,10 @@ def actor_loop(env_id: str, cfg, address: str | None, rng):
     withheld at truncations, no finiteness checks or step counting."""
     import reverb
 
-    from rlfleet.actors.policy import epsilon_greedy
-    from rlfleet.actors.writers import TRANSITION_ITEMS_IN_FLIGHT
-    from rlfleet.learner.dqn import export_q, make_q_network
-    from rlfleet.replay.server import DQN_TABLE
+    from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
+    from rlfleet.algorithms.dqn.items import TRANSITION_ITEMS_IN_FLIGHT
+    from rlfleet.algorithms.dqn.networks import export_q, make_q_network
+    from rlfleet.algorithms.dqn.policy import epsilon_greedy
 
     spec, b, n = env_spec(env_id), cfg.envs_per_actor, cfg.n_step
     weights = export_q(make_q_network(spec, cfg, 0, "q"))
@@ -145,8 +146,9 @@ def costs(env_id: str, seconds: float) -> dict:
     import reverb
     import tensorflow as tf
 
-    from rlfleet.actors.policy import epsilon_greedy
-    from rlfleet.learner.dqn import DQNAgent, batches
+    from rlfleet.algorithms.dqn.agent import DQNAgent
+    from rlfleet.algorithms.dqn.items import batches
+    from rlfleet.algorithms.dqn.policy import epsilon_greedy
 
     spec = env_spec(env_id)
     cfg = make_algo_config("dqn", "default", env_id)

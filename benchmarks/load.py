@@ -1,4 +1,4 @@
-"""Load: one learner serving many actors (issue 11). Latency of status and heartbeats, weights fan-out time,
+"""Load: one learner serving many actors. Latency of status and heartbeats, weights fan-out time,
 the learner's CPU and memory, for N simulated actors beside one real actor.
 
 A real replay server, learner and actor (`rlfleet replay / learner / actor`, loopback) train; N simulated
@@ -11,7 +11,7 @@ Weights: `mlp` is PPO on HalfCheetah-v5 (the main job's policy MLP and normalize
 ALE/Pong-v5 (the Nature CNN Q-network, ~6.7 MB a version). The baseline, measured in the same run, is N = 0:
 the same cluster with the real actor alone.
 
-Targets (issue 11) at N = 512 with the MLP weights: GetStatus p99 < 100 ms; every actor holds a new version
+Targets at N = 512 with the MLP weights: GetStatus p99 < 100 ms; every actor holds a new version
 within 1 s of its publication; learner memory flat over 5 minutes (`--soak-minutes`; compared from minute 1
 to the end).
 

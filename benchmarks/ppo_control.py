@@ -93,7 +93,7 @@ ABLATIONS = {
     # Updates stopped once the policy has moved an approx KL of 1.5 × 0.01 from the update's start.
     "async-cleanrl-targetkl": ("async-cleanrl", ["--set", "target_kl=0.01"]),
     "sync-cleanrl-targetkl": ("sync-cleanrl", ["--set", "target_kl=0.01"]),
-    # Swimmer-v5 with the discount the `default` preset uses for it (see learner/presets.py, ENV_OVERRIDES).
+    # Swimmer-v5 with the discount the `default` preset uses for it (see algorithms/ppo/config.py, ENV_OVERRIDES).
     "async-cleanrl-gamma9999": ("async-cleanrl", ["--set", "discount=0.9999"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():

@@ -73,7 +73,7 @@ DQN_BURST_ENV_STEPS = 256  # SB3 DQN trains every this many env steps (the zoo's
 def dqn_kwargs(env_id: str, total_steps: int) -> dict:
     """SB3 `DQN` arguments from rlfleet's `default` DQN preset for `env_id` (see the module doc), for a run of
     `total_steps` env steps."""
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
 
     c = make_algo_config("dqn", "default", env_id, {})
     env_steps_per_gradient_step = c.batch_size / c.samples_per_insert
@@ -108,7 +108,7 @@ def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
     Raises:
         ValueError: `n_envs` does not divide the preset's batch.
     """
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
 
     c = make_algo_config("ppo", "cleanrl", env_id, {})
     batch = c.envs_per_actor * c.unroll_length

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Published final returns to meet or beat: (return, budget in env steps, source).
 TARGETS = {
-    ("ppo", "HalfCheetah-v5"): (2284.0, 1_000_000, "rlfleet before issue 9 (CleanRL PPO: 1443)"),
+    ("ppo", "HalfCheetah-v5"): (2284.0, 1_000_000, "an earlier rlfleet default preset (CleanRL PPO: 1443)"),
     ("ppo", "Hopper-v5"): (2383.0, 1_000_000, "CleanRL PPO"),
     ("ppo", "Walker2d-v5"): (2288.0, 1_000_000, "CleanRL PPO"),
     ("ppo", "InvertedPendulum-v5"): (963.0, 1_000_000, "CleanRL PPO"),

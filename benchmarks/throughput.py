@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 from rlfleet.actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
-from rlfleet.actors.policy import sample_actions, to_env_action  # noqa: E402
-from rlfleet.learner.ppo import BatchPPO  # noqa: E402
-from rlfleet.learner.presets import make_config  # noqa: E402
+from rlfleet.algorithms.ppo.config import make_config  # noqa: E402
+from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
+from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action  # noqa: E402
 
 
 def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
@@ -69,7 +69,7 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
     """Microseconds per batch step for the policy call and the Reverb writes."""
     import reverb
 
-    from rlfleet.replay.server import ppo_tables
+    from rlfleet.algorithms.ppo.items import ppo_tables
 
     spec = env_spec(env_id)
     cfg = make_config("default", env_id)

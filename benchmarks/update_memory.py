@@ -25,9 +25,9 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from rlfleet.actors.envs import env_spec  # noqa: E402
-from rlfleet.learner.ppo import BatchPPO  # noqa: E402
-from rlfleet.learner.presets import make_config  # noqa: E402
-from rlfleet.replay.server import ppo_signature  # noqa: E402
+from rlfleet.algorithms.ppo.config import make_config  # noqa: E402
+from rlfleet.algorithms.ppo.items import ppo_signature  # noqa: E402
+from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
 
 
 def synthetic_batch(spec, config, rng) -> dict:

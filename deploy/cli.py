@@ -99,7 +99,7 @@ def _parse_overrides(items: tuple[str, ...], config_file: str | None = None) -> 
     return out
 
 
-def _check_algo(algo: str) -> algorithms.Algorithm:
+def _check_algo(algo: str) -> algorithms.AlgorithmBuilder:
     """The registered algorithm `algo`; exits with the list of registered ones if there is none."""
     try:
         return algorithms.get(algo)
@@ -123,7 +123,7 @@ def _check_teacher_args(
         _fail(
             f"--teacher is for algorithms that learn from a teacher ({', '.join(with_teacher) or 'none'}), not {algo}."
         )
-    has_offline = "offline_steps" in {f.name for f in dataclasses.fields(alg.part("config_class"))}
+    has_offline = "offline_steps" in {f.name for f in dataclasses.fields(alg.config_class())}
     if offline_steps is not None and not has_offline:
         _fail(f"--offline-steps is a setting of {algo}'s config only if it has one; {algo} has no offline_steps.")
     if offline_steps is not None:
@@ -278,7 +278,7 @@ def _logdir(logdir: str | None, resume: str | None) -> str:
 
 def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     """Prints every setting of the run's resolved config: name, value, description (with its unit)."""
-    from rlfleet.learner.presets import describe, make_algo_config
+    from rlfleet.algorithms.settings import describe, make_algo_config
 
     try:
         cfg = make_algo_config(algo, preset, env_id, overrides)
@@ -496,8 +496,8 @@ def replay_cmd(
     algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
     from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+    from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.deploy.files import StorageError
-    from rlfleet.learner.presets import make_algo_config
     from rlfleet.replay.server import serve, tables_for
 
     try:
@@ -585,7 +585,7 @@ def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
 
 def _resolved_settings(s: Settings) -> dict:
     """The settings file's content for `s` (algo, env_id, preset, full config, teacher); exits on a bad setting."""
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.learner.run_dir import run_identity
 
     try:

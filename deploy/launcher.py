@@ -22,11 +22,11 @@ import portpicker
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.deploy.addresses import bare_host, bind_problem, host_port
 from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
-from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, write_json
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
@@ -212,7 +212,7 @@ def launch(
         require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
-            algorithm.part("check_teacher")(teacher, spec)
+            algorithm.check_teacher(teacher, spec)
         run = run_identity(algo, env_id, preset, cfg.to_json(), teacher)
         check_run_dir(logdir, resume, run)
         security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token

@@ -1,6 +1,5 @@
-"""Evaluation episodes for the learner: BatchPPO with the mean action (as the
-BatchPPO paper evaluates), DQN ε-greedy with ε_eval = 0.001 (Dopamine /
-reincarnating_rl evaluation setting)."""
+"""Evaluation episodes for the learner: the episode loops every algorithm's evaluation runs its policy in
+(`Agent.evaluate`), their seeds, and the stop that interrupts them."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from typing import Callable
 import numpy as np
 
 from rlfleet.actors.envs import env_seeds, make_batched_env, make_env, resolve_backend
-from rlfleet.actors.policy import epsilon_greedy, mean_env_action
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
 # EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
@@ -59,12 +57,6 @@ def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarra
     return returns
 
 
-def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, action_high) -> list[float]:
-    """BatchPPO evaluation: the Gaussian policy's mean action, mapped onto the env's Box bounds."""
-    low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
-    return run_episodes(env_id, episodes, seed, lambda o: mean_env_action(arrays, o, low, high)[0])
-
-
 def run_batched_episodes(
     env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray], max_steps: int = 10**6
 ) -> list[float]:
@@ -92,10 +84,3 @@ def run_batched_episodes(
     finally:
         venv.close()
     return totals.tolist()
-
-
-def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001) -> list[float]:
-    """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001, the
-    reincarnating_rl / Dopamine evaluation ε), one episode per env, all envs in one batch."""
-    rng = np.random.default_rng(seed)
-    return run_batched_episodes(env_id, episodes, seed, lambda o: epsilon_greedy(arrays, o, rng, epsilon))

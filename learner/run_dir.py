@@ -19,7 +19,6 @@ import math
 import os
 import shlex
 
-from rlfleet import algorithms
 from rlfleet.deploy.files import atomic_write, storage_error
 
 
@@ -53,21 +52,7 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         with open(os.path.join(resume, "run.json")) as f:
             before = json.load(f)
         diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
-        algorithm = algorithms.get(before["algo"]) if before.get("algo") in algorithms.names() else None
-        too_old = [
-            reason
-            for key, reason in (algorithm.resume_requires.items() if algorithm else ())
-            if key not in before.get("config", {})
-        ]
-        if not diffs and too_old:
-            raise RunDirError(
-                f"--resume {resume}: {too_old[0]}; its checkpoint cannot be continued by this version. Start a new run."
-            )
-        # A setting that run.json does not record means what the run did before the setting existed
-        # (`Algorithm.legacy_settings`): a resumed run must keep it, or its checkpoint would be restored
-        # into another network or trained by another rule.
-        legacy = algorithm.legacy_settings if algorithm else {}
-        recorded = {**legacy, **before.get("config", {})}
+        recorded = before.get("config", {})
         diffs += [
             f"{k}: {v!r} -> {run['config'].get(k)!r}"
             for k, v in recorded.items()
@@ -91,8 +76,8 @@ SETTINGS_FILE = "settings.json"  # RUN/settings.json: the resolved settings `up`
 def read_run_settings(path: str) -> dict:
     """A run's resolved settings from `path`: a run.json, or a settings file (`rlfleet settings --out`,
     `rlfleet up` writes RUN/settings.json), both {"algo", "env_id", "preset", "config": {setting: value}}
-    and for algorithms with a teacher "teacher". Settings that the file does not record take the value
-    they had before they existed (`Algorithm.legacy_settings`), else the preset's.
+    and for algorithms with a teacher "teacher". Settings that the file does not record take the preset's
+    value.
 
     Returns:
         dict(algo, env_id, preset, overrides, teacher): `overrides` are the settings that differ from the
@@ -101,7 +86,7 @@ def read_run_settings(path: str) -> dict:
     Raises:
         RunDirError: unreadable file, missing keys, unknown algorithm, or settings the algorithm refuses.
     """
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
 
     try:
         with open(path) as f:
@@ -115,9 +100,8 @@ def read_run_settings(path: str) -> dict:
             "config (write one with `rlfleet settings --out FILE`)."
         )
     try:
-        algorithm = algorithms.get(run["algo"])
         base = dataclasses.asdict(make_algo_config(run["algo"], run["preset"], run["env_id"]))
-        recorded = {**{k: v for k, v in algorithm.legacy_settings.items() if k in base}, **run["config"]}
+        recorded = run["config"]
         overrides = {k: v for k, v in recorded.items() if base.get(k, object()) != _plain(v, base.get(k))}
         make_algo_config(run["algo"], run["preset"], run["env_id"], overrides)  # every value checked
     except ValueError as e:

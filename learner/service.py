@@ -1,6 +1,6 @@
 """The learner process: the training loop of one algorithm, its checkpoints and status.
 
-The learner is split by job: the algorithm's update rule is its `Agent` (`rlfleet.learner.agents`, made
+The learner is split by job: the algorithm's update rule is its `Agent` (`rlfleet.algorithms.base`, made
 by the registry: `rlfleet.algorithms`), the actors' book is an `ActorRegistry`
 (`rlfleet.learner.actor_registry`), the run directory's files are written by `rlfleet.learner.run_dir`,
 and the gRPC face is `rlfleet.learner.servicer`. This module holds the training loop and what ties them.
@@ -38,14 +38,14 @@ import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
+from rlfleet.algorithms.base import Agent
+from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.deploy.addresses import bind_problem, host_port
 from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
-from rlfleet.learner.agents import Agent
 from rlfleet.learner.checkpoints import CheckpointError, CheckpointStore, quarantine, restore_newest
-from rlfleet.learner.presets import make_algo_config
 from rlfleet.learner.run_dir import (
     ACTOR_IDS_FILE,
     MetricsLog,
@@ -96,7 +96,7 @@ class Learner:
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
         total_steps: stop after this many env steps (0: run until stopped).
         port / bind: where the gRPC service listens (bind defaults to loopback).
-        preset / overrides: hyperparameters (`rlfleet.learner.presets.make_algo_config`).
+        preset / overrides: hyperparameters (`rlfleet.algorithms.settings.make_algo_config`).
         resume: a run directory whose latest checkpoint to continue from.
         replay_host_for_actors: replay address as actors should dial it.
         teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
@@ -186,10 +186,9 @@ class Learner:
             )
         }
         # The training loop and status use `count` (Python ints: every eager TensorFlow op costs memory, see
-        # rlfleet.learner.ppo.BatchPPO._update); the variables hold them for checkpoints (`_save`).
+        # rlfleet.algorithms.ppo.learning.BatchPPO._update); the variables hold them for checkpoints (`_save`).
         self.count = {k: 0 for k in self.counters}
-        # Checkpoints name the policy version's variable "weights_version" (its name before issue 10), so
-        # that runs checkpointed before can be resumed.
+        # Checkpoints name the policy version's variable "weights_version", the status contract's name for it.
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **saved)
         self.checkpoints = CheckpointStore(os.path.join(logdir, "checkpoints"), self.ckpt, keep=3)
@@ -602,7 +601,7 @@ class Learner:
             env_steps=st["env_steps"],
             learner_steps=st["learner_steps"],
             policy_version=st["policy_version"],
-            weights_version=st["policy_version"],  # the same (its name before issue 10), for older readers
+            weights_version=st["policy_version"],  # the same, under the status contract's name
             consumed_env_steps=st["consumed_env_steps"],
             dropped_env_steps=st["dropped_env_steps"],
         )
@@ -810,7 +809,7 @@ def make_agent(
     teacher_replay: str | None = None,
     total_steps: int = 0,
 ) -> Agent:
-    """The learner-side object of the registered algorithm `algo` (`rlfleet.algorithms.Algorithm.agent`).
+    """The learner-side object of the registered algorithm `algo` (`AlgorithmBuilder.make_agent`).
 
     `total_steps` is the run's env-step budget (0: none), for schedules that end with the run; `teacher`
     and `teacher_replay` go to algorithms that use a teacher.
@@ -819,5 +818,6 @@ def make_agent(
         UnknownAlgorithmError (a ValueError): no such algorithm; TeacherError: a teacher that does not fit.
     """
     alg = algorithms.get(algo)
-    extra = dict(teacher=teacher, teacher_replay=teacher_replay) if alg.uses_teacher else {}
-    return alg.part("agent")(spec, config, seed, total_steps, **extra)
+    if not alg.uses_teacher:
+        teacher = teacher_replay = None
+    return alg.make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)

@@ -3,7 +3,7 @@
 `LearnerServer` runs a `grpc.aio` server on an event loop of its own thread, so no call holds a worker thread
 while it waits: a weight stream is a coroutine parked on the next policy version, and registration,
 heartbeats, status and the health check are answered promptly however many actors hold streams (a thread
-pool of fixed size would be used up by the streams; see issue 11). The handlers only translate between
+pool of fixed size would be used up by the streams). The handlers only translate between
 messages and the learner (`rlfleet.learner.service.Learner`), whose methods are short and lock-guarded.
 
 Weights fan-out: `WeightsBroadcast.publish` serializes each policy version once; every stream sends those

@@ -1,11 +1,5 @@
-"""The Reverb replay server: table definitions per algorithm and serving.
-
-PPO uses one FIFO queue table (`reverb.Table.queue`): every item is sampled
-exactly once, and its `Queue` rate limiter blocks actors' inserts while the
-table is full, so actors can run at most `queue_items` items ahead of the
-learner. The table signature makes Reverb reject items of the wrong shape or
-dtype at insert.
-"""
+"""The Reverb replay server process: the run's tables (each algorithm defines its own, with their signatures:
+`AlgorithmBuilder.make_tables`), serving, checkpoints on a schedule and at the end, and table status."""
 
 from __future__ import annotations
 
@@ -24,168 +18,21 @@ import tensorflow as tf
 from rlfleet.deploy.files import StorageError, check_writable, disk_space, tree_bytes
 from rlfleet.deploy.stopping import on_stop_signals
 
-PPO_TABLE = "ppo_trajectories"
-DQN_TABLE = "dqn_replay"
 RUN_OVER_POLL_S = 2.0  # seconds between asks of `serve`'s run_over
 
 log = logging.getLogger("rlfleet.replay")
 
 
-def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int) -> dict:
-    """Signature of one PPO item: T+1 consecutive batch steps of one actor.
-
-    Every field has leading shape [T+1, B] (T = `unroll_length`, B = `num_envs`);
-    the last step is only used for its observation (the bootstrap value).
-    Step t holds the observation the action was chosen on, the (unclipped)
-    sampled action, the reward that followed, `terminated` (the episode
-    reached a terminal state after step t: nothing is bootstrapped) and
-    `truncated` (it was cut by a time limit after step t: the return is
-    bootstrapped from V(final_observation)), and the behaviour policy's
-    log-prob, mean, log-std and version. `final_observation` holds the
-    episode's last observation where `truncated` (the env reset replaced it
-    in the next step's `observation`) and zeros elsewhere (zeros compress to
-    almost nothing in Reverb's chunks). `discounted_return` is the env's
-    discounted return so far in its episode, G_t = r_t + γ·G_{t−1} (γ the
-    run's discount; what `reward_scale = "return"` scales rewards by).
-    """
-    lead = [unroll_length + 1, num_envs]
-    f32 = tf.float32
-    return {
-        "observation": tf.TensorSpec(lead + [obs_dim], f32),
-        "action": tf.TensorSpec(lead + [action_dim], f32),
-        "reward": tf.TensorSpec(lead, f32),
-        "terminated": tf.TensorSpec(lead, tf.bool),
-        "truncated": tf.TensorSpec(lead, tf.bool),
-        "final_observation": tf.TensorSpec(lead + [obs_dim], f32),
-        "discounted_return": tf.TensorSpec(lead, f32),
-        "behaviour_log_prob": tf.TensorSpec(lead, f32),
-        "behaviour_mean": tf.TensorSpec(lead + [action_dim], f32),
-        "behaviour_log_std": tf.TensorSpec(lead + [action_dim], f32),
-        "policy_version": tf.TensorSpec(lead, tf.int64),
-    }
-
-
-def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int, queue_items: int) -> list:
-    """The PPO replay tables (one queue of at most `queue_items` items).
-
-    Raises:
-        ValueError: non-positive sizes.
-    """
-    for name, v in (
-        ("obs_dim", obs_dim),
-        ("action_dim", action_dim),
-        ("num_envs", num_envs),
-        ("unroll_length", unroll_length),
-        ("queue_items", queue_items),
-    ):
-        if v <= 0:
-            raise ValueError(f"replay: {name} must be positive, got {v}")
-    return [
-        reverb.Table.queue(
-            PPO_TABLE, max_size=queue_items, signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length)
-        )
-    ]
-
-
-def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int = 1) -> dict:
-    """Signature of one DQN item: n+1 consecutive steps of one env, plus the frames their stacks need.
-
-    "observation" holds the newest frame of each of the last n + S steps
-    (S = `frame_stack`): the observation of the item's first step t is frames
-    [0, S) and the bootstrap observation of step t+n is frames [n, n+S). The
-    other fields have leading shape [n+1]: step k holds the action taken, the
-    reward and `done` (episode ended after step k) that followed, and the
-    behaviour policy version. Consecutive items overlap and reference the same
-    Reverb chunks, so each frame is stored about once (not S times, as stacked
-    observations per transition would be). For S > 1 the actor writes the
-    S − 1 older frames of each episode's first stack as padding steps (action
-    0, reward 0, not done, version −1) that no item starts on.
-    """
-    lead = [n_step + 1]
-    return {
-        "observation": tf.TensorSpec([n_step + frame_stack] + list(frame_shape), obs_dtype),
-        "action": tf.TensorSpec(lead, tf.int32),
-        "reward": tf.TensorSpec(lead, tf.float32),
-        "done": tf.TensorSpec(lead, tf.bool),
-        "policy_version": tf.TensorSpec(lead, tf.int64),
-    }
-
-
-def dqn_tables(
-    frame_shape: tuple,
-    obs_dtype,
-    n_step: int,
-    replay_size: int,
-    min_replay_size: int,
-    samples_per_insert: float,
-    prioritized: bool = False,
-    priority_exponent: float = 0.6,
-    frame_stack: int = 1,
-) -> list:
-    """The DQN replay table: uniform (or prioritized) sampling, FIFO removal at `replay_size` items,
-    and a `SampleToInsertRatio` rate limiter holding `samples_per_insert` (±10% of
-    `min_replay_size` worth of slack) once `min_replay_size` items are in.
-
-    Raises:
-        ValueError: non-positive sizes or ratio.
-    """
-    if min(n_step, replay_size, min_replay_size) <= 0 or samples_per_insert <= 0:
-        raise ValueError("replay: n_step, replay_size, min_replay_size and samples_per_insert must be positive")
-    if min_replay_size > replay_size:
-        raise ValueError(f"replay: min_replay_size {min_replay_size} exceeds replay_size {replay_size}")
-    error_buffer = max(1.0, samples_per_insert, 0.1 * samples_per_insert * min_replay_size)
-    sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
-    return [
-        reverb.Table(
-            name=DQN_TABLE,
-            sampler=sampler,
-            remover=reverb.selectors.Fifo(),
-            max_size=replay_size,
-            rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
-            signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack),
-        )
-    ]
-
-
 def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
     """Replay tables of the registered algorithm `algo` for an env spec and its config
-    (`rlfleet.algorithms.Algorithm.tables`).
+    (`AlgorithmBuilder.make_tables`).
 
     Raises:
         UnknownAlgorithmError (a ValueError): no such algorithm; ValueError: bad sizes.
     """
     from rlfleet import algorithms
 
-    return algorithms.get(algo).part("tables")(spec, config, queue_items)
-
-
-def ppo_tables_for(spec, config, queue_items: int | None = None) -> list:
-    """PPO's tables for an env spec and a `PPOConfig` (queue capacity: `queue_items`, else one update batch)."""
-    items = queue_items or ppo_queue_items(config)
-    return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
-
-
-def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
-    """DQN's (and QDagger's) table for an env spec and a `DQNConfig` (`queue_items` does not apply)."""
-    return dqn_tables(
-        spec.frame_shape,
-        tf.as_dtype(spec.obs_dtype),
-        config.n_step,
-        config.replay_size,
-        config.min_replay_size,
-        config.samples_per_insert,
-        config.prioritized,
-        config.priority_exponent,
-        spec.frame_stack,
-    )
-
-
-def ppo_queue_items(config) -> int:
-    """Default PPO queue capacity: the items of one update batch (at least 1). Items queued beyond a batch
-    would be acted on by a policy a version or more older than the one trained when they are read."""
-    per_item = config.envs_per_actor * config.unroll_length
-    steps = config.batch_env_steps or 1000 * max(config.batch_episodes, 1)
-    return max(1, -(-steps // per_item))
+    return algorithms.get(algo).make_tables(spec, config, queue_items)
 
 
 def serve(

@@ -253,8 +253,8 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
     import reverb
     import tensorflow as tf
 
+    from rlfleet.algorithms.dqn.items import dqn_tables
     from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
-    from rlfleet.replay.server import dqn_tables
 
     replay = reverb.Server(dqn_tables((4,), tf.float32, 3, 1000, 10, 8.0))
     heartbeats = []
@@ -296,13 +296,12 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
     replay.stop()
 
 
-def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_path):
-    """A run.json without a setting added later recorded the behaviour from before it existed: resuming
-    under today's different default is refused (its checkpoint holds another network or rule), and a PPO
-    run from before the truncation fix is refused outright."""
+def test_resume_with_other_settings_than_the_run_recorded_is_refused(tmp_path):
+    """Resuming with a setting other than the one run.json records is refused (its checkpoint holds another
+    network or rule), naming the setting and both values; the same settings resume."""
     import json
 
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.learner.run_dir import RunDirError, check_run_dir, run_identity
 
     run = tmp_path / "run"
@@ -310,19 +309,12 @@ def test_resume_of_a_run_from_before_new_settings_keeps_their_old_meaning(tmp_pa
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
     today = run_identity("dqn", "CartPole-v1", "default", make_algo_config("dqn", "default", "CartPole-v1").to_json())
     old = json.loads(json.dumps(today))
-    for key in ("double_q", "lr_schedule", "lr_final_fraction"):
-        del old["config"][key]
+    old["config"]["double_q"] = False
     (run / "run.json").write_text(json.dumps(old))
     with pytest.raises(RunDirError, match="double_q: False -> True"):
         check_run_dir(str(run), str(run), today)
     (run / "run.json").write_text(json.dumps(today))
     check_run_dir(str(run), str(run), today)  # the same settings resume
-    ppo = run_identity("ppo", "Hopper-v5", "default", make_algo_config("ppo", "default", "Hopper-v5").to_json())
-    old_ppo = json.loads(json.dumps(ppo))
-    del old_ppo["config"]["max_importance_weight"]
-    (run / "run.json").write_text(json.dumps(old_ppo))
-    with pytest.raises(RunDirError, match="before issue 9"):
-        check_run_dir(str(run), str(run), ppo)
 
 
 def test_run_files_hold_valid_json_where_a_value_is_not_measured_yet(tmp_path):

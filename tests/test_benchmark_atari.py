@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from rlfleet.learner.networks import NatureCNN
+from rlfleet.algorithms.dqn.networks import NatureCNN
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import atari  # noqa: E402
@@ -37,7 +37,7 @@ def test_flops_follow_the_action_count():
 
 
 def test_bfloat16_forward_pass_follows_the_float32_one():
-    from rlfleet.actors.policy import nature_cnn_q
+    from rlfleet.algorithms.dqn.policy import nature_cnn_q
 
     net = NatureCNN(4, (84, 84), 6, 0, "q")
     frames = tf.constant(np.random.default_rng(1).integers(0, 255, (64, 4, 84, 84), dtype=np.uint8))

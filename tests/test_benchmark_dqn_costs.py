@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import dqn_costs  # noqa: E402
 
-from rlfleet.learner.presets import make_algo_config  # noqa: E402
+from rlfleet.algorithms.settings import make_algo_config  # noqa: E402
 
 
 def test_dqn_costs_measures_every_part_and_stops_its_server():

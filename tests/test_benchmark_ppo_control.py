@@ -97,7 +97,7 @@ def test_runs_compared_with_a_control_say_whether_a_difference_is_established():
 
 
 def test_the_sb3_peer_takes_the_cleanrl_preset():
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
 
     c = make_algo_config("ppo", "cleanrl", "Hopper-v5", {})
     kw = sb3_peer.ppo_kwargs("Hopper-v5")

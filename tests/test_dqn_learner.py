@@ -6,10 +6,12 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
-from rlfleet.actors.policy import epsilon_greedy, mlp_forward
-from rlfleet.learner.dqn import DQNAgent
-from rlfleet.learner.presets import make_algo_config
-from rlfleet.replay.server import DQN_TABLE, tables_for
+from rlfleet.actors.policy import mlp_forward
+from rlfleet.algorithms.dqn.agent import DQNAgent
+from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
+from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.replay.server import tables_for
 
 SPEC = env_spec("CartPole-v1")
 

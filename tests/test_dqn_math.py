@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.learner import dqn_math
+from rlfleet.algorithms.dqn import losses as dqn_math
 
 
 def np_softmax(x):

@@ -11,11 +11,10 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.actors.actor import Actor, Policy
-from rlfleet.actors.writers import collect_transitions
-from rlfleet.learner.dqn import split_observations
-from rlfleet.learner.networks import NatureCNN
+from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
+from rlfleet.algorithms.dqn.items import collect_transitions, dqn_signature, split_observations
+from rlfleet.algorithms.dqn.networks import NatureCNN
 from rlfleet.proto import rlfleet_pb2
-from rlfleet.replay.server import DQN_TABLE, dqn_signature
 
 N_STEP, STACK, ENVS, STEPS = 3, 4, 2, 120
 

@@ -69,7 +69,7 @@ def test_up_learns_inverted_pendulum(tmp_path):
 def test_up_learns_hopper_default_preset(tmp_path):
     """Hopper-v5 ends episodes early (the hopper falls): the default preset must learn to hop, not stand.
 
-    BatchPPO's reference network and exploration (std 0.35, the preset before issue 9) settled on standing
+    BatchPPO's reference network and exploration (std 0.35, the `paper` preset) settled on standing
     still in every seed tried, evaluating at about 175-215 from 130k env steps to 300k; a random policy
     scores about 18. The default preset evaluated at 569-2867 by 200k env steps in the five seeds tried
     (647-961 at 220-240k with today's policy-lag limit).

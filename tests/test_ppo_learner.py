@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from rlfleet.actors.envs import env_spec
-from rlfleet.actors.policy import policy_mean, sample_actions
-from rlfleet.learner.ppo import BatchPPO
-from rlfleet.learner.presets import make_config
+from rlfleet.algorithms.ppo.config import make_config
+from rlfleet.algorithms.ppo.learning import BatchPPO
+from rlfleet.algorithms.ppo.policy import policy_mean, sample_actions
 
 SPEC = env_spec("InvertedPendulum-v5")
 
@@ -43,7 +43,7 @@ def test_paper_preset_holds_the_reference_values():
         make_config("default", "Hopper-v5", {"policy_objective": "clipped"})
     with pytest.raises(ValueError, match=r"max_importance_weight = 0.0: must be > 0"):
         make_config("default", "Hopper-v5", {"max_importance_weight": 0.0})
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.settings import make_algo_config
 
     with pytest.raises(ValueError, match=r"QDAGGER does not use \['lr_schedule'\]"):
         make_algo_config("qdagger", "default", "CartPole-v1", {"lr_schedule": "linear"})

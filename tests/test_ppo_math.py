@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.learner import ppo_math
+from rlfleet.algorithms.ppo import losses as ppo_math
 from rlfleet.learner.normalizer import RunningMeanStd
 
 

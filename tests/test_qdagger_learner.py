@@ -7,10 +7,10 @@ import pytest
 from test_dqn_learner import make_batch
 
 from rlfleet.actors.envs import env_spec
-from rlfleet.learner.dqn import make_q_network
-from rlfleet.learner.presets import make_algo_config
-from rlfleet.learner.qdagger import OFFLINE, ONLINE, QDaggerAgent
-from rlfleet.learner.teacher import Teacher
+from rlfleet.algorithms.dqn.networks import make_q_network
+from rlfleet.algorithms.qdagger.agent import OFFLINE, ONLINE, QDaggerAgent
+from rlfleet.algorithms.qdagger.teacher import Teacher
+from rlfleet.algorithms.settings import make_algo_config
 
 SPEC = env_spec("CartPole-v1")
 
@@ -82,9 +82,8 @@ def test_coefficient_waits_for_a_window_of_episodes_and_uses_their_mean():
     assert resumed.score_return == pytest.approx(20.0)
 
 
-def test_a_run_from_before_the_window_keeps_its_checkpoint_layout():
-    """distillation_score_episodes = 0, the value a run.json without it means: λ from each evaluation alone,
-    and no ring in the checkpoint (a checkpoint written before it has none to restore)."""
+def test_without_a_score_window_each_evaluation_sets_the_coefficient():
+    """distillation_score_episodes = 0: λ from each evaluation alone, and no ring of scores in the checkpoint."""
     agent, cfg = make_agent(distillation_score_episodes=0, teacher_eval_episodes=0)
     assert "distillation_score_returns" not in agent.checkpoint_items()
     rng = np.random.default_rng(5)

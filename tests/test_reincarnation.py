@@ -15,10 +15,11 @@ import tensorflow as tf
 from conftest import ENV, ROOT
 
 from rlfleet.actors.envs import env_spec
-from rlfleet.learner.dqn import export_q
-from rlfleet.learner.evaluation import evaluate_dqn, evaluation_seed
-from rlfleet.learner.qdagger import TEACHER_EVAL_SEED
-from rlfleet.learner.teacher import TeacherError, check_teacher_dir, load_teacher
+from rlfleet.algorithms.dqn.agent import evaluate_dqn
+from rlfleet.algorithms.dqn.networks import export_q
+from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED
+from rlfleet.algorithms.qdagger.teacher import TeacherError, check_teacher_dir, load_teacher
+from rlfleet.learner.evaluation import evaluation_seed
 from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rlfleet import algorithms
-from rlfleet.learner.presets import describe, ranges
+from rlfleet.algorithms.settings import build_config, describe, ranges
 
 BUILT_IN = ("ppo", "dqn", "qdagger")
 ENV = {"ppo": "Hopper-v5", "dqn": "CartPole-v1", "qdagger": "CartPole-v1"}
@@ -28,7 +28,7 @@ def _outside(r, integer: bool) -> list:
 
 @pytest.mark.parametrize("algo", BUILT_IN)
 def test_every_numeric_setting_declares_a_range(algo):
-    cls = algorithms.get(algo).part("config_class")
+    cls = algorithms.get(algo).config_class()
     declared = ranges(cls)
     numeric = [f.name for f in dataclasses.fields(cls) if type(f.default) in (int, float, tuple)]
     assert numeric and sorted(set(numeric) - set(declared)) == []
@@ -40,7 +40,7 @@ def test_every_numeric_setting_declares_a_range(algo):
 @pytest.mark.parametrize("algo", BUILT_IN)
 def test_a_value_outside_a_settings_range_is_refused_naming_it(algo):
     algorithm = algorithms.get(algo)
-    cls = algorithm.part("config_class")
+    cls = algorithm.config_class()
     units = describe(cls)
     tried = 0
     for f in dataclasses.fields(cls):
@@ -53,7 +53,7 @@ def test_a_value_outside_a_settings_range_is_refused_naming_it(algo):
             values = _outside(r, isinstance(f.default, int))
         for v in values:
             with pytest.raises(ValueError) as e:
-                algorithm.make_config("default", ENV[algo], {f.name: v})
+                build_config(algorithm, "default", ENV[algo], {f.name: v})
             message = str(e.value)
             assert f"setting {f.name} = " in message and str(r) in message and units[f.name] in message, message
             tried += 1
@@ -63,10 +63,10 @@ def test_a_value_outside_a_settings_range_is_refused_naming_it(algo):
 def test_settings_that_together_could_never_update_are_refused():
     ppo, dqn = algorithms.get("ppo"), algorithms.get("dqn")
     with pytest.raises(ValueError, match="no update would ever start"):
-        ppo.make_config("default", "Hopper-v5", {"batch_env_steps": 0, "batch_episodes": 0})
-    assert ppo.make_config("default", "Hopper-v5", {"batch_env_steps": 0, "batch_episodes": 5}).batch_episodes == 5
+        build_config(ppo, "default", "Hopper-v5", {"batch_env_steps": 0, "batch_episodes": 0})
+    assert build_config(ppo, "default", "Hopper-v5", {"batch_env_steps": 0, "batch_episodes": 5}).batch_episodes == 5
     with pytest.raises(ValueError, match="min_replay_size = 2000 is above replay_size = 1000"):
-        dqn.make_config("default", "CartPole-v1", {"replay_size": 1000, "min_replay_size": 2000})
+        build_config(dqn, "default", "CartPole-v1", {"replay_size": 1000, "min_replay_size": 2000})
 
 
 def test_an_out_of_range_setting_is_an_error_before_anything_starts(tmp_path):

@@ -7,12 +7,13 @@ import pytest
 from conftest import rlfleet
 
 from rlfleet import algorithms
-from rlfleet.learner import presets
+from rlfleet.algorithms import settings
+from rlfleet.algorithms.ppo.config import PPOConfig
 
 
 @pytest.mark.parametrize("algo", algorithms.names())
 def test_every_setting_has_a_description(algo):
-    docs = presets.describe(algorithms.get(algo).part("config_class"))
+    docs = settings.describe(algorithms.get(algo).config_class())
     assert not [k for k, v in docs.items() if len(v) < 10], "settings without a one-line description"
 
 
@@ -36,7 +37,7 @@ class _Declared(_Base):
 
 
 def test_describe_reads_the_comment_that_ends_each_declaration():
-    assert presets.describe(_Declared) == {
+    assert settings.describe(_Declared) == {
         "colour": "colour of the thing (hex)",  # the '#' in the string is not a comment
         "kept": "inherited text",
         "size": "the subclass's text",
@@ -53,11 +54,11 @@ def test_show_config_prints_the_resolved_settings(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line and not line.startswith("#")}
-    assert set(rows) == {f.name for f in dataclasses.fields(presets.PPOConfig)}
+    assert set(rows) == {f.name for f in dataclasses.fields(PPOConfig)}
     # --set is marked and shown; the per-env override (Swimmer's discount) is resolved in.
     assert rows["learning_rate"].split()[1:3] == ["*", "0.0001"]
     assert rows["discount"].split()[1] == "0.9999"
-    assert presets.describe(presets.PPOConfig)["discount"] in rows["discount"]
+    assert settings.describe(PPOConfig)["discount"] in rows["discount"]
     assert not (tmp_path / "run").exists()  # nothing was started
     bad = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "learnig_rate=1", "--show-config")
     assert bad.returncode == 2 and "unknown DQN setting(s) ['learnig_rate']" in bad.stderr

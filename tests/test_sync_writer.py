@@ -1,4 +1,4 @@
-"""The PPO writer's items (`rlfleet.actors.writers.collect_trajectories`) with several actors at once: under
+"""The PPO writer's items (`rlfleet.algorithms.ppo.items.collect_trajectories`) with several actors at once: under
 synchronous collection each item's steps are of one policy version, each actor writes its share and waits, and
 the learner's batches keep filling (no stall) whatever the actors' timing; asynchronously, the actors run ahead
 of the learner no further than the policy-lag limit (`ItemCredit`). The actors are threads running the
@@ -16,8 +16,9 @@ import pytest
 from rlfleet.actors import writers
 from rlfleet.actors.actor import Policy, ReplayLost, _WeightsSubscriber
 from rlfleet.actors.envs import env_spec
-from rlfleet.learner.agents import PPOAgent
-from rlfleet.learner.presets import make_config
+from rlfleet.algorithms.ppo import items as ppo_items
+from rlfleet.algorithms.ppo.agent import PPOAgent
+from rlfleet.algorithms.ppo.config import make_config
 from rlfleet.proto import rlfleet_pb2
 
 SPEC = env_spec("Pendulum-v1")
@@ -91,7 +92,7 @@ class _Actor:
 
 @pytest.mark.parametrize("num_actors,stagger", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.3)])
 def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monkeypatch, num_actors, stagger):
-    monkeypatch.setattr(writers.reverb, "Client", _Client)
+    monkeypatch.setattr(ppo_items.reverb, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 16, "batch_env_steps": 128, "epochs": 1}
@@ -110,7 +111,7 @@ def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monk
     for i, s in enumerate(subscribers):
         actor = _Actor(config, stop, i)
         venv = _Envs(config.envs_per_actor, 0.0005 * (i + 1), i)
-        threads.append(threading.Thread(target=writers.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads.append(threading.Thread(target=ppo_items.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
         threads[-1].start()
         time.sleep(stagger)
     version, dropped, consumed = 0, 0, 0
@@ -201,7 +202,7 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     """Actors much faster than the learner: with the credit, they run ahead (consumed data is off-policy) but
     no item reaches the learner older than `max_policy_lag`, so none is dropped; without it, items one batch
     long are dropped (the fault the credit removes)."""
-    monkeypatch.setattr(writers.reverb, "Client", _Client)
+    monkeypatch.setattr(ppo_items.reverb, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"envs_per_actor": 2, "unroll_length": unroll_length, "batch_env_steps": 128, "epochs": 1}
@@ -221,7 +222,7 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     for i, s in enumerate(subscribers):
         actor = _Actor(config, stop, i)
         venv = _Envs(config.envs_per_actor, 0.0002 * (i + 1), i)
-        threads.append(threading.Thread(target=writers.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads.append(threading.Thread(target=ppo_items.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
         threads[-1].start()
     version, dropped, lags = 0, 0, []
     try:

@@ -9,69 +9,28 @@ with the run's env steps and is pushed with the weights.
 
 from __future__ import annotations
 
-import reverb
+import numpy as np
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.learner import dqn_math
-from rlfleet.learner.agents import Agent, StepResult
-from rlfleet.learner.evaluation import evaluate_dqn
-from rlfleet.learner.networks import MLP, NatureCNN
-from rlfleet.learner.presets import DQNConfig
-from rlfleet.replay.server import DQN_TABLE, dqn_signature
+from rlfleet.algorithms.base import Agent, StepResult
+from rlfleet.algorithms.dqn import losses
+from rlfleet.algorithms.dqn.config import DQNConfig
+from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, split_observations
+from rlfleet.algorithms.dqn.networks import export_q, make_q_network
+from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.learner.evaluation import run_batched_episodes
 
 
-def make_q_network(spec: EnvSpec, config: DQNConfig, seed: int, name: str):
-    """Q-network for `spec`: the Nature CNN on stacked frames (Atari), else an MLP with `config.hidden`.
+def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001) -> list[float]:
+    """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001, the reincarnating_rl / Dopamine
+    evaluation ε), one episode per env, all envs in one batch; the undiscounted return of each episode.
 
-    Either maps observations [N, *spec.obs_shape] to Q-values [N, spec.action_dim] float32.
+    Raises:
+        EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
     """
-    if spec.frame_stack > 1:
-        return NatureCNN(spec.frame_stack, spec.frame_shape, spec.action_dim, seed, name)
-    return MLP([spec.obs_shape[0], *config.hidden, spec.action_dim], 1.0, seed, name)
-
-
-def export_q(net) -> dict:
-    """Named numpy arrays of a Q-network in the layout `rlfleet.actors.policy.q_values` reads."""
-    if isinstance(net, NatureCNN):
-        return net.export()
-    out = {}
-    for i, (w, b) in enumerate(zip(net.kernels, net.biases)):
-        out[f"q/w{i}"], out[f"q/b{i}"] = w.numpy(), b.numpy()
-    return out
-
-
-def split_observations(frames, n_step: int, frame_stack: int):
-    """The first and bootstrap observations of DQN items (see `rlfleet.replay.server.dqn_signature`).
-
-    Args:
-        frames: [N, n + S, *frame_shape] item frames.
-    Returns:
-        (obs_t, obs_{t+n}): [N, *frame_shape] each for S = 1, else [N, S, *frame_shape].
-    """
-    if frame_stack == 1:
-        return frames[:, 0], frames[:, n_step]
-    return frames[:, :frame_stack], frames[:, n_step : n_step + frame_stack]
-
-
-def batches(replay_address: str, batch_size: int, table: str = DQN_TABLE, rate_limiter_timeout_ms: int = 1000):
-    """Yields minibatches {field: [batch_size, ...]} drawn from `table` through Reverb's tf.data dataset, forever.
-
-    A dataset whose sample requests wait on the rate limiter for longer than
-    `rate_limiter_timeout_ms` ends (Reverb's semantics) and is opened again, so
-    no request stays blocked for long: a learner whose actors have stopped
-    still exits promptly (an indefinitely blocked request held the process
-    for minutes at exit).
-    """
-    while True:
-        dataset = reverb.TrajectoryDataset.from_table_signature(
-            server_address=replay_address,
-            table=table,
-            max_in_flight_samples_per_worker=2 * batch_size,
-            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
-        )
-        for sample in dataset.batch(batch_size, drop_remainder=True):
-            yield sample.data
+    rng = np.random.default_rng(seed)
+    return run_batched_episodes(env_id, episodes, seed, lambda o: epsilon_greedy(arrays, o, rng, epsilon))
 
 
 class DQNAgent(Agent):
@@ -83,7 +42,7 @@ class DQNAgent(Agent):
         seed: initialisation seed.
     """
 
-    algo, table = "dqn", DQN_TABLE
+    algo, table = "dqn", TABLE
 
     def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0, total_steps: int = 0):
         self.spec, self.config, self.total_steps = spec, config, total_steps
@@ -123,7 +82,7 @@ class DQNAgent(Agent):
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)
 
     def samples(self, replay_address: str):
-        """Yields minibatches {field: [batch, ...]} of the replay table (`rlfleet.replay.server.dqn_signature`)."""
+        """Yields minibatches {field: [batch, ...]} of the replay table (`items.dqn_signature`)."""
         yield from batches(replay_address, self.config.batch_size)
 
     def _td_loss(self, batch):
@@ -135,12 +94,10 @@ class DQNAgent(Agent):
         if c.reward_clip:
             rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
         q_all = self.q(obs)
-        bootstrap = dqn_math.bootstrap_value(
-            self.target_q(bootstrap_obs), self.q(bootstrap_obs) if c.double_q else None
-        )
-        targets, _ = dqn_math.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap, c.discount)
+        bootstrap = losses.bootstrap_value(self.target_q(bootstrap_obs), self.q(bootstrap_obs) if c.double_q else None)
+        targets, _ = losses.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap, c.discount)
         q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
-        return dqn_math.huber_td_loss(q_selected, targets), q_all, tf.reduce_mean(q_selected)
+        return losses.huber_td_loss(q_selected, targets), q_all, tf.reduce_mean(q_selected)
 
     @tf.function
     def _train_step(self, batch):
@@ -153,7 +110,7 @@ class DQNAgent(Agent):
     def on_resume(self, env_steps: int) -> None:
         """Puts ε where its schedule is at `env_steps` (the first weights after a resume carry it)."""
         c = self.config
-        self.epsilon = dqn_math.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self.epsilon = losses.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
 
     def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
@@ -166,7 +123,7 @@ class DQNAgent(Agent):
             self._copy_target()
         if steps % c.publish_every:
             return StepResult(gradient_steps=1)
-        self.epsilon = dqn_math.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self.epsilon = losses.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
         return StepResult(
             gradient_steps=1,
             updated=True,

@@ -17,7 +17,7 @@ return, both measured at start; λ is forced to 0 after
 `distillation_cutoff_env_steps` online env steps, and once 0 it stays 0. The
 learning rate moves with λ from `learning_rate` to `learning_rate_final`.
 Values: reincarnating_rl QDagger configs (base 3.0, τ 0.1, lr 1e-4 → 1e-5; the classic-control preset uses
-τ 1.0, see `rlfleet.learner.presets`);
+τ 1.0, see `rlfleet.algorithms.qdagger.config`);
 its students decay λ only from online scores, once per 250k-agent-step
 iteration, each from a 125k-agent-step evaluation (`record_score`).
 """
@@ -32,12 +32,14 @@ import numpy as np
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.learner import dqn_math
-from rlfleet.learner.agents import StepResult
-from rlfleet.learner.dqn import DQNAgent, batches, export_q, split_observations
-from rlfleet.learner.evaluation import evaluate_dqn, run_batched_episodes
-from rlfleet.learner.presets import QDaggerConfig
-from rlfleet.learner.teacher import Teacher
+from rlfleet.algorithms.base import StepResult
+from rlfleet.algorithms.dqn import losses
+from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn
+from rlfleet.algorithms.dqn.items import batches, split_observations
+from rlfleet.algorithms.dqn.networks import export_q
+from rlfleet.algorithms.qdagger.config import QDaggerConfig
+from rlfleet.algorithms.qdagger.teacher import Teacher
+from rlfleet.learner.evaluation import run_batched_episodes
 
 log = logging.getLogger("rlfleet.qdagger")
 
@@ -45,7 +47,6 @@ OFFLINE, ONLINE = "offline_pretraining", "online"
 # Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
 # seeds (`evaluation.evaluation_seed` + episode), so that no student evaluates on the episodes that define its target.
 TEACHER_EVAL_SEED, RANDOM_EVAL_SEED = 10**9, 10**9 + 10**5
-LEGACY_EVAL_SEEDS = 10**6 + 1, 10**6 + 2  # runs from before teacher_eval_episodes (0): their teacher seeds
 
 
 class QDaggerAgent(DQNAgent):
@@ -55,7 +56,7 @@ class QDaggerAgent(DQNAgent):
         spec: env spec (discrete actions).
         config: `QDaggerConfig`.
         seed: initialisation seed of the student.
-        teacher: the loaded teacher (`rlfleet.learner.teacher.load_teacher`).
+        teacher: the loaded teacher (`rlfleet.algorithms.qdagger.teacher.load_teacher`).
         teacher_replay: host:port of the Reverb server holding the teacher's restored table.
     """
 
@@ -102,9 +103,9 @@ class QDaggerAgent(DQNAgent):
         (λ's normalisation)."""
         c = self.config
         episodes = c.teacher_eval_episodes or c.eval_episodes
-        seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else LEGACY_EVAL_SEEDS
+        teacher = export_q(self.teacher.q)
         self.teacher_return = float(
-            np.mean(evaluate_dqn(export_q(self.teacher.q), self.spec.env_id, episodes, seeds[0], c.epsilon_eval))
+            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, TEACHER_EVAL_SEED, c.epsilon_eval))
         )
         rng = np.random.default_rng(1)
         self.random_return = float(
@@ -112,7 +113,7 @@ class QDaggerAgent(DQNAgent):
                 run_batched_episodes(
                     self.spec.env_id,
                     c.random_eval_episodes,
-                    seeds[1],
+                    RANDOM_EVAL_SEED,
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
                 )
             )
@@ -143,7 +144,7 @@ class QDaggerAgent(DQNAgent):
         with tf.GradientTape() as tape:
             td, q_all, mean_q = self._td_loss(batch)
             obs, _ = split_observations(batch["observation"], c.n_step, self.spec.frame_stack)
-            distill = tf.reduce_mean(dqn_math.distillation_loss(q_all, self.teacher.q(obs), c.distillation_temperature))
+            distill = tf.reduce_mean(losses.distillation_loss(q_all, self.teacher.q(obs), c.distillation_temperature))
             loss = td + self.coefficient * distill
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
@@ -190,7 +191,7 @@ class QDaggerAgent(DQNAgent):
             self._set_learning_rate()
         if steps % c.publish_every:
             return StepResult(gradient_steps=1)
-        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self.epsilon = losses.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
         return StepResult(gradient_steps=1, updated=True, metrics=metrics())
 
     def on_resume(self, env_steps: int) -> None:
@@ -198,7 +199,7 @@ class QDaggerAgent(DQNAgent):
         c = self.config
         start = int(self.online_start_env_steps.numpy())
         online_steps = env_steps - start if start >= 0 else 0
-        self.epsilon = dqn_math.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self.epsilon = losses.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
 
     def on_evaluation(self, returns: list[float], env_steps: int) -> None:
         """Online: records the evaluation's episode returns and sets λ (and the learning rate with it) from the
@@ -227,7 +228,7 @@ class QDaggerAgent(DQNAgent):
         self.score_return = score
         online_steps = max(0, env_steps - start)
         self.coefficient.assign(
-            dqn_math.distillation_coefficient(
+            losses.distillation_coefficient(
                 c.distillation_base,
                 score,
                 self.teacher_return,
@@ -241,7 +242,7 @@ class QDaggerAgent(DQNAgent):
     def _set_learning_rate(self) -> None:
         c = self.config
         self.optimizer.learning_rate.assign(
-            dqn_math.interpolated_learning_rate(
+            losses.interpolated_learning_rate(
                 float(self.coefficient.numpy()), c.distillation_base, c.learning_rate, c.learning_rate_final
             )
         )
@@ -266,6 +267,6 @@ def make_agent(
     Raises:
         TeacherError (a ValueError): `teacher` is not a usable teacher for `spec`.
     """
-    from rlfleet.learner.teacher import load_teacher
+    from rlfleet.algorithms.qdagger.teacher import load_teacher
 
     return QDaggerAgent(spec, config, seed, load_teacher(teacher, spec), teacher_replay)

@@ -16,7 +16,7 @@ update moves the policy more than the clip range from the data's policy; or,
 with "uncorrected", to the learner's policy with no weights (an ablation: what
 the correction is worth). With `advantage_traces` "ratio" the advantages of
 lagged data weight later steps' TD errors by the truncated ratios of the
-learner's policy to the behaviour policy (`ppo_math.traced_gae_advantages`).
+learner's policy to the behaviour policy (`losses.traced_gae_advantages`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.actors.policy import OBS_CLIP, OBS_MEAN, OBS_STD
-from rlfleet.learner import ppo_math
-from rlfleet.learner.networks import GaussianPolicy, ValueNetwork
+from rlfleet.algorithms.ppo import losses
+from rlfleet.algorithms.ppo.config import PPOConfig
+from rlfleet.algorithms.ppo.networks import GaussianPolicy, ValueNetwork
+from rlfleet.algorithms.ppo.policy import OBS_CLIP, OBS_MEAN, OBS_STD
 from rlfleet.learner.normalizer import RunningMeanStd
-from rlfleet.learner.presets import PPOConfig
 
 _SPEC_1D = tf.TensorSpec([None], tf.float32)
 _SPEC_2D = tf.TensorSpec([None, None], tf.float32)
@@ -42,7 +42,7 @@ class BatchPPO:
 
     Args:
         spec: environment spec (continuous actions).
-        config: hyperparameters (see `rlfleet.learner.presets`).
+        config: hyperparameters (see `rlfleet.algorithms.ppo.config`).
         seed: initialisation seed.
     """
 
@@ -171,7 +171,7 @@ class BatchPPO:
 
         The ratio and the KL term are taken to `prox_log_prob`, the anchor `off_policy_objective` chooses (the
         proximal policy, i.e. the policy when the update starts, or the behaviour policy), and `is_weights`
-        weigh the samples (π_prox / π_behaviour, `ppo_math.proximal_weights`, or 1).
+        weigh the samples (π_prox / π_behaviour, `losses.proximal_weights`, or 1).
         `minibatches` [S, M] int32 holds the sample indices of each of the S
         gradient steps (epochs × minibatches, reshuffled every epoch).
         `old_values` [N] are V(s) when the update started (the clipped value loss).
@@ -195,28 +195,28 @@ class BatchPPO:
             o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
             old_log_prob, adv = tf.gather(prox_log_prob, idx), tf.gather(advantages, idx)
             if c.advantage_norm == "minibatch":
-                adv = ppo_math.normalize_advantages(adv)
+                adv = losses.normalize_advantages(adv)
             with tf.GradientTape(persistent=True) as tape:
                 mean, log_std = self.policy(o)
-                log_prob = ppo_math.gaussian_log_prob(mean, log_std, a)
+                log_prob = losses.gaussian_log_prob(mean, log_std, a)
                 if c.policy_objective == "clip":
-                    policy_loss, _ = ppo_math.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
+                    policy_loss, _ = losses.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
                 else:
-                    kl = ppo_math.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
-                    policy_loss, _ = ppo_math.ppo_kl_penalty_loss(
+                    kl = losses.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
+                    policy_loss, _ = losses.ppo_kl_penalty_loss(
                         log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
                     )
                 values = self.value(o)
                 if c.value_clip > 0:
-                    v_loss = ppo_math.clipped_value_loss(
+                    v_loss = losses.clipped_value_loss(
                         values, tf.gather(old_values, idx), tf.gather(returns, idx), c.value_clip
                     )
                 else:
-                    v_loss = ppo_math.value_loss(values, tf.gather(returns, idx))
+                    v_loss = losses.value_loss(values, tf.gather(returns, idx))
                 total = policy_loss + c.value_loss_coef * v_loss
             if c.target_kl > 0:
                 if tf.logical_and(
-                    i > 0, ppo_math.approx_kl(log_prob, tf.gather(start_log_prob, idx)) > 1.5 * c.target_kl
+                    i > 0, losses.approx_kl(log_prob, tf.gather(start_log_prob, idx)) > 1.5 * c.target_kl
                 ):
                     break
             if c.shared_optimizer:
@@ -227,7 +227,7 @@ class BatchPPO:
                 self._apply(self.value_opt, tape.gradient(v_loss, value_vars), value_vars)
             del tape
             ratio = tf.exp(log_prob - old_log_prob)
-            kl_sum += ppo_math.approx_kl(log_prob, old_log_prob)
+            kl_sum += losses.approx_kl(log_prob, old_log_prob)
             clip_sum += tf.reduce_mean(tf.cast(tf.abs(ratio - 1.0) > c.clip_epsilon, tf.float32))
             taken += 1
         n = tf.cast(tf.maximum(taken, 1), tf.float32)
@@ -239,7 +239,7 @@ class BatchPPO:
         `reward_scale` "rms": divided by the running root mean square of the
         rewards (BatchPPO: scaled, not centred); "return": divided by the
         running std of the episodes' discounted returns (the actors write them,
-        `rlfleet.replay.server.ppo_signature`; as Stable-Baselines3's VecNormalize and
+        `rlfleet.algorithms.ppo.items.ppo_signature`; as Stable-Baselines3's VecNormalize and
         CleanRL scale rewards); "none": unscaled. `reward_norm` holds the
         statistics of whichever of the two is tracked.
         """
@@ -257,12 +257,12 @@ class BatchPPO:
 
         Rewards are scaled by the reward normalizer; a step whose episode a
         time limit cut (`truncated`) bootstraps from V(final_observation), a
-        terminal one (`terminated`) from nothing (`ppo_math.next_state_values`,
-        `ppo_math.gae_advantages`). Plain GAE whatever `advantage_traces` says: the traces need the
+        terminal one (`terminated`) from nothing (`losses.next_state_values`,
+        `losses.gae_advantages`). Plain GAE whatever `advantage_traces` says: the traces need the
         learner's log-probabilities of the batch's actions, which `update` computes.
 
         Args:
-            batch: replay fields (`rlfleet.replay.server.ppo_signature`), leading shape [T+1, N].
+            batch: replay fields (`rlfleet.algorithms.ppo.items.ppo_signature`), leading shape [T+1, N].
             obs_n: the batch's observations already normalised (float32 [T+1, N, obs_dim]), if the caller has them.
         Returns:
             (advantages, returns): float32 tensors [T, N], advantages not yet normalised.
@@ -290,16 +290,16 @@ class BatchPPO:
     def _advantages(self, obs_n, final_obs_n, rewards, terminated, truncated, log_ratios):
         """`advantages` in one graph: V of every observation and of every final observation (used where
         truncated), GAE over the time axis (`advantage_traces` "ratio": weighted by the ratios exp(`log_ratios`)
-        [T, N] of the learner's policy to the behaviour policy truncated at 1, `ppo_math.traced_gae_advantages`).
+        [T, N] of the learner's policy to the behaviour policy truncated at 1, `losses.traced_gae_advantages`).
         Shapes as `_graph_inputs` returns them. Returns (advantages, value targets, V(obs_t)), each float32
         [T, N]."""
         c = self.config
         t1, n, obs_dim = tf.shape(obs_n)[0], tf.shape(obs_n)[1], tf.shape(obs_n)[2]
         values = tf.reshape(self.value(tf.reshape(obs_n, [-1, obs_dim])), [t1, n])
         final_values = tf.reshape(self.value(tf.reshape(final_obs_n, [-1, obs_dim])), [t1 - 1, n])
-        next_values = ppo_math.next_state_values(values[:-1], values[-1], truncated, final_values)
+        next_values = losses.next_state_values(values[:-1], values[-1], truncated, final_values)
         if c.advantage_traces == "ratio":
-            adv, returns = ppo_math.traced_gae_advantages(
+            adv, returns = losses.traced_gae_advantages(
                 rewards,
                 values[:-1],
                 next_values,
@@ -310,7 +310,7 @@ class BatchPPO:
                 log_ratios,
             )
         else:
-            adv, returns = ppo_math.gae_advantages(
+            adv, returns = losses.gae_advantages(
                 rewards, values[:-1], next_values, terminated, terminated | truncated, c.discount, c.gae_lambda
             )
         return adv, returns, values[:-1]
@@ -319,7 +319,7 @@ class BatchPPO:
         """One BatchPPO update on a batch of trajectories.
 
         Args:
-            batch: replay fields (see `rlfleet.replay.server.ppo_signature`) with leading
+            batch: replay fields (see `rlfleet.algorithms.ppo.items.ppo_signature`) with leading
                 shape [T+1, N]; step T only provides the bootstrap observation.
             progress: fraction of the run's env-step budget trained on before this batch, in [0, 1]; with
                 `lr_schedule` "linear" the step size is
@@ -364,7 +364,7 @@ class BatchPPO:
         out = self._update(*inputs, minibatches, np.float32(self.beta), np.float32(lr))
         metrics = {k: float(v) for k, v in out.items()}
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
-            self.beta = ppo_math.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
+            self.beta = losses.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
         return dict(metrics, beta=self.beta, learning_rate=lr, gradient_steps=int(metrics["gradient_steps"]))
 
     @tf.function(
@@ -394,11 +394,11 @@ class BatchPPO:
         flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
         obs_t, actions = flat(obs_n[:-1]), flat(actions)
         prox_mean, prox_log_std = self.policy(obs_t)
-        prox_log_prob = ppo_math.gaussian_log_prob(prox_mean, prox_log_std, actions)
+        prox_log_prob = losses.gaussian_log_prob(prox_mean, prox_log_std, actions)
         log_ratios = tf.reshape(prox_log_prob, tf.shape(behaviour_log_prob)) - behaviour_log_prob
         adv, returns, values = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated, log_ratios)
         if self.config.advantage_norm == "batch":
-            adv = ppo_math.normalize_advantages(adv)
+            adv = losses.normalize_advantages(adv)
         for opt in (self.policy_opt, self.value_opt):
             opt.learning_rate.assign(lr)
         if self.config.off_policy_objective == "behaviour":  # the ratio's anchor is the behaviour policy
@@ -409,7 +409,7 @@ class BatchPPO:
             is_weights = tf.ones_like(anchor_log_prob)
         else:
             anchor_log_prob = prox_log_prob
-            is_weights = ppo_math.proximal_weights(
+            is_weights = losses.proximal_weights(
                 prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
             )
         p_loss, v_loss, approx_kl, clip_fraction, taken = self._train(
@@ -430,12 +430,12 @@ class BatchPPO:
         return dict(
             policy_loss=p_loss,
             value_loss=v_loss,
-            kl=tf.reduce_mean(ppo_math.gaussian_kl(prox_mean, prox_log_std, mean, log_std)),
+            kl=tf.reduce_mean(losses.gaussian_kl(prox_mean, prox_log_std, mean, log_std)),
             approx_kl=approx_kl,
             clip_fraction=clip_fraction,
             gradient_steps=tf.cast(taken, tf.float32),
-            entropy=tf.reduce_mean(ppo_math.gaussian_entropy(log_std)),
-            explained_variance=ppo_math.explained_variance(values, returns),
+            entropy=tf.reduce_mean(losses.gaussian_entropy(log_std)),
+            explained_variance=losses.explained_variance(values, returns),
             policy_std=tf.reduce_mean(tf.exp(self.policy.log_std)),
             mean_importance_weight=tf.reduce_mean(is_weights),
             # Before truncation; capped at float32's largest value so that the metric stays a finite number.

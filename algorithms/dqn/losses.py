@@ -10,7 +10,7 @@ Bellemare, NeurIPS 2022) and its reincarnating_rl / Dopamine configs: a DQN
 student trained with a Huber TD loss on 3-step returns (gamma 0.99), plus the
 QDagger distillation term
 lambda * KL(softmax(Q_teacher / tau) || softmax(Q_student / tau)), tau = 0.1
-(presets may differ: 1.0 for CartPole/Acrobot, see rlfleet.learner.presets),
+(presets may differ: 1.0 for CartPole/Acrobot, see rlfleet.algorithms.qdagger.config),
 base lambda 3.0, decayed after each evaluation as the student's return
 approaches the teacher's and forced to 0 after a step cutoff; the learning
 rate interpolates from 1e-4 (distilling) to 1e-5 (lambda = 0).

@@ -83,8 +83,8 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
         TeacherError: see `check_teacher_dir`; also a Q-network whose shapes do
             not fit `spec` (another action count or observation size).
     """
-    from rlfleet.learner.dqn import make_q_network
-    from rlfleet.learner.presets import make_algo_config
+    from rlfleet.algorithms.dqn.networks import make_q_network
+    from rlfleet.algorithms.settings import make_algo_config
 
     run = check_teacher_dir(directory, spec)
     config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))

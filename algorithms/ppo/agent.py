@@ -1,133 +1,30 @@
-"""What the learner service needs from an algorithm, and the BatchPPO agent.
-
-The service (`rlfleet.learner.service.Learner`) owns the gRPC API, counters,
-checkpoints, metrics and the run's end; an agent owns the algorithm: its
-replay table and signature, how items are read and turned into updates, the
-weights actors receive, and evaluation.
-"""
+"""BatchPPO in the learner service: `PPOAgent` reads the replay queue's items, keeps the policy lag in bounds,
+runs an update per batch (`rlfleet.algorithms.ppo.learning.BatchPPO`) and evaluates with the mean action."""
 
 from __future__ import annotations
-
-import abc
-import dataclasses
 
 import numpy as np
 import reverb
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
-from rlfleet.learner.evaluation import evaluate
-from rlfleet.learner.ppo import BatchPPO
-from rlfleet.learner.presets import PPOConfig
-from rlfleet.replay.server import PPO_TABLE, ppo_queue_items, ppo_signature
+from rlfleet.algorithms.base import Agent, StepResult
+from rlfleet.algorithms.ppo.config import PPOConfig
+from rlfleet.algorithms.ppo.items import TABLE, ppo_queue_items, ppo_signature
+from rlfleet.algorithms.ppo.learning import BatchPPO
+from rlfleet.algorithms.ppo.policy import mean_env_action
+from rlfleet.learner.evaluation import run_episodes
 
 
-@dataclasses.dataclass
-class StepResult:
-    """What consuming one replay sample did.
+def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, action_high) -> list[float]:
+    """BatchPPO evaluation: the Gaussian policy's mean action (as the BatchPPO paper evaluates), mapped onto the
+    env's Box bounds; the undiscounted return of each of `episodes` episodes (env seeds `seed`, `seed` + 1, ...).
 
-    gradient_steps: learner steps taken; consumed / dropped: env steps trained
-    on / discarded for policy lag; updated: the weights changed enough to
-    publish a new policy version; evaluate: evaluate now (besides the
-    service's every-`eval_every_updates` evaluations); metrics: floats for
-    logs and TensorBoard. A NaN/inf in a metric whose name contains "loss",
-    or in `export_weights()` when a version is published or checkpointed, is
-    taken as divergence: the learner stops with its fault (README, Faults).
+    Raises:
+        EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
     """
-
-    gradient_steps: int = 0
-    consumed: int = 0
-    dropped: int = 0
-    updated: bool = False
-    evaluate: bool = False
-    metrics: dict = dataclasses.field(default_factory=dict)
-
-
-class Agent(abc.ABC):
-    """Interface of an algorithm inside the learner service (see module doc)."""
-
-    algo: str
-    table: str
-    config: object
-    spec: EnvSpec
-    unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
-    prefetch: int = 2  # samples the learner's sampler thread holds ready beyond the one being consumed
-
-    @abc.abstractmethod
-    def signature(self) -> dict:
-        """The replay table signature this agent reads (tf.TensorSpec per field)."""
-
-    @abc.abstractmethod
-    def actor_network(self) -> dict:
-        """What actors need besides the weights, as fields of the `NetworkSpec` message (proto/rlfleet.proto):
-        observation_shape, num_actions or action_dim and action bounds, ...; another key fails at start."""
-
-    @abc.abstractmethod
-    def export_weights(self) -> dict:
-        """Named numpy arrays for the actors' policy (normalizer statistics included)."""
-
-    def items_per_actor(self, num_actors: int) -> int:
-        """Replay items each actor is to write with the policy version published now, then wait for the next
-        (`Weights.items_per_actor`; 0: no limit, asynchronous collection). `num_actors`: actors registered now."""
-        return 0
-
-    def item_credit(self, num_actors: int) -> tuple[float, int]:
-        """Asynchronous collection's limit on how far actors run ahead (`Weights.item_share`,
-        `Weights.versions_ahead`): (replay items per policy version each actor may write, how many versions'
-        worth of them beyond the trained ones it may hold). (0.0, 0): no limit. `num_actors`: actors registered
-        now."""
-        return 0.0, 0
-
-    def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
-        """Called when no sample came for a while (about half a second); `num_actors`: actors registered now.
-        A result is handled as `consume`'s is (e.g. an update on a batch that can no longer fill up)."""
-        return None
-
-    def exploration(self) -> dict:
-        """The behaviour policy's exploration for the weights published now, as fields of the `Exploration`
-        message (e.g. {"epsilon": 0.05}); {} for none (PPO samples from its policy)."""
-        return {}
-
-    @abc.abstractmethod
-    def checkpoint_items(self) -> dict:
-        """Trackables for `tf.train.Checkpoint` (networks, optimizers, state variables)."""
-
-    def sync_to_checkpoint(self) -> None:
-        pass
-
-    def sync_from_checkpoint(self) -> None:
-        pass
-
-    @abc.abstractmethod
-    def samples(self, replay_address: str):
-        """Yields replay samples (blocking); runs on the learner's sampler thread."""
-
-    @abc.abstractmethod
-    def consume(self, sample, policy_version: int, env_steps: int) -> StepResult:
-        """Uses one sample from `samples`; `policy_version` is the latest published policy version."""
-
-    @abc.abstractmethod
-    def evaluate(self, episodes: int, seed: int) -> list[float]:
-        """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
-
-    def status_extras(self) -> dict:
-        """The algorithm's own status values {name: float} (status `algorithm_values`, metrics.jsonl,
-        summary.json; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
-        while training (QDagger: offline_pretraining, online)."""
-        return {}
-
-    def on_resume(self, env_steps: int) -> None:
-        """Called after a checkpoint restore with the run's env steps so far (schedules that depend on them)."""
-
-    def on_start(self) -> None:
-        """Called once the service is up, before the first sample (may take time: it is not blocking startup)."""
-
-    def ready_for_actors(self) -> bool:
-        """False while actors must not collect yet (QDagger's offline phase): weights are not published."""
-        return True
-
-    def on_evaluation(self, returns: list[float], env_steps: int) -> None:
-        """Called with the returns of each evaluation of the current policy."""
+    low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
+    return run_episodes(env_id, episodes, seed, lambda o: mean_env_action(arrays, o, low, high)[0])
 
 
 class PPOAgent(Agent):
@@ -152,7 +49,7 @@ class PPOAgent(Agent):
     (`PPOConfig` refuses a synchronous batch triggered by episodes).
     """
 
-    algo, table = "ppo", PPO_TABLE
+    algo, table = "ppo", TABLE
     # An item can be a whole batch (the cleanrl preset's): every item held ahead is a policy version of lag
     # for the data behind it, so the sampler holds one, and the queue about a batch (`ppo_queue_items`).
     prefetch = 1
@@ -168,7 +65,7 @@ class PPOAgent(Agent):
         # count the actors report depends on when their heartbeats arrive, so a schedule run by it made two
         # runs of one seed differ from the first few updates on, even synchronously.
         # A Python int, mirrored into the variable only for checkpoints (an eager op per update grows the
-        # learner's memory, see rlfleet.learner.ppo.BatchPPO._update).
+        # learner's memory, see rlfleet.algorithms.ppo.learning.BatchPPO._update).
         self.trained_env_steps = 0
         self._trained_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
 
@@ -200,15 +97,9 @@ class PPOAgent(Agent):
         self.ppo.sync_from_checkpoint()
         self.trained_env_steps = int(self._trained_variable.numpy())
 
-    def on_resume(self, env_steps: int) -> None:
-        """A checkpoint written before the trained env steps were kept restores 0: the schedule then goes on
-        from the env steps the run collected (`env_steps`), as it did before."""
-        if self.trained_env_steps == 0 and env_steps > 0:
-            self.trained_env_steps = env_steps
-
     def samples(self, replay_address: str):
         client = reverb.Client(replay_address)
-        for sample in client.sample(PPO_TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
+        for sample in client.sample(TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
             yield sample.data
 
     def items_per_actor(self, num_actors: int) -> int:

@@ -1,0 +1,277 @@
+"""The interfaces an algorithm implements, in one module that imports no algorithm (and no TensorFlow).
+
+An algorithm is an `AlgorithmBuilder` subclass registered with `rlfleet.algorithms.register`. Its typed methods
+give each process what it needs of it: the settings dataclass and presets (CLI, every process), the replay
+tables (replay server), the actor-side writer (actors), the `Agent` (learner). A builder's methods import the
+algorithm's modules when called, so that importing a builder (the CLI does at start-up) imports no TensorFlow.
+
+A settings dataclass declares the range of each numeric field in its type (`Range`, through the aliases
+`Positive`, `Fraction`, `Count`, ...) and the values of a named-choice field with `OneOf`; `rlfleet up` refuses
+a value outside them before anything starts (`rlfleet.algorithms.settings.build_config`). Each field's
+declaration ends with a comment giving its meaning and unit (`rlfleet up --show-config` prints them). It must
+have a `to_json()` method and the fields `envs_per_actor` (envs each actor steps), `eval_episodes` and
+`eval_every_updates` (evaluation cadence, in policy versions); `unroll_length` (batch steps per item) where its
+items hold more than one step.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+if TYPE_CHECKING:  # for annotations only: importing them here would import TensorFlow
+    import reverb
+
+    from rlfleet.actors.envs import EnvSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric setting: finite, from `low` to `high` (None: unbounded), each bound included
+    unless its `*_open` is set; for a tuple setting (layer widths), every element, and at least one. A config
+    field declares it in its type, `typing.Annotated[float, Range(...)]` (the aliases below), and `build_config`
+    refuses any value outside it before anything starts."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value) -> bool:
+        values = value if isinstance(value, tuple) else (value,)
+        return bool(values) and all(self._holds(v) for v in values)
+
+    def _holds(self, v) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+            return False
+        return self.high is None or (v < self.high or (not self.high_open and v == self.high))
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return "finite"
+
+
+# The ranges settings are declared with (each field's comment says what a bound value such as 0 means).
+Positive = Annotated[float, Range(0, low_open=True)]  # > 0
+NonNegative = Annotated[float, Range(0)]  # >= 0
+Fraction = Annotated[float, Range(0, 1)]  # in [0, 1]
+Discount = Annotated[float, Range(0, 1, low_open=True)]  # γ in (0, 1]
+Count = Annotated[int, Range(1)]  # >= 1
+Count0 = Annotated[int, Range(0)]  # >= 0
+Widths = Annotated[tuple, Range(1)]  # layer widths: at least one, each >= 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The valid values of a named-choice setting (`OneOf`)."""
+
+    values: tuple
+
+
+def OneOf(*values: str):
+    """The type of a setting that takes one of `values` (strings), e.g. `reward_scale: OneOf("rms", "none")`."""
+    return Annotated[str, Choice(tuple(values))]
+
+
+LrSchedule = OneOf("constant", "linear")  # a learning rate held constant, or annealed linearly over the budget
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What consuming one replay sample did.
+
+    gradient_steps: learner steps taken; consumed / dropped: env steps trained
+    on / discarded for policy lag; updated: the weights changed enough to
+    publish a new policy version; evaluate: evaluate now (besides the
+    service's every-`eval_every_updates` evaluations); metrics: floats for
+    logs and TensorBoard. A NaN/inf in a metric whose name contains "loss",
+    or in `export_weights()` when a version is published or checkpointed, is
+    taken as divergence: the learner stops with its fault (README, Faults).
+    """
+
+    gradient_steps: int = 0
+    consumed: int = 0
+    dropped: int = 0
+    updated: bool = False
+    evaluate: bool = False
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+class Agent(abc.ABC):
+    """An algorithm inside the learner service.
+
+    The service (`rlfleet.learner.service.Learner`) owns the gRPC API, counters, checkpoints, metrics and the
+    run's end; an agent owns the algorithm: its replay table and signature, how items are read and turned into
+    updates, the weights actors receive, and evaluation.
+    """
+
+    algo: str
+    table: str
+    config: object
+    spec: EnvSpec
+    unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
+    prefetch: int = 2  # samples the learner's sampler thread holds ready beyond the one being consumed
+
+    @abc.abstractmethod
+    def signature(self) -> dict:
+        """The replay table signature this agent reads (tf.TensorSpec per field)."""
+
+    @abc.abstractmethod
+    def actor_network(self) -> dict:
+        """What actors need besides the weights, as fields of the `NetworkSpec` message (proto/rlfleet.proto):
+        observation_shape, num_actions or action_dim and action bounds, ...; another key fails at start."""
+
+    @abc.abstractmethod
+    def export_weights(self) -> dict:
+        """Named numpy arrays for the actors' policy (normalizer statistics included)."""
+
+    def items_per_actor(self, num_actors: int) -> int:
+        """Replay items each actor is to write with the policy version published now, then wait for the next
+        (`Weights.items_per_actor`; 0: no limit, asynchronous collection). `num_actors`: actors registered now."""
+        return 0
+
+    def item_credit(self, num_actors: int) -> tuple[float, int]:
+        """Asynchronous collection's limit on how far actors run ahead (`Weights.item_share`,
+        `Weights.versions_ahead`): (replay items per policy version each actor may write, how many versions'
+        worth of them beyond the trained ones it may hold). (0.0, 0): no limit. `num_actors`: actors registered
+        now."""
+        return 0.0, 0
+
+    def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
+        """Called when no sample came for a while (about half a second); `num_actors`: actors registered now.
+        A result is handled as `consume`'s is (e.g. an update on a batch that can no longer fill up)."""
+        return None
+
+    def exploration(self) -> dict:
+        """The behaviour policy's exploration for the weights published now, as fields of the `Exploration`
+        message (e.g. {"epsilon": 0.05}); {} for none (PPO samples from its policy)."""
+        return {}
+
+    @abc.abstractmethod
+    def checkpoint_items(self) -> dict:
+        """Trackables for `tf.train.Checkpoint` (networks, optimizers, state variables)."""
+
+    def sync_to_checkpoint(self) -> None:
+        pass
+
+    def sync_from_checkpoint(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    def samples(self, replay_address: str):
+        """Yields replay samples (blocking); runs on the learner's sampler thread."""
+
+    @abc.abstractmethod
+    def consume(self, sample, policy_version: int, env_steps: int) -> StepResult:
+        """Uses one sample from `samples`; `policy_version` is the latest published policy version."""
+
+    @abc.abstractmethod
+    def evaluate(self, episodes: int, seed: int) -> list[float]:
+        """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
+
+    def status_extras(self) -> dict:
+        """The algorithm's own status values {name: float} (status `algorithm_values`, metrics.jsonl,
+        summary.json; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
+        while training (QDagger: offline_pretraining, online)."""
+        return {}
+
+    def on_resume(self, env_steps: int) -> None:
+        """Called after a checkpoint restore with the run's env steps so far (schedules that depend on them)."""
+
+    def on_start(self) -> None:
+        """Called once the service is up, before the first sample (may take time: it is not blocking startup)."""
+
+    def ready_for_actors(self) -> bool:
+        """False while actors must not collect yet (QDagger's offline phase): weights are not published."""
+        return True
+
+    def on_evaluation(self, returns: list[float], env_steps: int) -> None:
+        """Called with the returns of each evaluation of the current policy."""
+
+
+class AlgorithmBuilder(abc.ABC):
+    """One algorithm: what each rlfleet process needs of it (Acme's builder pattern).
+
+    Class attributes:
+        name: the `--algo` value (one lower-case word).
+        summary: one line for `--help` and error messages.
+        action_space: "continuous" (gymnasium Box) or "discrete" (Discrete): envs of the other kind are refused
+            before anything starts.
+        uses_teacher: the run learns from a teacher run directory (`--teacher`); the launcher then starts a second
+            replay server with the teacher's replay, and `check_teacher` must be implemented.
+        keeps_replay: the replay tables are checkpointed in the run directory (`RUN/replay`), restored on
+            --resume, and written when the run finishes (so the run can be a teacher).
+        unused_settings: settings of the config class (inherited) that this algorithm ignores: giving one is an
+            error, with `unused_reason` as the explanation.
+        status_values: {key: (label, format)} for the agent's status extras (`Agent.status_extras`) in
+            `rlfleet status`, in this order (others follow under their key, 3 significant digits).
+        progress_values: {key: (label, format)} for status extras shown in `rlfleet up`'s progress rows.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    action_space: ClassVar[str]
+    uses_teacher: ClassVar[bool] = False
+    keeps_replay: ClassVar[bool] = False
+    unused_settings: ClassVar[frozenset] = frozenset()
+    unused_reason: ClassVar[str] = ""
+    status_values: ClassVar[dict] = {}
+    progress_values: ClassVar[dict] = {}
+
+    @abc.abstractmethod
+    def config_class(self) -> type:
+        """The settings dataclass (see the module doc for what it must hold)."""
+
+    @abc.abstractmethod
+    def presets(self) -> dict[str, dict[str, Any]]:
+        """{preset name: {setting: value}}, with a "default" preset; `--config` chooses one."""
+
+    def env_overrides(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """{(preset, env id): {setting: value}} applied on top of a preset for one env ("ALE/*" matches every
+        Atari id); a comment beside each should say why it is needed."""
+        return {}
+
+    @abc.abstractmethod
+    def make_tables(self, spec: EnvSpec, config, queue_items: int | None) -> list[reverb.Table]:
+        """The replay server's tables, signatures included. `queue_items`: `rlfleet replay --queue-items`
+        (None: the algorithm's own size).
+
+        Raises:
+            ValueError: sizes the tables cannot have.
+        """
+
+    @abc.abstractmethod
+    def collect(self, actor, venv, weights, epoch: int) -> None:
+        """The actor-side writer: steps the batched env `venv` with the behaviour policy and writes items into
+        the run's table until `actor.stop` is set (`rlfleet.actors.writers` says what `actor` and `weights`
+        offer; `epoch` goes to `actor.wait_written`)."""
+
+    @abc.abstractmethod
+    def make_agent(
+        self, spec: EnvSpec, config, seed: int, total_steps: int, teacher: str | None = None,
+        teacher_replay: str | None = None,
+    ) -> Agent:  # fmt: skip
+        """The learner side: update rule, weights for actors, evaluation, status extras.
+
+        Args:
+            spec: the env's spaces; config: an instance of `config_class()`; seed: the run's seed;
+            total_steps: the run's env-step budget (0: none); teacher: the teacher's run directory and
+            teacher_replay: host:port of the replay server with its replay (with `uses_teacher` only).
+        """
+
+    def check_teacher(self, directory: str, spec: EnvSpec) -> dict:
+        """Checks that the run directory `directory` can teach this algorithm on `spec`; returns its run.json.
+
+        Raises:
+            ValueError: it cannot (the message says why and what to give instead).
+        """
+        raise NotImplementedError(f"algorithm {self.name} learns from no teacher")

@@ -1,0 +1,206 @@
+"""BatchPPO's replay item, end to end: the table (a FIFO queue), the item's signature, and the actor-side writer
+that makes items.
+
+One FIFO queue table (`reverb.Table.queue`): every item is sampled exactly once, and its `Queue` rate limiter
+blocks actors' inserts while the table is full, so actors can run at most `queue_items` items ahead of the
+learner. The table signature makes Reverb reject items of the wrong shape or dtype at insert. The learner reads
+the items back in `rlfleet.algorithms.ppo.agent.PPOAgent`.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import reverb
+import tensorflow as tf
+
+from rlfleet.actors.envs import truncation_observations
+from rlfleet.actors.writers import ItemCredit
+from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action
+
+TABLE = "ppo_trajectories"
+
+
+def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int) -> dict:
+    """Signature of one PPO item: T+1 consecutive batch steps of one actor.
+
+    Every field has leading shape [T+1, B] (T = `unroll_length`, B = `num_envs`);
+    the last step is only used for its observation (the bootstrap value).
+    Step t holds the observation the action was chosen on, the (unclipped)
+    sampled action, the reward that followed, `terminated` (the episode
+    reached a terminal state after step t: nothing is bootstrapped) and
+    `truncated` (it was cut by a time limit after step t: the return is
+    bootstrapped from V(final_observation)), and the behaviour policy's
+    log-prob, mean, log-std and version. `final_observation` holds the
+    episode's last observation where `truncated` (the env reset replaced it
+    in the next step's `observation`) and zeros elsewhere (zeros compress to
+    almost nothing in Reverb's chunks). `discounted_return` is the env's
+    discounted return so far in its episode, G_t = r_t + γ·G_{t−1} (γ the
+    run's discount; what `reward_scale = "return"` scales rewards by).
+    """
+    lead = [unroll_length + 1, num_envs]
+    f32 = tf.float32
+    return {
+        "observation": tf.TensorSpec(lead + [obs_dim], f32),
+        "action": tf.TensorSpec(lead + [action_dim], f32),
+        "reward": tf.TensorSpec(lead, f32),
+        "terminated": tf.TensorSpec(lead, tf.bool),
+        "truncated": tf.TensorSpec(lead, tf.bool),
+        "final_observation": tf.TensorSpec(lead + [obs_dim], f32),
+        "discounted_return": tf.TensorSpec(lead, f32),
+        "behaviour_log_prob": tf.TensorSpec(lead, f32),
+        "behaviour_mean": tf.TensorSpec(lead + [action_dim], f32),
+        "behaviour_log_std": tf.TensorSpec(lead + [action_dim], f32),
+        "policy_version": tf.TensorSpec(lead, tf.int64),
+    }
+
+
+def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int, queue_items: int) -> list:
+    """The PPO replay tables (one queue of at most `queue_items` items).
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+    for name, v in (
+        ("obs_dim", obs_dim),
+        ("action_dim", action_dim),
+        ("num_envs", num_envs),
+        ("unroll_length", unroll_length),
+        ("queue_items", queue_items),
+    ):
+        if v <= 0:
+            raise ValueError(f"replay: {name} must be positive, got {v}")
+    return [
+        reverb.Table.queue(
+            TABLE, max_size=queue_items, signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length)
+        )
+    ]
+
+
+def ppo_tables_for(spec, config, queue_items: int | None = None) -> list:
+    """PPO's tables for an env spec and a `PPOConfig` (queue capacity: `queue_items`, else one update batch)."""
+    items = queue_items or ppo_queue_items(config)
+    return ppo_tables(spec.obs_shape[0], spec.action_dim, config.envs_per_actor, config.unroll_length, items)
+
+
+def ppo_queue_items(config) -> int:
+    """Default PPO queue capacity: the items of one update batch (at least 1). Items queued beyond a batch
+    would be acted on by a policy a version or more older than the one trained when they are read."""
+    per_item = config.envs_per_actor * config.unroll_length
+    steps = config.batch_env_steps or 1000 * max(config.batch_episodes, 1)
+    return max(1, -(-steps // per_item))
+
+
+def collect_trajectories(actor, venv, weights, epoch: int) -> None:
+    """BatchPPO: one writer for the batch; an item of T+1 batch steps every T steps.
+
+    Terminations and truncations are written apart: at a time limit the
+    step also carries the episode's true last observation
+    (`final_observation`), which the learner bootstraps from
+    (`ppo_signature`).
+
+    Consecutive items share a step: the last step of one, used only for its
+    observation (the bootstrap value), is the first of the next. When the
+    learner collects synchronously (`weights.items_per_actor` > 0), every
+    item's steps (all but that last one) are acted on by one policy version:
+    the actor writes the learner's share of items with a version and then
+    waits for the next weights message; the step it had taken by then was
+    acted on by the old version, so it only ends the item before, and the
+    next item starts at the step after it. Steps of a version that a newer
+    one replaced before they filled an item are never written into one.
+    When it collects asynchronously, the actor starts an item only with
+    `ItemCredit` for it; without, it waits for newer versions and the next
+    item starts at the step after the wait, as above.
+    """
+    cfg = actor.config
+    t, b = cfg.unroll_length, cfg.num_envs
+    rng, obs = actor.start_episodes(venv)
+    discount = actor.net.discount
+    low = np.asarray(actor.net.action_low, np.float32)
+    high = np.asarray(actor.net.action_high, np.float32)
+    discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
+    client = reverb.Client(actor.replay_address)
+    appended = item_start = 0  # steps appended; where the next item starts
+    item_version = None  # synchronous collection: the policy version of the item being collected
+    items_of_version = collections.Counter()
+    credit = ItemCredit()  # asynchronous collection's limit on running ahead of the learner
+    writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
+
+    def wait_for_credit() -> bool:
+        """Waits for weights messages until an item may start; False if the actor stops first."""
+        while True:
+            serial, version = weights.serial, weights.latest.version
+            credit.see(version, *weights.item_credit(), weights.resends)
+            if credit.available():
+                return True
+            if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
+                return False
+
+    try:
+        while not actor.stop.is_set():
+            serial = weights.serial  # read first: a message in between only ends a wait early
+            version, arrays, _ = weights.latest
+            if appended == item_start:  # this step starts an item (the first, or the first after a wait)
+                credit.see(version, *weights.item_credit(), weights.resends)
+                credit.take()
+            if weights.items_per_actor(version) and version != item_version:
+                if appended - item_start != t:  # not the step that ends an item: start a new one here
+                    item_start = appended
+                if appended == item_start:
+                    item_version = version
+            actor.policy_version = version
+            action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
+            actor.check_policy_output(version, action, log_prob)
+            next_obs, reward, terminated, truncated, info = venv.step(to_env_action(action, low, high))
+            final_obs = truncation_observations(next_obs, terminated, truncated, info)
+            actor.check_finite(next_obs, reward)
+            actor.check_finite(final_obs)  # the true last observations at truncations
+            done = np.logical_or(terminated, truncated)
+            discounted_return = discount * discounted_return + reward
+            writer.append(
+                dict(
+                    observation=np.asarray(obs, np.float32),
+                    action=action,
+                    reward=np.asarray(reward, np.float32),
+                    terminated=np.asarray(terminated, bool),
+                    truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+                    final_observation=final_obs,
+                    discounted_return=discounted_return.astype(np.float32),
+                    behaviour_log_prob=log_prob,
+                    behaviour_mean=mean,
+                    behaviour_log_std=log_std,
+                    policy_version=np.full(b, version, np.int64),
+                )
+            )
+            appended += 1
+            if appended - item_start == t + 1:
+                writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
+                written = item_version if item_version is not None else version
+                item_start, item_version = appended - 1, version
+                items_of_version[written] += 1
+                credit.see(version, *weights.item_credit(), weights.resends)  # at item starts only: not per step
+                limit = weights.items_per_actor(written)
+                if limit and items_of_version[written] >= limit:
+                    if not actor.wait_written(writer, epoch, in_flight=0):
+                        break
+                    if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
+                        break
+                    item_start, item_version = appended, None
+                    items_of_version.clear()
+                elif credit.available():  # the step just taken starts the next item too
+                    credit.take()
+                    if not actor.wait_written(writer, epoch):
+                        break
+                else:  # asynchronous and as far ahead as the policy-lag limit lets it run
+                    if not actor.wait_written(writer, epoch, in_flight=0) or not wait_for_credit():
+                        break
+                    item_start = appended
+            obs = next_obs
+            discounted_return[done] = 0.0
+            actor.count_steps(reward, done)
+    finally:
+        writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
+        # Nothing may keep the client alive (an exception's traceback holds this frame): while it lives, a new
+        # client to the same address reuses its connection, which may be the dead one the actor replaces.
+        writer = client = None

@@ -1,0 +1,59 @@
+"""QDagger (Agarwal et al. 2022, "Reincarnating Reinforcement Learning"): a DQN student that starts from a
+finished DQN run (`--teacher`): offline distillation on the teacher's replay, then online DQN with a decaying
+distillation coefficient. It shares DQN's replay items and actor-side writer (`rlfleet.algorithms.dqn`).
+
+The folder holds `config` (DQN's settings plus the reincarnation ones), `teacher` (checking and loading a
+teacher run directory) and `agent` (`QDaggerAgent`: both phases and the coefficient's schedule).
+"""
+
+from __future__ import annotations
+
+from rlfleet.algorithms import register
+from rlfleet.algorithms.dqn import DQN
+
+
+class QDagger(DQN):
+    """The QDagger builder (module doc): DQN's tables and writer, its own settings and agent."""
+
+    name = "qdagger"
+    summary = "a DQN student reincarnated from --teacher"
+    uses_teacher = True
+    unused_settings = frozenset({"lr_schedule", "lr_final_fraction"})
+    unused_reason = "its learning rate follows the distillation coefficient: learning_rate → learning_rate_final"
+    status_values = {
+        "distillation_coefficient": ("distillation coefficient", "{:.3f}"),
+        "teacher_eval_return_mean": ("teacher eval return", "{:,.1f}"),
+        "random_eval_return_mean": ("random policy return", "{:,.1f}"),
+        "distillation_score_return": ("student score (sets λ)", "{:,.1f}"),
+    }
+    progress_values = {"distillation_coefficient": ("distillation", "{:.2f}")}
+
+    def config_class(self):
+        from rlfleet.algorithms.qdagger.config import QDaggerConfig
+
+        return QDaggerConfig
+
+    def presets(self):
+        from rlfleet.algorithms.qdagger.config import QDAGGER_PRESETS
+
+        return QDAGGER_PRESETS
+
+    def env_overrides(self):
+        from rlfleet.algorithms.qdagger.config import QDAGGER_ENV_OVERRIDES
+
+        return QDAGGER_ENV_OVERRIDES
+
+    def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
+        from rlfleet.algorithms.qdagger.agent import make_agent
+
+        if not (teacher and teacher_replay):
+            raise ValueError("qdagger needs --teacher (a finished DQN run directory) and its replay server.")
+        return make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)
+
+    def check_teacher(self, directory, spec):
+        from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
+
+        return check_teacher_dir(directory, spec)
+
+
+register(QDagger())

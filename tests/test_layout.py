@@ -1,0 +1,184 @@
+"""The code's layout holds: each algorithm lives in its own folder under `algorithms/`, the generic folders name
+no algorithm, nothing imports in a cycle, and every registered algorithm's parts resolve and fit together
+without a process being started."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import tomllib
+
+import pytest
+
+from rlfleet import algorithms
+from rlfleet.actors.envs import env_spec
+from rlfleet.algorithms.base import Agent, AlgorithmBuilder
+from rlfleet.algorithms.settings import build_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The modules that define what an algorithm implements and how it is looked up: they name no algorithm either.
+INTERFACES = {"rlfleet.algorithms", "rlfleet.algorithms.base", "rlfleet.algorithms.settings"}
+
+
+def _modules() -> dict[str, str]:
+    """{module name: file} of every product module, as pyproject.toml maps the folders onto `rlfleet.*`."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        folders = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    found = {}
+    for package, folder in folders.items():
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, folder)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for name in filenames:
+                if not name.endswith(".py"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), os.path.join(ROOT, folder))[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                found[".".join([package, *rel])] = os.path.join(dirpath, name)
+    return found
+
+
+def _runtime_imports(tree: ast.AST):
+    """The Import / ImportFrom nodes of a module, at any depth, outside `if TYPE_CHECKING:` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """{module: the product modules it imports}, function-level imports included."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        targets = set()
+        for node in _runtime_imports(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                assert node.level == 0, f"{module}: relative import; the product imports by rlfleet.* names"
+                base = node.module or ""
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            targets.update(n for n in names if n in modules)
+        graph[module] = targets - {module}
+    return graph
+
+
+def _algorithm_folder(module: str) -> str | None:
+    """The algorithm folder a module belongs to (e.g. "ppo"), or None for the generic and interface modules."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "algorithms" and module not in INTERFACES:
+        return parts[2]
+    return None
+
+
+def test_the_generic_folders_and_the_interfaces_import_no_algorithm():
+    graph = _import_graph()
+    assert {"rlfleet.algorithms.ppo", "rlfleet.algorithms.dqn", "rlfleet.algorithms.qdagger"} <= set(graph)
+    offending = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if _algorithm_folder(module) is None
+        for target in targets
+        if _algorithm_folder(target) is not None
+    )
+    assert offending == []
+
+
+def test_nothing_imports_in_a_cycle():
+    graph = _import_graph()
+    index, low, on_stack, stack, cycles, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_an_algorithm_folder_reaches_another_only_one_way():
+    """Folders may build on each other (QDagger on DQN), never both ways."""
+    graph = _import_graph()
+    uses = {
+        (_algorithm_folder(m), _algorithm_folder(t))
+        for m, targets in graph.items()
+        for t in targets
+        if _algorithm_folder(m) and _algorithm_folder(t) and _algorithm_folder(m) != _algorithm_folder(t)
+    }
+    assert ("qdagger", "dqn") in uses
+    assert not [(a, b) for a, b in uses if (b, a) in uses]
+
+
+def test_every_builtin_is_a_folder_of_its_own_that_registers_a_builder():
+    for module in algorithms.BUILTIN:
+        folder = os.path.join(ROOT, "algorithms", module.rsplit(".", 1)[1])
+        assert os.path.isfile(os.path.join(folder, "__init__.py")), module
+    builtin = [m.rsplit(".", 1)[1] for m in algorithms.BUILTIN]
+    assert algorithms.names()[: len(builtin)] == builtin
+    for name in builtin:
+        assert isinstance(algorithms.get(name), AlgorithmBuilder)
+        assert type(algorithms.get(name)).__module__ == f"rlfleet.algorithms.{name}"
+
+
+ENVS = {"continuous": "Pendulum-v1", "discrete": "CartPole-v1"}
+
+
+@pytest.mark.parametrize("name", algorithms.names())
+def test_every_algorithms_parts_resolve_and_fit_together(name, tmp_path):
+    """Settings, presets, tables and (for algorithms that need no teacher) the agent, without any process: the
+    agent reads the table the replay server would make, with its signature."""
+    algorithm = algorithms.get(name)
+    cls = algorithm.config_class()
+    assert dataclasses.is_dataclass(cls) and callable(getattr(cls, "to_json", None))
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert {"envs_per_actor", "eval_episodes", "eval_every_updates"} <= fields
+    assert "default" in algorithm.presets()
+    for (preset, env_id), values in algorithm.env_overrides().items():
+        assert preset in algorithm.presets() and set(values) <= fields, (preset, env_id)
+    env_id = ENVS[algorithm.action_space]
+    spec = env_spec(env_id)
+    for preset in algorithm.presets():
+        config = build_config(algorithm, preset, env_id)
+        tables = algorithm.make_tables(spec, config, None)
+        assert tables and all(t.name and t.info.signature for t in tables)
+    assert callable(algorithm.collect)
+    if algorithm.uses_teacher:
+        with pytest.raises(ValueError):
+            algorithm.check_teacher(str(tmp_path / "no-run-here"), spec)
+        return
+    config = build_config(algorithm, "default", env_id)
+    agent = algorithm.make_agent(spec, config, seed=0, total_steps=1000)
+    assert isinstance(agent, Agent) and agent.algo == name
+    table = {t.name: t for t in algorithm.make_tables(spec, config, None)}[agent.table]
+    assert dict(table.info.signature) == agent.signature()
+    weights = agent.export_weights()
+    assert weights and all(hasattr(v, "shape") for v in weights.values())
