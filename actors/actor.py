@@ -6,7 +6,8 @@ length, network spec), subscribes to weights on a background thread (new
 versions are swapped in between steps, collection never pauses for them),
 heartbeats its env steps and finished episodes, and runs the algorithm's writer
 (`AlgorithmBuilder.collect`; the built-in ones are in
-`rlfleet.actors.writers`), which steps the batched env and writes into Reverb.
+`rlfleet.algorithms.<name>.items`; it gets an `rlfleet.actors.writers.ActorContext`), which steps the
+batched env and writes into Reverb.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rlfleet import algorithms
 from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
+from rlfleet.actors.writers import ActorContext
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
@@ -430,7 +432,7 @@ class Actor:
                 if not self._wait_for_replay():
                     break
                 try:
-                    self.collect(self, venv, weights, self.replay_epoch)
+                    self.collect(ActorContext(self), venv, weights, self.replay_epoch)
                     break
                 except ReplayLost as e:
                     self._restarts += 1

@@ -30,7 +30,9 @@ import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-BACKENDS = ("async", "sync", "envpool", "ale")
+from rlfleet.actors import ENV_BACKENDS
+
+BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
 
 # Atari preprocessing (Dopamine / reincarnating_rl Atari settings).

@@ -3,15 +3,7 @@ share.
 
 A writer `collect(actor, venv, weights, epoch)` steps the batched env `venv` with the behaviour policy and writes
 items into the run's replay table until `actor.stop` is set. What it gets:
-- `actor` (`rlfleet.actors.actor.Actor`): `config` (the run's `RunConfig`: table, num_envs,
-  unroll_length, seed), `net` (the `NetworkSpec` message the learner's `Agent.actor_network()` filled),
-  `replay_address`, `stop`
-  (a threading.Event), and the helpers `start_episodes(venv) -> (rng, first observations)`,
-  `check_finite(obs, reward=None)` (raises ActorError on NaN/inf env output, before it is written),
-  `check_policy_output(version, *values)` (raises ActorError, naming the learner, on NaN/inf policy output),
-  `wait_written(writer, epoch, in_flight)` (rate-limiter backpressure; raises ReplayLost after a replay
-  restart), `count_steps(reward, done)` (env-step and episode-return bookkeeping); set
-  `actor.policy_version` to the version acted with.
+- `actor`: an `ActorContext`, all of the actor a writer may use (its attributes and methods below).
 - `weights.latest`: the latest `rlfleet.actors.actor.Policy` (version, arrays: {name: numpy array} as the
   learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
   `Agent.exploration()` filled); the actor swaps new versions in between steps.
@@ -19,9 +11,8 @@ items into the run's replay table until `actor.stop` is set. What it gets:
   version (0: no limit), `weights.item_credit()` the asynchronous limit on running ahead
   (`ItemCredit`), `weights.serial` counts the weights messages received and
   `weights.wait_next(serial, stop, check)` waits for the next one (synchronous collection, as
-  `rlfleet.algorithms.ppo.items.collect_trajectories` does it; `actor.check_replay(epoch)` raises ReplayLost
-  after a replay restart).
-- `epoch`: pass it to `wait_written`.
+  `rlfleet.algorithms.ppo.items.collect_trajectories` does it).
+- `epoch`: pass it to `actor.wait_written` and `actor.check_replay`.
 """
 
 from __future__ import annotations
@@ -63,3 +54,41 @@ class ItemCredit:
         """Counts an item started."""
         if self.share > 0:
             self.items -= 1.0
+
+
+class ActorContext:
+    """What an actor gives its writer: the run's settings, where to write, when to stop, and the checks and
+    bookkeeping every writer must do.
+
+    Attributes:
+        config: the run's `RunConfig` message (env_id, table, num_envs, unroll_length, seed).
+        net: the `NetworkSpec` message the learner's `Agent.actor_network()` filled.
+        frame_stack: frames per observation (1 for vector observations).
+        replay_address: host:port of the replay server to write to.
+        stop: a threading.Event, set when the writer must return.
+        policy_version: set it to the policy version each step is acted with (heartbeats report it).
+    Methods (the actor's own):
+        start_episodes(venv) -> (rng, first observations): seeds the behaviour policy's RNG and resets the envs.
+        check_finite(obs, reward=None): raises ActorError on NaN/inf env output, before it is written.
+        check_policy_output(version, *values): raises ActorError, naming the learner, on NaN/inf policy output.
+        wait_written(writer, epoch, in_flight=1) -> bool: rate-limiter backpressure (False: stopping); raises
+            ReplayLost after a replay restart or when the writers' connection died.
+        check_replay(epoch): raises ReplayLost when the replay server restarted since `epoch`.
+        count_steps(reward, done): env-step and episode-return bookkeeping of one batch step.
+    """
+
+    def __init__(self, actor):
+        self._actor = actor
+        self.config, self.net, self.frame_stack = actor.config, actor.net, actor.frame_stack
+        self.replay_address, self.stop = actor.replay_address, actor.stop
+        self.start_episodes, self.check_finite = actor.start_episodes, actor.check_finite
+        self.check_policy_output, self.wait_written = actor.check_policy_output, actor.wait_written
+        self.check_replay, self.count_steps = actor.check_replay, actor.count_steps
+
+    @property
+    def policy_version(self) -> int:
+        return self._actor.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self._actor.policy_version = version

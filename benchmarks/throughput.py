@@ -5,9 +5,10 @@ raw stepping ceiling of the same env measured in the same run.
    single-env loop, gymnasium SyncVectorEnv xB, AsyncVectorEnv xB, and envpool
    xB (if installed). The fastest is the ceiling.
 2. Collection: real `rlfleet replay`, `rlfleet learner` and `rlfleet actor`
-   processes on loopback. The learner runs with `max_policy_lag=-1`, so it
-   reads every item out of the queue and drops it without training: what is
-   measured is collection only. Rate = items inserted into the replay table x
+   processes on loopback. The learner's batch is larger than the run
+   (`batch_env_steps` 10^9) and actors run free of the lag credit
+   (`actor_credit=false`), so it reads every item out of the queue and never
+   trains: what is measured is collection only. Rate = items inserted into the replay table x
    (T x B) env steps per item, over a fixed window after warm-up.
 3. Where the time goes, per batch step of B envs, measured in this process:
    the policy call (numpy MLP + sampling), the Reverb TrajectoryWriter append
@@ -115,7 +116,7 @@ def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, s
     """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
     from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
-    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "max_policy_lag=-1"]
+    sets = ["--set", f"envs_per_actor={num_envs}", "--set", "batch_env_steps=1000000000", "--set", "actor_credit=false"]
     with LocalCluster(["--env", env_id, *sets]) as cluster:
         for _ in range(num_actors):
             cluster.add_actor("--env-backend", backend)

@@ -12,6 +12,7 @@ import sys
 import click
 
 from rlfleet import algorithms
+from rlfleet.actors import ENV_BACKENDS
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
@@ -225,6 +226,47 @@ def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Setti
     return Settings(algo, env_id, preset or "default", _parse_overrides(overrides, config_file))
 
 
+# Options of more than one command, defined once (each command gives its own help where the meaning differs).
+def _env_backend_option(help_text: str, default: str | None = "auto"):
+    return click.option(
+        "--env-backend",
+        default=default,
+        show_default=default is not None,
+        type=click.Choice(["auto", *ENV_BACKENDS]),
+        help=help_text,
+    )
+
+
+def _seed_option(help_text: str):
+    return click.option("--seed", default=0, show_default=True, type=SEED, help=help_text)
+
+
+def _logdir_option(help_text: str):
+    return click.option("--logdir", default=None, type=click.Path(file_okay=False), help=help_text)
+
+
+def _resume_option(help_text: str):
+    return click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None, help=help_text)
+
+
+def _report_interval_option(help_text: str):
+    return click.option(
+        "--report-interval", default=5.0, show_default=True, type=click.FloatRange(0, min_open=True), help=help_text
+    )
+
+
+def _teacher_option(help_text: str):
+    return click.option("--teacher", type=click.Path(file_okay=False), default=None, help=help_text)
+
+
+_offline_steps_option = click.option(
+    "--offline-steps",
+    type=click.IntRange(0),
+    default=None,
+    help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
+)
+
+
 def common(f):
     for opt in reversed(_common):
         f = opt(f)
@@ -305,15 +347,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     default=None,
     help="Env steps to train for (agent steps: 4 frames each on Atari). Required, except with --show-config.",
 )
-@click.option(
-    "--logdir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Run directory (required, except with --resume: then that directory).",
-)
+@_logdir_option("Run directory (required, except with --resume: then that directory).")
 @click.option("--actors", "num_actors", default=1, show_default=True, type=click.IntRange(1), help="Actor processes.")
 @click.option("--envs-per-actor", type=click.IntRange(1), default=None, help="Envs per actor (default: preset).")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Run seed (networks, env seeds derive from it).")
+@_seed_option("Run seed (networks, env seeds derive from it).")
 @click.option("--learner-port", type=click.IntRange(0, 65535), default=0, help="Learner port (default: a free one).")
 @click.option(
     "--bind",
@@ -322,40 +359,15 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     help="Address the learner listens on; loopback keeps the cluster on this machine. A private address "
     "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.",
 )
-@click.option(
-    "--env-backend",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
-    help="async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
+@_env_backend_option(
+    "async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
     "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
-    "gymnasium's classic-control envs, envpool for Box-action envs it has, else async.",
+    "gymnasium's classic-control envs, envpool for Box-action envs it has, else async."
 )
-@click.option(
-    "--resume",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Continue from the latest checkpoint of this run directory.",
-)
-@click.option(
-    "--report-interval",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0, min_open=True),
-    help="Seconds between progress rows.",
-)
-@click.option(
-    "--teacher",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).",
-)
-@click.option(
-    "--offline-steps",
-    type=click.IntRange(0),
-    default=None,
-    help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
-)
+@_resume_option("Continue from the latest checkpoint of this run directory.")
+@_report_interval_option("Seconds between progress rows.")
+@_teacher_option("qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
+@_offline_steps_option
 @click.option(
     "--show-config",
     is_flag=True,
@@ -445,11 +457,8 @@ def up(
     "tables start from the latest one, and a new one is written on stop (unless the tables are "
     "unchanged since the latest one, which stop then names).",
 )
-@click.option(
-    "--teacher",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Serve this DQN run directory's replay read-only for a QDagger student (needs --checkpoint-dir for the copy).",
+@_teacher_option(
+    "Serve this DQN run directory's replay read-only for a QDagger student (needs --checkpoint-dir for the copy)."
 )
 @click.option(
     "--checkpoint-interval",
@@ -667,40 +676,22 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 @common
 @click.option("--replay", "replay_address", required=True, help="Reverb server host:port.")
 @click.option("--replay-for-actors", default=None, help="Replay address as actors dial it (default: --replay).")
-@click.option(
-    "--logdir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
-    "--resume: then that directory).",
+@_logdir_option(
+    "Run directory: checkpoints, metrics, TensorBoard, summary.json (required, except with "
+    "--resume: then that directory)."
 )
 @click.option(
     "--total-steps", type=click.IntRange(0), default=0, show_default=True, help="Env steps (0: until stopped)."
 )
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="gRPC port (0: a free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Network initialisation and actor env seeds.")
-@click.option(
-    "--resume",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Continue from the latest checkpoint of this run directory (same --algo/--env/--config/--set "
-    "and --config-file as its first start).",
+@_seed_option("Network initialisation and actor env seeds.")
+@_resume_option(
+    "Continue from the latest checkpoint of this run directory (same --algo/--env/--config/--set "
+    "and --config-file as its first start)."
 )
-@click.option(
-    "--env-backend",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
-    help="Env backend actors use (see `up`).",
-)
-@click.option(
-    "--report-interval",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0, min_open=True),
-    help="Seconds between metrics rows (metrics.jsonl, TensorBoard).",
-)
+@_env_backend_option("Env backend actors use (see `up`).")
+@_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).")
 @click.option(
     "--checkpoint-interval",
     default=120.0,
@@ -725,19 +716,9 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "unfinished run as a success.",
 )
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
-@click.option(
-    "--teacher",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="qdagger: the teacher's run directory (a finished dqn run on the same env).",
-)
+@_teacher_option("qdagger: the teacher's run directory (a finished dqn run on the same env).")
 @click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
-@click.option(
-    "--offline-steps",
-    type=click.IntRange(0),
-    default=None,
-    help="qdagger: gradient steps on the teacher's replay before any env step (default: preset).",
-)
+@_offline_steps_option
 @click.option(
     "--auto-resume",
     is_flag=True,
@@ -820,33 +801,34 @@ def learner_cmd(
         resume = logdir
     from rlfleet.actors.envs import EnvError
     from rlfleet.deploy.files import StorageError
-    from rlfleet.learner.service import Learner, LearnerError
+    from rlfleet.learner.service import Learner, LearnerError, RunSpec
     from rlfleet.proto.security import token_from_env
 
     try:
-        learner = Learner(
-            algo,
-            env_id,
-            replay_address,
-            logdir,
+        spec = RunSpec(
+            algo=algo,
+            env_id=env_id,
+            replay_address=replay_address,
+            logdir=logdir,
             total_steps=total_steps,
-            port=port,
-            bind=bind,
             preset=preset,
-            overrides=overrides,
+            overrides=overrides or {},
             seed=seed,
             resume=resume,
-            report_interval_s=report_interval,
-            checkpoint_interval_s=checkpoint_interval,
-            replay_host_for_actors=replay_for_actors,
-            env_backend=env_backend,
-            linger_s=linger,
             teacher=teacher,
             teacher_replay=teacher_replay,
-            actor_timeout_s=actor_timeout,
+            replay_for_actors=replay_for_actors,
+            env_backend=env_backend,
+            port=port,
+            bind=bind,
             tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
             token=token_from_env(token),
+            report_interval_s=report_interval,
+            checkpoint_interval_s=checkpoint_interval,
+            linger_s=linger,
+            actor_timeout_s=actor_timeout,
         )
+        learner = Learner(spec)
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
@@ -863,12 +845,7 @@ def learner_cmd(
 @click.option(
     "--num-envs", type=click.IntRange(0), default=0, help="Must match the run's envs per actor (default: take it)."
 )
-@click.option(
-    "--env-backend",
-    default=None,
-    type=click.Choice(["auto", "async", "sync", "envpool", "ale"]),
-    help="Override the run's env backend.",
-)
+@_env_backend_option("Override the run's env backend.", default=None)
 @click.option(
     "--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True), help="Seconds."
 )

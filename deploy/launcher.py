@@ -9,6 +9,7 @@ child's log; Ctrl-C stops the actors, lets the learner checkpoint, stops replay.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import portpicker
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.deploy.addresses import bare_host, bind_problem, host_port
 from rlfleet.deploy.files import StorageError, check_writable
@@ -142,7 +144,7 @@ def progress_line(st: dict, total_steps: int) -> str:
 
 def _progress_values(st: dict) -> list[tuple[str, str]]:
     """(label, formatted value) of the status values the algorithm shows in progress rows
-    (`Algorithm.progress_values`)."""
+    (`AlgorithmBuilder.progress_values`)."""
     try:
         shown = algorithms.get(st["algo"]).progress_values
     except (ValueError, ImportError):
@@ -177,34 +179,35 @@ def resume_command(
     return shlex.join(argv)
 
 
-def launch(
-    algo: str,
-    env_id: str,
-    preset: str,
-    overrides: dict,
-    total_steps: int,
-    logdir: str,
-    num_actors: int,
-    seed: int = 0,
-    learner_port: int = 0,
-    env_backend: str = "auto",
-    resume: str | None = None,
-    report_interval: float = 5.0,
-    teacher: str | None = None,
-    bind: str = LOOPBACK,
-) -> int:
-    """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
+@dataclasses.dataclass
+class LaunchPlan:
+    """What `launch` checked and chose before starting anything: the run's identity and settings, the
+    addresses of its processes and the command that resumes it."""
 
-    The learner listens on `bind` (default loopback; another address lets actors on other machines attach,
-    and the replay server is announced to actors at that address too). With $RLFLEET_TOKEN set, the
-    learner requires that token and the actors and the progress rows send it.
+    algorithm: AlgorithmBuilder
+    config: object  # the algorithm's settings dataclass
+    run: dict  # run.json's identity (`run_identity`)
+    security: ClientSecurity
+    logdir: str
+    total_steps: int
+    num_actors: int
+    report_interval: float
+    resume_cmd: str
+    replay_address: str
+    teacher_address: str | None
+    learner_address: str
+    settings_path: str  # RUN/settings.json: the resolved settings every process reads
 
-    The replay server of an algorithm that keeps its replay (`Algorithm.keeps_replay`: DQN, QDagger)
-    keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
-    restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
-    the teacher's replay, restored read-only.
+
+def _plan(
+    algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
+    report_interval, teacher, bind,
+) -> tuple[LaunchPlan, int]:  # fmt: skip
+    """Checks the arguments and the run directory and picks the ports; returns the plan and the learner port.
+
     Raises:
-        LaunchError: bad env/preset/teacher (before anything starts), or a child died.
+        LaunchError: bad env/preset/teacher/token, a run directory that conflicts or cannot be written, or an
+            address the learner cannot listen on.
     """
     try:
         algorithm = algorithms.get(algo)
@@ -231,111 +234,105 @@ def launch(
         check_writable(os.path.join(logdir, "logs"), "the run directory")  # makes RUN/logs
     except StorageError as e:
         raise LaunchError(str(e)) from None
-    replay_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}"
-    teacher_address = f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None
     learner_port = learner_port or portpicker.pick_unused_port()
-    learner_address = host_port(LOOPBACK if bare_host(bind) in ("0.0.0.0", "::") else bind, learner_port)
-    # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
-    os.makedirs(logdir, exist_ok=True)
-    settings_path = os.path.join(logdir, SETTINGS_FILE)
-    write_json(settings_path, run)
-    common = ["--run-config", settings_path]
-    children: list[_Child] = []
-    actors: list[_Child] = []
-    # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or
-    # `kill -INT` must still stop the cluster cleanly.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
-    try:
-        replay_args = ["replay", *common, "--port", replay_address.split(":")[1]]
-        if algorithm.keeps_replay:
-            replay_args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
-        replay = _Child("replay", replay_args, logdir)
-        children.append(replay)
-        _wait_until(lambda: check_health(replay=replay_address, timeout_s=1)[0], children, "the replay server", 300)
+    plan = LaunchPlan(
+        algorithm=algorithm,
+        config=cfg,
+        run=run,
+        security=security,
+        logdir=logdir,
+        total_steps=total_steps,
+        num_actors=num_actors,
+        report_interval=report_interval,
+        resume_cmd=resume_cmd,
+        replay_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}",
+        teacher_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None,
+        learner_address=host_port(LOOPBACK if bare_host(bind) in ("0.0.0.0", "::") else bind, learner_port),
+        settings_path=os.path.join(logdir, SETTINGS_FILE),
+    )
+    return plan, learner_port
+
+
+class _Cluster:
+    """The processes of one `launch`: started in order, watched until the learner ends, stopped in reverse."""
+
+    def __init__(self, plan: LaunchPlan):
+        self.plan = plan
+        self.children: list[_Child] = []
+        self.actors: list[_Child] = []
+        self.learner: _Child | None = None
+
+    def _start(self, name: str, args: list[str]) -> _Child:
+        child = _Child(name, args, self.plan.logdir)
+        self.children.append(child)
+        return child
+
+    def start_replay(self, teacher: str | None) -> None:
+        """The replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and, with a
+        teacher, a second one holding the teacher's replay; waits until each answers."""
+        p, common = self.plan, ["--run-config", self.plan.settings_path]
+        args = ["replay", *common, "--port", p.replay_address.split(":")[1]]
+        if p.algorithm.keeps_replay:
+            args += ["--checkpoint-dir", os.path.join(p.logdir, REPLAY_SUBDIR)]
+        self._start("replay", args)
+        _wait_until(
+            lambda: check_health(replay=p.replay_address, timeout_s=1)[0], self.children, "the replay server", 300
+        )
         if teacher:
-            children.append(
-                _Child(
-                    "teacher-replay",
-                    [
-                        "replay",
-                        *common,
-                        "--port",
-                        teacher_address.split(":")[1],
-                        "--teacher",
-                        teacher,
-                        "--checkpoint-dir",
-                        os.path.join(logdir, "teacher_replay"),
-                    ],
-                    logdir,
-                )
+            teacher_dir = os.path.join(p.logdir, "teacher_replay")
+            port = p.teacher_address.split(":")[1]
+            self._start(
+                "teacher-replay",
+                ["replay", *common, "--port", port, "--teacher", teacher, "--checkpoint-dir", teacher_dir],
             )
-            _wait_until(
-                lambda: check_health(replay=teacher_address, timeout_s=1)[0],
-                children,
-                "the teacher's replay server",
-                300,
-            )
-        learner_args = [
-            "learner",
-            *common,
-            "--replay",
-            replay_address,
-            "--logdir",
-            logdir,
-            "--total-steps",
-            str(total_steps),
-            "--port",
-            str(learner_port),
-            "--bind",
-            bind,
-            "--seed",
-            str(seed),
-            "--env-backend",
-            env_backend,
-            "--report-interval",
-            str(report_interval),
-            "--linger",
-            "3",
-        ]
+            ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
+            _wait_until(ready, self.children, "the teacher's replay server", 300)
+
+    def start_learner(self, learner_port: int, seed: int, env_backend: str, resume, teacher, bind: str) -> None:
+        """The learner, on the plan's settings and replay server; waits until it answers."""
+        p = self.plan
+        args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
+        args += ["--total-steps", str(p.total_steps), "--port", str(learner_port), "--bind", bind]
+        args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
+        args += ["--linger", "3"]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
-            learner_args += ["--replay-for-actors", host_port(bind, replay_address.rsplit(":", 1)[1])]
+            args += ["--replay-for-actors", host_port(bind, p.replay_address.rsplit(":", 1)[1])]
         if resume:
-            learner_args += ["--resume", resume]
+            args += ["--resume", resume]
         if teacher:
-            learner_args += ["--teacher", teacher, "--teacher-replay", teacher_address]
-        learner = _Child("learner", learner_args, logdir)
-        children.append(learner)
-        _wait_until(lambda: check_health(learner_address, timeout_s=1)[0], children, "the learner", 180)
-        print(
-            f"rlfleet up: learner at {learner_address} (query it: rlfleet status --learner {learner_address})",
-            flush=True,
-        )
-        print(
-            f"rlfleet up: {num_actors} actor(s) x {cfg.envs_per_actor} {env_id} envs; logs in "
-            f"{os.path.join(logdir, 'logs')}",
-            flush=True,
-        )
-        for i in range(num_actors):
-            actor = _Child(f"actor-{i}", ["actor", "--learner", learner_address], logdir)
-            actors.append(actor)
-            children.append(actor)
-        next_report = time.monotonic() + report_interval
+            args += ["--teacher", teacher, "--teacher-replay", p.teacher_address]
+        self.learner = self._start("learner", args)
+        _wait_until(lambda: check_health(p.learner_address, timeout_s=1)[0], self.children, "the learner", 180)
+
+    def start_actors(self) -> None:
+        p = self.plan
+        for i in range(p.num_actors):
+            self.actors.append(self._start(f"actor-{i}", ["actor", "--learner", p.learner_address]))
+
+    def watch(self) -> None:
+        """Relays what the children say and prints a progress row every report interval until the learner
+        exits.
+
+        Raises:
+            LaunchError: an actor or a replay server died, or the learner failed.
+        """
+        p, learner = self.plan, self.learner
+        next_report = time.monotonic() + p.report_interval
         phase = "starting"
         while learner.proc.poll() is None:
-            for c in children:
+            for c in self.children:
                 c.relay()
-            for c in children:
+            for c in self.children:
                 if c is not learner and c.proc.poll() not in (None, 0):
                     raise _fail_child(c)
-            for c in children:
                 if "replay" in c.name and c.proc.poll() is not None:
                     raise _fail_child(c)
             if time.monotonic() >= next_report:
-                next_report = time.monotonic() + report_interval
+                next_report = time.monotonic() + p.report_interval
                 try:
-                    st = get_status(learner_address, 5, security)
+                    st = get_status(p.learner_address, 5, p.security)
                     phase = st["phase"]
-                    print(progress_line(st, total_steps), flush=True)
+                    print(progress_line(st, p.total_steps), flush=True)
                 except StatusError as e:
                     try:
                         learner.proc.wait(2)  # it was just finishing: no message
@@ -343,41 +340,111 @@ def launch(
                         if phase not in ("evaluating", "done"):
                             print(f"rlfleet up: status unavailable: {e}", flush=True)
             time.sleep(0.2)
-        for c in children:
+        for c in self.children:
             c.relay()
         if learner.proc.returncode != 0:
             raise _fail_child(learner)
-        for a in actors:  # they were told to stop; give them a moment to flush
+        for a in self.actors:  # they were told to stop; give them a moment to flush
             try:
                 a.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-        summary_path = os.path.join(logdir, "summary.json")
-        with open(summary_path) as f:
-            summary = json.load(f)
-        final = summary["final_eval_return_mean"]
-        final = "none (stopped)" if final is None else f"{final:.1f} over {summary['final_eval_episodes']} episode(s)"
-        print(
-            f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
-            f"final eval return {final}, {summary['wall_seconds']:.0f}s. Summary: {summary_path}",
-            flush=True,
-        )
-        return 0
-    except KeyboardInterrupt:
+
+    def interrupt(self) -> None:
+        """Ctrl-C: stops the actors, lets the learner checkpoint, and says how to resume."""
         print("\nrlfleet up: interrupted; stopping actors, checkpointing the learner...", flush=True)
-        _stop_together(actors, 10)
-        for c in children:
-            if c.name == "learner":
-                c.stop(120)
-        for c in children:
+        _stop_together(self.actors, 10)
+        if self.learner is not None:
+            self.learner.stop(120)
+        for c in self.children:
             c.relay()  # what they said while stopping (a checkpoint that failed, say)
-        if os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
-            print(f"rlfleet up: stopped. Resume with:\n  {resume_cmd}", flush=True)
+        if os.path.exists(os.path.join(self.plan.logdir, "checkpoints", "checkpoint")):
+            print(f"rlfleet up: stopped. Resume with:\n  {self.plan.resume_cmd}", flush=True)
         else:
             print("rlfleet up: stopped before the learner wrote a checkpoint; nothing to resume.", flush=True)
+
+    def stop(self) -> None:
+        """Stops every child still running, the last started first (a replay server that keeps its replay gets
+        time to write its checkpoint)."""
+        keeps = self.plan.algorithm.keeps_replay
+        for c in reversed(self.children):
+            c.stop(30 if c.name == "learner" else 300 if c.name == "replay" and keeps else 10)
+
+
+def _print_summary(logdir: str) -> None:
+    summary_path = os.path.join(logdir, "summary.json")
+    with open(summary_path) as f:
+        summary = json.load(f)
+    final = summary["final_eval_return_mean"]
+    final = "none (stopped)" if final is None else f"{final:.1f} over {summary['final_eval_episodes']} episode(s)"
+    print(
+        f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
+        f"final eval return {final}, {summary['wall_seconds']:.0f}s. Summary: {summary_path}",
+        flush=True,
+    )
+
+
+def launch(
+    algo: str,
+    env_id: str,
+    preset: str,
+    overrides: dict,
+    total_steps: int,
+    logdir: str,
+    num_actors: int,
+    seed: int = 0,
+    learner_port: int = 0,
+    env_backend: str = "auto",
+    resume: str | None = None,
+    report_interval: float = 5.0,
+    teacher: str | None = None,
+    bind: str = LOOPBACK,
+) -> int:
+    """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
+
+    The learner listens on `bind` (default loopback; another address lets actors on other machines attach,
+    and the replay server is announced to actors at that address too). With $RLFLEET_TOKEN set, the
+    learner requires that token and the actors and the progress rows send it.
+
+    The replay server of an algorithm that keeps its replay (`AlgorithmBuilder.keeps_replay`: DQN, QDagger)
+    keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
+    restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
+    the teacher's replay, restored read-only.
+    Raises:
+        LaunchError: bad env/preset/teacher (before anything starts), or a child died.
+    """
+    plan, learner_port = _plan(
+        algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
+        report_interval, teacher, bind,
+    )  # fmt: skip
+    # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
+    os.makedirs(logdir, exist_ok=True)
+    write_json(plan.settings_path, plan.run)
+    cluster = _Cluster(plan)
+    # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or
+    # `kill -INT` must still stop the cluster cleanly.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        cluster.start_replay(teacher)
+        cluster.start_learner(learner_port, seed, env_backend, resume, teacher, bind)
+        print(
+            f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
+            f"{plan.learner_address})",
+            flush=True,
+        )
+        print(
+            f"rlfleet up: {num_actors} actor(s) x {plan.config.envs_per_actor} {env_id} envs; logs in "
+            f"{os.path.join(logdir, 'logs')}",
+            flush=True,
+        )
+        cluster.start_actors()
+        cluster.watch()
+        _print_summary(logdir)
+        return 0
+    except KeyboardInterrupt:
+        cluster.interrupt()
         return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for c in reversed(children):
-            c.stop(30 if c.name == "learner" else 300 if c.name == "replay" and algorithm.keeps_replay else 10)
+        cluster.stop()

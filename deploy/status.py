@@ -97,8 +97,6 @@ def _to_dict(msg) -> dict:
                 obj[f.name] = float(obj[f.name])  # "NaN"
 
     fix(d, msg.DESCRIPTOR)
-    # A learner from before the policy_version field (21) sends only weights_version: the same number.
-    d["policy_version"] = max(d.get("policy_version", 0), d.get("weights_version", 0))
     return d
 
 

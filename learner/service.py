@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.actors.envs import env_spec, require_action_kind
-from rlfleet.algorithms.base import Agent
+from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.deploy.addresses import bind_problem, host_port
 from rlfleet.deploy.files import StorageError, check_writable
@@ -86,140 +86,162 @@ def non_finite(values: dict) -> list[str]:
     return bad
 
 
-class Learner:
-    """Learner service for one registered algorithm (`rlfleet.algorithms`).
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything one learner process is told: what it trains, where its data is, and how it serves.
 
-    Args:
+    Attributes:
         algo: a registered algorithm (`rlfleet.algorithms`: ppo, dqn, qdagger, or a plugin's).
         env_id: gymnasium id.
         replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
         total_steps: stop after this many env steps (0: run until stopped).
-        port / bind: where the gRPC service listens (bind defaults to loopback).
         preset / overrides: hyperparameters (`rlfleet.algorithms.settings.make_algo_config`).
+        seed: the run's seed (actors' env seeds and the networks' initialisation follow from it).
         resume: a run directory whose latest checkpoint to continue from.
-        replay_host_for_actors: replay address as actors should dial it.
         teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
             Reverb server holding its restored replay (`rlfleet replay --teacher`).
-        actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list
-            (its env steps stay counted; a heartbeat later re-admits it).
+        replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
+        env_backend: the actors' env backend (`rlfleet.actors.envs.BACKENDS`, or "auto").
+        port / bind: where the gRPC service listens (port 0: a free one).
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
         token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).
-    Raises:
-        EnvError / ValueError / LearnerError / RunDirError: bad env, preset, replay table or run directory.
-        TeacherError (a ValueError): `teacher` is not a usable teacher for `env_id`.
+        report_interval_s: seconds between metrics rows; checkpoint_interval_s: seconds between checkpoints.
+        linger_s: seconds the finished learner keeps answering status before it exits.
+        actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
+            steps stay counted; a heartbeat later re-admits it).
     """
 
-    def __init__(
-        self,
-        algo: str,
-        env_id: str,
-        replay_address: str,
-        logdir: str,
-        total_steps: int = 0,
-        port: int = 0,
-        bind: str = "127.0.0.1",
-        preset: str = "default",
-        overrides: dict | None = None,
-        seed: int = 0,
-        resume: str | None = None,
-        report_interval_s: float = 5.0,
-        checkpoint_interval_s: float = 120.0,
-        replay_host_for_actors: str | None = None,
-        env_backend: str = "auto",
-        linger_s: float = 0.0,
-        teacher: str | None = None,
-        teacher_replay: str | None = None,
-        actor_timeout_s: float = ACTOR_TIMEOUT_S,
-        tls: tuple | None = None,
-        token: str = "",
-    ):
-        self.spec = env_spec(env_id)
-        require_action_kind(self.spec, algo)
-        self.config = make_algo_config(algo, preset, env_id, overrides)
-        self.algo, self.env_id, self.seed, self.preset = algo, env_id, seed, preset
-        self.replay_address = replay_address
-        self.replay_for_actors = replay_host_for_actors or replay_address
-        self.logdir, self.total_steps = logdir, total_steps
-        self.env_backend = env_backend
-        self.report_interval_s, self.checkpoint_interval_s = report_interval_s, checkpoint_interval_s
-        self.linger_s, self.actor_timeout_s = linger_s, actor_timeout_s
-        check_writable(logdir, "the run directory")  # StorageError: read-only, no permission, full
-        self.algorithm = algorithms.get(algo)
-        if self.algorithm.uses_teacher and not (teacher and teacher_replay):
+    algo: str
+    env_id: str
+    replay_address: str
+    logdir: str
+    total_steps: int = 0
+    preset: str = "default"
+    overrides: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    resume: str | None = None
+    teacher: str | None = None
+    teacher_replay: str | None = None
+    replay_for_actors: str | None = None
+    env_backend: str = "auto"
+    port: int = 0
+    bind: str = "127.0.0.1"
+    tls: tuple | None = None
+    token: str = ""
+    report_interval_s: float = 5.0
+    checkpoint_interval_s: float = 120.0
+    linger_s: float = 0.0
+    actor_timeout_s: float = ACTOR_TIMEOUT_S
+
+
+class Learner:
+    """Learner service for one registered algorithm (`rlfleet.algorithms`), built from a `RunSpec`.
+
+    Raises:
+        EnvError / ValueError / LearnerError / RunDirError: bad env, preset, replay table or run directory.
+        TeacherError (a ValueError): the teacher is not a usable teacher for the env.
+        rlfleet.deploy.files.StorageError: the run directory cannot be written.
+    """
+
+    def __init__(self, spec: RunSpec):
+        self.run_spec = spec
+        self.algo, self.env_id, self.seed, self.preset = spec.algo, spec.env_id, spec.seed, spec.preset
+        self.replay_address = spec.replay_address
+        self.replay_for_actors = spec.replay_for_actors or spec.replay_address
+        self.logdir, self.total_steps = spec.logdir, spec.total_steps
+        self.env_backend = spec.env_backend
+        self.report_interval_s, self.checkpoint_interval_s = spec.report_interval_s, spec.checkpoint_interval_s
+        self.linger_s, self.actor_timeout_s = spec.linger_s, spec.actor_timeout_s
+        self.teacher_replay = spec.teacher_replay
+        run = self._setup_algorithm(spec)
+        progress = self._setup_checkpoints(spec)
+        write_json(os.path.join(self.logdir, "run.json"), run)
+        self._setup_state(spec, progress)
+        self._bind(spec)
+
+    def _setup_algorithm(self, spec: RunSpec) -> dict:
+        """The env, settings and agent of the run, checked against the run directory; returns run.json's
+        identity."""
+        self.spec = env_spec(spec.env_id)
+        require_action_kind(self.spec, spec.algo)
+        self.config = make_algo_config(spec.algo, spec.preset, spec.env_id, spec.overrides)
+        check_writable(spec.logdir, "the run directory")  # StorageError: read-only, no permission, full
+        self.algorithm = algorithms.get(spec.algo)
+        if self.algorithm.uses_teacher and not (spec.teacher and spec.teacher_replay):
             raise LearnerError(
-                f"--algo {algo} needs --teacher DIR (the run directory it learns from) and "
+                f"--algo {spec.algo} needs --teacher DIR (the run directory it learns from) and "
                 "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
             )
-        teacher = teacher if self.algorithm.uses_teacher else None
-        run = run_identity(algo, env_id, preset, self.config.to_json(), teacher)
-        self.teacher_replay = teacher_replay
-        check_run_dir(logdir, resume, run)
-
-        self.agent = make_agent(algo, self.spec, self.config, seed, teacher, teacher_replay, total_steps)
+        teacher = spec.teacher if self.algorithm.uses_teacher else None
+        run = run_identity(spec.algo, spec.env_id, spec.preset, self.config.to_json(), teacher)
+        check_run_dir(spec.logdir, spec.resume, run)
+        self.agent = make_agent(
+            spec.algo, self.spec, self.config, spec.seed, teacher, spec.teacher_replay, spec.total_steps
+        )
         extras = {k: v for k, v in self.agent.status_extras().items() if k != "phase"}
         if not all(isinstance(v, numbers.Real) for v in extras.values()):
-            raise LearnerError(f"algorithm {algo}: status_extras() must give numbers (besides 'phase'), not {extras}.")
+            raise LearnerError(
+                f"algorithm {spec.algo}: status_extras() must give numbers (besides 'phase'), not {extras}."
+            )
         try:
             self.network_spec = rlfleet_pb2.NetworkSpec(**self.agent.actor_network())
         except (ValueError, TypeError) as e:
             raise LearnerError(
-                f"algorithm {algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
+                f"algorithm {spec.algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
                 "fields of NetworkSpec in proto/rlfleet.proto."
             ) from None
-        if getattr(self.config, "lr_schedule", "constant") == "linear" and not total_steps:
+        if getattr(self.config, "lr_schedule", "constant") == "linear" and not spec.total_steps:
             print(
                 "rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
                 "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
                 file=sys.stderr,
                 flush=True,
             )
-        self.counters = {
-            k: tf.Variable(0, dtype=tf.int64)
-            for k in (
-                "learner_steps",
-                "env_steps",
-                "policy_version",
-                "consumed_env_steps",
-                "dropped_env_steps",
-                "updates",
-            )
-        }
+        return run
+
+    def _setup_checkpoints(self, spec: RunSpec) -> dict:
+        """The counters, the checkpoint of agent and counters, and with `resume` their restore from the newest
+        intact checkpoint; returns the restored progress record (`read_progress`)."""
+        names = ("learner_steps", "env_steps", "policy_version", "consumed_env_steps", "dropped_env_steps", "updates")
+        self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in names}
         # The training loop and status use `count` (Python ints: every eager TensorFlow op costs memory, see
         # rlfleet.algorithms.ppo.learning.BatchPPO._update); the variables hold them for checkpoints (`_save`).
         self.count = {k: 0 for k in self.counters}
         # Checkpoints name the policy version's variable "weights_version", the status contract's name for it.
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **saved)
-        self.checkpoints = CheckpointStore(os.path.join(logdir, "checkpoints"), self.ckpt, keep=3)
-        progress = read_progress(None)
-        if resume:
-            try:
-                latest, skipped = restore_newest(os.path.join(resume, "checkpoints"), self.ckpt)
-            except CheckpointError as e:
-                raise LearnerError(
-                    f"--resume {resume}: {e}. Resume from an intact run directory, or start a new run."
-                ) from None
-            for line in skipped:
-                print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
-            if skipped and os.path.abspath(resume) == os.path.abspath(logdir):  # its own: moved aside
-                moved = quarantine(os.path.join(resume, "checkpoints"), skipped)
-                if moved:
-                    print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
-            self.agent.sync_from_checkpoint()
-            progress = read_progress(latest)
-            self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
-            self.agent.on_resume(self.count["env_steps"])
-            print(f"rlfleet learner: resumed from {latest}", flush=True)
-            if total_steps and self.count["env_steps"] >= total_steps:
-                print(
-                    f"rlfleet learner: this run already has {self.count['env_steps']:,} of its {total_steps:,} env "
-                    "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
-                    "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
-                    flush=True,
-                )
-        write_json(os.path.join(logdir, "run.json"), run)
+        self.checkpoints = CheckpointStore(os.path.join(spec.logdir, "checkpoints"), self.ckpt, keep=3)
+        if not spec.resume:
+            return read_progress(None)
+        resume = spec.resume
+        try:
+            latest, skipped = restore_newest(os.path.join(resume, "checkpoints"), self.ckpt)
+        except CheckpointError as e:
+            raise LearnerError(
+                f"--resume {resume}: {e}. Resume from an intact run directory, or start a new run."
+            ) from None
+        for line in skipped:
+            print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
+        if skipped and os.path.abspath(resume) == os.path.abspath(spec.logdir):  # its own: moved aside
+            moved = quarantine(os.path.join(resume, "checkpoints"), skipped)
+            if moved:
+                print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
+        self.agent.sync_from_checkpoint()
+        self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
+        self.agent.on_resume(self.count["env_steps"])
+        print(f"rlfleet learner: resumed from {latest}", flush=True)
+        if spec.total_steps and self.count["env_steps"] >= spec.total_steps:
+            print(
+                f"rlfleet learner: this run already has {self.count['env_steps']:,} of its {spec.total_steps:,} env "
+                "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
+                "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
+                flush=True,
+            )
+        return read_progress(latest)
 
+    def _setup_state(self, spec: RunSpec, progress: dict) -> None:
+        """The service's state: locks, phase, the actors' book, recent returns, the weights broadcast."""
         self.lock = threading.Lock()
         self._actor_ids_lock = threading.Lock()  # RUN/actor_ids.json
         self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
@@ -229,17 +251,17 @@ class Learner:
         self.fault = ""  # why the learner stopped with an error (status `fault`)
         self.start_time = time.monotonic()
         self.registry = ActorRegistry(
-            actor_timeout_s,
+            spec.actor_timeout_s,
             base_env_steps=self.count["env_steps"],  # restored
             next_actor_id=progress["next_actor_id"],
             away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
-            # Without a progress record (an old checkpoint) nothing tells which actors its count holds.
-            restored=bool(resume) and progress["recorded"],
+            # Without a progress record nothing tells which actors the checkpoint's count holds.
+            restored=bool(spec.resume) and progress["recorded"],
         )
-        if resume:
+        if spec.resume:
             # Ids the earlier process gave out after its last checkpoint are not given out again: their actors
             # rejoin with them (ActorRegistry.heartbeat) and a newcomer must not share one.
-            self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(resume))
+            self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(spec.resume))
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
         self.earlier_wall_s = progress["wall_seconds"]
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
@@ -252,27 +274,29 @@ class Learner:
         self._sampler_error: Exception | None = None
         self._replay_status: list[dict] = []
 
+    def _bind(self, spec: RunSpec) -> None:
+        """The gRPC service on `spec.bind`:`spec.port` (not started yet)."""
         # Weight streams and unary calls share no thread pool (asyncio server); no SO_REUSEPORT, so a second
         # learner on a port that one already holds fails here instead of splitting the actors between the two.
-        problem = bind_problem(bind, port)
+        problem = bind_problem(spec.bind, spec.port)
         if problem is None:
             try:
                 self.server = LearnerServer(
                     self,
-                    host_port(bind, port),
+                    host_port(spec.bind, spec.port),
                     proto_arrays.GRPC_OPTIONS,
-                    security.server_credentials(*tls) if tls else None,
-                    token,
+                    security.server_credentials(*spec.tls) if spec.tls else None,
+                    spec.token,
                 )
             except BindError:
-                problem = bind_problem(bind, port) or "gRPC refused the address"
+                problem = bind_problem(spec.bind, spec.port) or "gRPC refused the address"
         if problem is not None:
             raise LearnerError(
-                f"cannot bind the learner service to {host_port(bind, port)}: {problem}; choose another --bind "
-                "address or --port (--learner-port for `rlfleet up`)."
+                f"cannot bind the learner service to {host_port(spec.bind, spec.port)}: {problem}; choose another "
+                "--bind address or --port (--learner-port for `rlfleet up`)."
             )
         self.port = self.server.port
-        self.address = host_port(bind, self.port)
+        self.address = host_port(spec.bind, self.port)
 
     # ----- called by the servicer (gRPC worker threads) -----
 
@@ -670,6 +694,15 @@ class Learner:
                 self._metrics.close()
 
     def _serve_and_train(self) -> dict:
+        self._start_serving()
+        metrics = self._metrics = MetricsLog(self.logdir)
+        last = dict(time=time.monotonic(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
+        completed, last = self._train(metrics, last)
+        return self._finish(completed, metrics, last)
+
+    def _start_serving(self) -> None:
+        """Checks the replay tables, starts the housekeeping thread, publishes the first weights, starts the gRPC
+        service and the algorithm (`Agent.on_start`), then the sampler thread."""
         self._check_replay()
         self._refresh_replay_status()
         status_thread = threading.Thread(target=self._housekeeping_loop, daemon=True, name="housekeeping")
@@ -684,23 +717,27 @@ class Learner:
         try:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:
-            pass  # the loop below sees the stop at once
+            pass  # the training loop sees the stop at once
         gc.collect()  # cyclic garbage of the start-up would be kept for good once frozen
-        gc.freeze()  # see below, at the first update
-        frozen_after_update = False
+        gc.freeze()  # see `_apply`, at the first update
+        self._frozen_after_update = False
         threading.Thread(target=self._sampler, daemon=True, name="sampler").start()
-        metrics = self._metrics = MetricsLog(self.logdir)
-        c = self.config
-        last = dict(time=time.monotonic(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
+
+    def _train(self, metrics: MetricsLog, last: dict) -> tuple[bool, dict]:
+        """The training loop: samples to the agent, results to the counters, weights, evaluations and
+        checkpoints, until the env-step budget (returns completed=True) or a stop; also returns the last
+        metrics row's counts.
+
+        Raises:
+            LearnerError: the replay server was lost for longer than `REPLAY_OUTAGE_S`.
+        """
         last_ckpt = time.monotonic()
-        completed = False
         while not self.stop_event.is_set():
             if time.monotonic() - last["time"] >= self.report_interval_s:
                 last = self._log_metrics(metrics, last)
             env_steps = self._env_steps()
             if self.total_steps and env_steps >= self.total_steps:
-                completed = True
-                break
+                return True, last
             if self._sampler_error is not None:
                 raise LearnerError(
                     f"lost the replay server {self.replay_address} for more than "
@@ -720,33 +757,44 @@ class Learner:
                 with self.lock:
                     self.phase = "training"
                 result = self.agent.consume(sample, self.count["policy_version"], env_steps)
-            if result.metrics:
-                self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
-                self.last_metrics = result.metrics
-            for name, value in (
-                ("learner_steps", result.gradient_steps),
-                ("consumed_env_steps", result.consumed),
-                ("dropped_env_steps", result.dropped),
-            ):
-                self.count[name] += value
-            if result.updated:
-                self.count["updates"] += 1
-                self.count["policy_version"] += 1
-                self._publish_weights()
-                if not frozen_after_update:
-                    # TensorFlow's modules and the traced graphs are some 400k Python objects that live as long
-                    # as the learner: frozen, the garbage collector no longer walks them. Walking them took
-                    # ~250 ms every ~20 s with 512 actors (the gRPC server's calls make garbage fast), a pause
-                    # of every thread: status and heartbeats waited for it.
-                    gc.collect()
-                    gc.freeze()
-                    frozen_after_update = True
-            scheduled = result.updated and self.count["updates"] % c.eval_every_updates == 0
-            if result.evaluate or scheduled:
-                self._evaluate(c.eval_episodes)  # None: interrupted by a stop, which the loop sees next
+            self._apply(result)
             if time.monotonic() - last_ckpt >= self.checkpoint_interval_s:
                 self._save()
                 last_ckpt = time.monotonic()
+        return False, last
+
+    def _apply(self, result: StepResult) -> None:
+        """What one consumed sample did: counters, a new policy version published, an evaluation when due.
+
+        Raises:
+            NonFiniteError: a NaN/inf loss, or NaN/inf weights to publish.
+        """
+        if result.metrics:
+            self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
+            self.last_metrics = result.metrics
+        self.count["learner_steps"] += result.gradient_steps
+        self.count["consumed_env_steps"] += result.consumed
+        self.count["dropped_env_steps"] += result.dropped
+        if result.updated:
+            self.count["updates"] += 1
+            self.count["policy_version"] += 1
+            self._publish_weights()
+            if not self._frozen_after_update:
+                # TensorFlow's modules and the traced graphs are some 400k Python objects that live as long as
+                # the learner: frozen, the garbage collector no longer walks them. Walking them paused every
+                # thread for a noticeable time with hundreds of actors (the gRPC server's calls make garbage
+                # fast): status and heartbeats waited for it.
+                gc.collect()
+                gc.freeze()
+                self._frozen_after_update = True
+        scheduled = result.updated and self.count["updates"] % self.config.eval_every_updates == 0
+        if result.evaluate or scheduled:
+            self._evaluate(self.config.eval_episodes)  # None: interrupted by a stop, which the loop sees next
+
+    def _finish(self, completed: bool, metrics: MetricsLog, last: dict) -> dict:
+        """The run's end: the final evaluation (when the budget was reached), the last checkpoint (and the
+        replay's, for a run that can teach), the last metrics row and summary.json; returns the summary."""
+        c = self.config
         with self.lock:
             self.run_over = completed
             self.phase = "evaluating" if completed else "stopping"
@@ -767,7 +815,7 @@ class Learner:
         path = self._save()
         if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
             summary["replay_checkpoint_dir"] = self._checkpoint_replay()
-        last = self._log_metrics(metrics, last)
+        self._log_metrics(metrics, last)
         self._refresh_replay_status()
         st = self.status_dict()
         summary.update(

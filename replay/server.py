@@ -67,112 +67,24 @@ def serve(
     """
     from rlfleet.replay import checkpoints
 
-    ckpt = restoring = None
-    if teacher_dir:
-        if not checkpoint_dir:
-            raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
-        check_writable(checkpoint_dir, "the copy of the teacher's replay")
-        copy = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
-        ckpt = checkpoints.checkpointer(checkpoint_dir, restore_from=copy)
-    elif checkpoint_dir:
-        check_writable(checkpoint_dir, "replay checkpoints")  # StorageError: read-only, no permission, full
-        # Finished checkpoints a stopped server left in the staging folder count; unfinished ones are debris.
-        # Nothing is removed before the checkpoint to restore is known to read.
-        checkpoints.discard_unfinished(checkpoint_dir)
-        checkpoints.promote(checkpoint_dir, then_prune=False)  # nothing goes before it is known which one reads
-        restoring, skipped, damaged = checkpoints.usable_checkpoint(checkpoint_dir)
-        for line in skipped:
-            print(f"rlfleet replay: warning: skipped a damaged replay checkpoint: {line}", flush=True)
-        for path in checkpoints.quarantine(damaged):
-            print(f"rlfleet replay: moved the damaged checkpoint aside: {path}", flush=True)
-        if restoring:
-            print(f"rlfleet replay: restoring {restoring}", flush=True)
-        elif skipped:
-            print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
-        checkpoints.prune(checkpoint_dir, protect=restoring)  # the newest KEEP, and the restored one
-        ckpt = checkpoints.checkpointer(checkpoint_dir, restore_from=restoring)
+    ckpt, restoring = _checkpointer(checkpoint_dir, teacher_dir)
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
         _sweep_scratch()
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
-    try:
-        if port:
-            _check_port_free(port)
-        # Port 0: Reverb picks a free one when given None (given 0 it binds one but reports 0).
-        server = reverb.Server(tables=tables, port=port or None, checkpointer=ckpt)
-        port = server.port
-    except ValueError as e:
-        _remove_if_empty(scratch)
-        raise ValueError(
-            f"cannot start the replay server on port {port} (port in use?): {e}; choose another --port."
-        ) from None
-    if restoring:  # Reverb replaces the tables asked for with the checkpoint's: they must be the same
-        restored = reverb.Client(f"localhost:{server.port}").server_info()
-        differences = checkpoints.restored_differences(requested, restored)
-        if differences:
-            server.stop()
-            raise ValueError(
-                f"the replay checkpoint {restoring} was written with other settings than this server was started "
-                f"with: {'; '.join(differences)}. Start it with the settings of the run that wrote the checkpoint "
-                "(its run directory's settings.json: --run-config), or give another --checkpoint-dir to start "
-                "with empty tables; nothing was served."
-            )
+    server = _start_server(tables, port, ckpt, scratch)
+    port = server.port
+    if restoring:
+        _check_restored(server, requested, restoring)
     stop = stop_event or threading.Event()
     on_stop_signals(stop.set)
     log.info("replay server listening on port %d with tables %s", port, [t.name for t in tables])
     print(f"rlfleet replay: serving on port {port}", flush=True)
-    writes_checkpoints = bool(checkpoint_dir and not teacher_dir)
-
-    def checkpoint_if_changed(final: bool = False) -> bool:
-        """Writes a checkpoint if the tables changed since the latest; False when it could not be written."""
-        client = reverb.Client(f"localhost:{port}")
-        try:
-            checkpoints.promote(checkpoint_dir, protect=restoring)  # Reverb keeps only its newest name: empty it
-            latest = checkpoints.latest_checkpoint(checkpoint_dir)
-            if checkpoints.tables_changed(client, latest):
-                client.checkpoint()
-                checkpoints.promote(checkpoint_dir, protect=restoring)
-                print(f"rlfleet replay: checkpoint {checkpoints.latest_checkpoint(checkpoint_dir)}", flush=True)
-            elif final:
-                print(
-                    f"rlfleet replay: tables unchanged since checkpoint {latest}"
-                    if latest
-                    else "rlfleet replay: tables empty, no checkpoint written",
-                    flush=True,
-                )
-            return True
-        except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
-            # a full disk, say: the tables stay served, and the checkpoints before stay as they were
-            space = ""
-            if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
-                try:
-                    last = checkpoints.latest_checkpoint(checkpoint_dir)
-                    space = f" ({disk_space(checkpoint_dir, tree_bytes([last]) if last else None)})"
-                except OSError:
-                    pass
-            print(f"rlfleet replay: error: the replay checkpoint failed: {e}{space}", flush=True)
-            return False
-
-    next_checkpoint = time.monotonic() + checkpoint_interval_s
-    next_poll = time.monotonic() + RUN_OVER_POLL_S
-    while not stop.wait(0.5):
-        if run_over is not None and time.monotonic() >= next_poll:
-            reason = run_over()
-            if reason:
-                print(f"rlfleet replay: {reason}; stopping", flush=True)
-                break
-            next_poll = time.monotonic() + RUN_OVER_POLL_S
-        if writes_checkpoints:
-            try:
-                checkpoints.promote(checkpoint_dir, protect=restoring)  # those clients asked for (`checkpoint_replay`)
-            except StorageError as e:
-                print(f"rlfleet replay: error: {e}", flush=True)
-        if writes_checkpoints and checkpoint_interval_s > 0 and time.monotonic() >= next_checkpoint:
-            checkpoint_if_changed()
-            next_checkpoint = time.monotonic() + checkpoint_interval_s
-    saved = checkpoint_if_changed(final=True) if writes_checkpoints else True
+    writes = checkpoint_dir if checkpoint_dir and not teacher_dir else None
+    _serve_until_stopped(port, stop, writes, restoring, checkpoint_interval_s, run_over)
+    saved = _checkpoint_if_changed(port, writes, restoring, final=True) if writes else True
     server.stop()
     if not saved:
         raise StorageError(
@@ -186,6 +98,134 @@ def serve(
             flush=True,
         )
     print("rlfleet replay: stopped", flush=True)
+
+
+def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
+    """The Reverb checkpointer `serve` starts with, and the checkpoint it restores (None: empty tables): the
+    teacher's replay copied into `checkpoint_dir`, or the newest readable checkpoint there (damaged ones moved
+    aside), or (None, None) without a checkpoint folder."""
+    from rlfleet.replay import checkpoints
+
+    if teacher_dir:
+        if not checkpoint_dir:
+            raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
+        check_writable(checkpoint_dir, "the copy of the teacher's replay")
+        copy = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
+        return checkpoints.checkpointer(checkpoint_dir, restore_from=copy), None
+    if not checkpoint_dir:
+        return None, None
+    check_writable(checkpoint_dir, "replay checkpoints")  # StorageError: read-only, no permission, full
+    # Finished checkpoints a stopped server left in the staging folder count; unfinished ones are debris.
+    # Nothing is removed before the checkpoint to restore is known to read.
+    checkpoints.discard_unfinished(checkpoint_dir)
+    checkpoints.promote(checkpoint_dir, then_prune=False)  # nothing goes before it is known which one reads
+    restoring, skipped, damaged = checkpoints.usable_checkpoint(checkpoint_dir)
+    for line in skipped:
+        print(f"rlfleet replay: warning: skipped a damaged replay checkpoint: {line}", flush=True)
+    for path in checkpoints.quarantine(damaged):
+        print(f"rlfleet replay: moved the damaged checkpoint aside: {path}", flush=True)
+    if restoring:
+        print(f"rlfleet replay: restoring {restoring}", flush=True)
+    elif skipped:
+        print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
+    checkpoints.prune(checkpoint_dir, protect=restoring)  # the newest KEEP, and the restored one
+    return checkpoints.checkpointer(checkpoint_dir, restore_from=restoring), restoring
+
+
+def _start_server(tables: list, port: int, ckpt, scratch: str | None) -> reverb.Server:
+    """A Reverb server on `port` (0: a free one).
+
+    Raises:
+        ValueError: the port is in use (the scratch checkpoint folder, if empty, is removed).
+    """
+    try:
+        if port:
+            _check_port_free(port)
+        # Port 0: Reverb picks a free one when given None (given 0 it binds one but reports 0).
+        return reverb.Server(tables=tables, port=port or None, checkpointer=ckpt)
+    except ValueError as e:
+        _remove_if_empty(scratch)
+        raise ValueError(
+            f"cannot start the replay server on port {port} (port in use?): {e}; choose another --port."
+        ) from None
+
+
+def _check_restored(server: reverb.Server, requested: dict, restoring: str) -> None:
+    """Reverb replaces the tables asked for with the checkpoint's: they must be the same.
+
+    Raises:
+        ValueError: they differ (the server is stopped, nothing was served).
+    """
+    from rlfleet.replay import checkpoints
+
+    restored = reverb.Client(f"localhost:{server.port}").server_info()
+    differences = checkpoints.restored_differences(requested, restored)
+    if differences:
+        server.stop()
+        raise ValueError(
+            f"the replay checkpoint {restoring} was written with other settings than this server was started "
+            f"with: {'; '.join(differences)}. Start it with the settings of the run that wrote the checkpoint "
+            "(its run directory's settings.json: --run-config), or give another --checkpoint-dir to start "
+            "with empty tables; nothing was served."
+        )
+
+
+def _serve_until_stopped(port, stop, checkpoint_dir, restoring, checkpoint_interval_s, run_over) -> None:
+    """Waits for `stop` or `run_over`, moving the checkpoints clients asked for into place and writing one every
+    `checkpoint_interval_s` seconds when the tables changed (with `checkpoint_dir`)."""
+    from rlfleet.replay import checkpoints
+
+    next_checkpoint = time.monotonic() + checkpoint_interval_s
+    next_poll = time.monotonic() + RUN_OVER_POLL_S
+    while not stop.wait(0.5):
+        if run_over is not None and time.monotonic() >= next_poll:
+            reason = run_over()
+            if reason:
+                print(f"rlfleet replay: {reason}; stopping", flush=True)
+                return
+            next_poll = time.monotonic() + RUN_OVER_POLL_S
+        if not checkpoint_dir:
+            continue
+        try:
+            checkpoints.promote(checkpoint_dir, protect=restoring)  # those clients asked for (`checkpoint_replay`)
+        except StorageError as e:
+            print(f"rlfleet replay: error: {e}", flush=True)
+        if checkpoint_interval_s > 0 and time.monotonic() >= next_checkpoint:
+            _checkpoint_if_changed(port, checkpoint_dir, restoring)
+            next_checkpoint = time.monotonic() + checkpoint_interval_s
+
+
+def _checkpoint_if_changed(port: int, checkpoint_dir: str, restoring: str | None, final: bool = False) -> bool:
+    """Writes a checkpoint if the tables changed since the latest; False when it could not be written (a full
+    disk, say: the tables stay served, and the checkpoints before stay as they were)."""
+    from rlfleet.replay import checkpoints
+
+    client = reverb.Client(f"localhost:{port}")
+    try:
+        checkpoints.promote(checkpoint_dir, protect=restoring)  # Reverb keeps only its newest name: empty it
+        latest = checkpoints.latest_checkpoint(checkpoint_dir)
+        if checkpoints.tables_changed(client, latest):
+            client.checkpoint()
+            checkpoints.promote(checkpoint_dir, protect=restoring)
+            print(f"rlfleet replay: checkpoint {checkpoints.latest_checkpoint(checkpoint_dir)}", flush=True)
+        elif final:
+            print(
+                f"rlfleet replay: tables unchanged since checkpoint {latest}"
+                if latest
+                else "rlfleet replay: tables empty, no checkpoint written",
+                flush=True,
+            )
+        return True
+    except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
+        space = ""
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+            try:
+                last = checkpoints.latest_checkpoint(checkpoint_dir)
+                space = f" ({disk_space(checkpoint_dir, tree_bytes([last]) if last else None)})"
+            except OSError:
+                pass
+        print(f"rlfleet replay: error: the replay checkpoint failed: {e}{space}", flush=True)
+        return False
 
 
 _SCRATCH_PREFIX = "rlfleet-replay-"  # + the server's pid: its checkpoint folder when started without --checkpoint-dir

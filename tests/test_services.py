@@ -113,7 +113,7 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     ):
         assert field in as_json, field
     assert as_json["actors"][0]["num_envs"] == 2
-    # One name, the policy version; weights_version (its older name) stays for readers written before it.
+    # weights_version is the status contract's name for the policy version.
     assert as_json["weights_version"] == as_json["policy_version"] >= 3
     table_out = rlfleet("status", "--learner", address)
     assert (

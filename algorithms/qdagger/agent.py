@@ -81,7 +81,7 @@ class QDaggerAgent(DQNAgent):
             distillation_coefficient=self.coefficient,
             online_start_env_steps=self.online_start_env_steps,
         )
-        if self.config.distillation_score_episodes:  # 0 (runs from before the window): their checkpoint layout
+        if self.config.distillation_score_episodes:  # 0: no window of scores to keep
             items.update(distillation_score_returns=self.score_returns, distillation_score_played=self.score_played)
         return items
 
