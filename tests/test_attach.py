@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ENV, ROOT, wait_for
+from helpers import ENV, ROOT, wait_for
 
 CLUSTER_IP, ACTOR_IP = "10.213.0.1", "10.213.0.2"
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")

@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from conftest import rlfleet
+from helpers import rlfleet
 
 
 def test_unknown_env_id_fails_fast(tmp_path):
@@ -168,7 +168,7 @@ def test_learner_port_in_use(tmp_path):
 def test_bind_addresses_are_bound_as_written_or_refused_with_the_reason(procs, free_port, tmp_path):
     import socket
 
-    from conftest import status_or_none, wait_for
+    from helpers import status_or_none, wait_for
 
     # An address of no interface here: said so, before anything starts (nothing is sent to it).
     out = rlfleet(
@@ -346,7 +346,7 @@ def test_run_files_hold_valid_json_where_a_value_is_not_measured_yet(tmp_path):
 def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
     """gRPC and Reverb set SO_REUSEPORT: without a check, a second server on a held port starts and splits
     the clients between the two. Each service refuses such a port at start instead."""
-    from conftest import wait_for
+    from helpers import wait_for
 
     replay_port, learner_port = free_port(), free_port()
     dqn = ("--algo", "dqn", "--env", "CartPole-v1")
@@ -367,7 +367,7 @@ def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_por
     """Reverb replaces the tables a server is started with by those of the checkpoint it restores; a replay
     server whose checkpoint was written for other settings (another env, another replay size) refuses to
     start instead of serving tables the learner did not ask for. With the same settings it restores."""
-    from conftest import wait_for
+    from helpers import wait_for
 
     ckpt, port = tmp_path / "replay", free_port()
     cartpole = ("--algo", "dqn", "--env", "CartPole-v1", "--checkpoint-dir", ckpt)

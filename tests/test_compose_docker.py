@@ -15,7 +15,7 @@ import time
 
 import portpicker
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto.security import ClientSecurity

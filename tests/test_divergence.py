@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import rlfleet, start_replay_and_learner, status_or_none, wait_for
+from helpers import rlfleet, start_replay_and_learner, status_or_none, wait_for
 
 CASES = {
     # Adam moves every weight by about the learning rate per step: PPO's policy std overflows at once.

@@ -10,7 +10,7 @@ import math
 import os
 import signal
 
-from conftest import status_or_none, wait_for
+from helpers import status_or_none, wait_for
 
 from rlfleet.deploy.status import format_status
 from rlfleet.replay.checkpoints import latest_checkpoint
@@ -254,7 +254,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
 def test_checkpoint_replay_keeps_its_timeout_against_a_frozen_server(procs, tmp_path, free_port):
     import time
 
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ENV, ROOT
+from helpers import ENV, ROOT
 
 
 def test_up_learns_inverted_pendulum(tmp_path):

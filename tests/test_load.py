@@ -10,7 +10,7 @@ import sys
 import time
 
 import grpc
-from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
+from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
 from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats
 from rlfleet.deploy.status import get_status

@@ -15,7 +15,7 @@ import sys
 import tomllib
 import zipfile
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _run(*cmd, cwd=None):

@@ -265,7 +265,7 @@ def test_an_unwritable_run_directory_is_refused_by_every_service(tmp_path):
     mounted = subprocess.run(mount, capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[-200:]}")
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     try:
         dqn = ("--algo", "dqn", "--env", "CartPole-v1")

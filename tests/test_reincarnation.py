@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-from conftest import ENV, ROOT
+from helpers import ENV, ROOT
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.learner.dqn import export_q

@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import rlfleet
+from helpers import rlfleet
 
 from rlfleet import algorithms
 from rlfleet.learner import presets

@@ -17,7 +17,7 @@ import sys
 import time
 
 import psutil
-from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
+from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
 from rlfleet.deploy.status import get_status
 

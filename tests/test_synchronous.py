@@ -4,7 +4,7 @@ that trains on it (real processes on loopback), and the asynchronous mode's lag 
 import json
 
 import numpy as np
-from conftest import rlfleet
+from helpers import rlfleet
 
 # Pendulum-v1: a continuous-action env cheap enough to step in-process. Two actors of 2 envs, items of 64
 # steps: a batch of 512 env steps is 4 items, 2 from each actor.
