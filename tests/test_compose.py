@@ -157,6 +157,7 @@ def _local_args(args, ports, runs_dir):
     return out
 
 
+@pytest.mark.slow
 def test_compose_commands_run_locally(procs, tmp_path, free_port):
     with open(COMPOSE_FILE) as f:
         raw = yaml.safe_load(f)

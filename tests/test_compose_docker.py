@@ -37,7 +37,11 @@ def _skip_reason() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason())),
+]
 
 
 def _run(*cmd, env=None, timeout=300, check=True) -> subprocess.CompletedProcess:

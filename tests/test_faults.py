@@ -10,10 +10,13 @@ import math
 import os
 import signal
 
+import pytest
 from helpers import status_or_none, wait_for
 
 from rlfleet.deploy.status import format_status
 from rlfleet.replay.checkpoints import latest_checkpoint
+
+pytestmark = pytest.mark.slow
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 

@@ -15,7 +15,10 @@ import sys
 import tomllib
 import zipfile
 
+import pytest
 from helpers import ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def _run(*cmd, cwd=None):

@@ -15,6 +15,8 @@ from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity
 
+pytestmark = pytest.mark.slow
+
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
 

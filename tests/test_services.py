@@ -10,6 +10,8 @@ from helpers import rlfleet, wait_for
 
 from rlfleet.deploy.status import get_status
 
+pytestmark = pytest.mark.slow
+
 ENV_ID = "InvertedPendulum-v5"
 SMALL = [
     "--set",

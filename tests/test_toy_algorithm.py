@@ -17,11 +17,14 @@ import sys
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import reverb
 import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.learner.agents import Agent, StepResult
+
+pytestmark = pytest.mark.slow
 
 TABLE = "toy_reinforce_items"
 
