@@ -1,114 +1,18 @@
-"""Shared helpers: run rlfleet services as real processes on loopback ports."""
-
-import os
-import signal
-import subprocess
-import sys
-import time
+"""Shared fixtures: rlfleet service processes on loopback ports (the helpers they use are in helpers.py)."""
 
 import portpicker
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")  # rlfleet.* resolves through the installed package
-
-
-def rlfleet(*args, **kwargs):
-    """Runs `python -m rlfleet.deploy.cli ARGS` to completion; returns CompletedProcess (text)."""
-    return subprocess.run(
-        [sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        **kwargs,
-    )
-
-
-class Proc:
-    """A background rlfleet service process whose output goes to a log file."""
-
-    def __init__(self, tmp_path, name, *args):
-        self.log_path = tmp_path / f"{name}.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)],
-            cwd=ROOT,
-            env=ENV,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def output(self):
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, sig=signal.SIGTERM, timeout=30):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
-
-def wait_for(predicate, timeout, what, procs=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for p in procs:
-            assert p.proc.poll() is None, f"{what}: a process died:\n{p.output()[-3000:]}"
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def status_or_none(address):
-    """The learner's status at `address`, or None while it does not answer (for `wait_for`)."""
-    from rlfleet.deploy.status import StatusError, get_status
-
-    try:
-        return get_status(address, 2)
-    except StatusError:
-        return None
-
-
-def start_replay_and_learner(procs, free_port, settings, logdir, *learner_args):
-    """Starts `rlfleet replay` and `rlfleet learner` (never-ending budget) with the same `settings` (--algo,
-    --env, --set ...) on free loopback ports; returns (replay, learner, learner address). The caller waits
-    for the learner; `learner_args` go to the learner only. The replay server's port is `replay.port`."""
-    replay_port, learner_port = free_port(), free_port()
-    replay = procs.start("replay", "replay", *settings, "--port", replay_port)
-    replay.port = replay_port
-    learner = procs.start(
-        "learner",
-        "learner",
-        *settings,
-        "--replay",
-        f"127.0.0.1:{replay_port}",
-        "--logdir",
-        logdir,
-        "--port",
-        learner_port,
-        "--total-steps",
-        10**7,
-        *learner_args,
-    )
-    return replay, learner, f"127.0.0.1:{learner_port}"
+from helpers import ENV, Proc
 
 
 @pytest.fixture
 def procs(tmp_path):
-    """Starts processes via procs.start(name, *args); stops them all at the end of the test."""
+    """Starts processes via procs.start(name, *args, env=ENV); stops them all at the end of the test."""
     started = []
 
     class Starter:
-        def start(self, name, *args):
-            p = Proc(tmp_path, name, *args)
+        def start(self, name, *args, env=ENV):
+            p = Proc(tmp_path, name, *args, env=env)
             started.append(p)
             return p
 

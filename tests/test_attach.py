@@ -16,7 +16,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ENV, ROOT, wait_for
+from helpers import ENV, ROOT, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 CLUSTER_IP, ACTOR_IP = "10.213.0.1", "10.213.0.2"
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")

@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from conftest import rlfleet
+from helpers import rlfleet
 
 
 def test_unknown_env_id_fails_fast(tmp_path):
@@ -35,6 +35,7 @@ def test_discrete_env_for_batchppo_fails_fast(tmp_path):
     assert "discrete action space" in out.stderr and "continuous" in out.stderr
 
 
+@pytest.mark.slow
 def test_unknown_preset_and_setting(tmp_path):
     out = rlfleet(
         "up",
@@ -72,6 +73,7 @@ def test_status_of_unreachable_learner(free_port):
     assert time.time() - start < 30
 
 
+@pytest.mark.slow
 def test_used_logdir_needs_resume(tmp_path):
     (tmp_path / "r" / "checkpoints").mkdir(parents=True)
     (tmp_path / "r" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
@@ -165,10 +167,11 @@ def test_learner_port_in_use(tmp_path):
     assert not (tmp_path / "r" / "logs").exists()
 
 
+@pytest.mark.slow
 def test_bind_addresses_are_bound_as_written_or_refused_with_the_reason(procs, free_port, tmp_path):
     import socket
 
-    from conftest import status_or_none, wait_for
+    from helpers import status_or_none, wait_for
 
     # An address of no interface here: said so, before anything starts (nothing is sent to it).
     out = rlfleet(
@@ -199,6 +202,7 @@ def test_bind_addresses_are_bound_as_written_or_refused_with_the_reason(procs, f
         learner.stop()
 
 
+@pytest.mark.slow
 def test_malformed_config_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("learning_rate = 1e-4\nhidden [64, 64]\n")
@@ -335,10 +339,11 @@ def test_run_files_hold_valid_json_where_a_value_is_not_measured_yet(tmp_path):
     assert json.loads(path.read_text(), parse_constant=strict) == expected
 
 
+@pytest.mark.slow
 def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
     """gRPC and Reverb set SO_REUSEPORT: without a check, a second server on a held port starts and splits
     the clients between the two. Each service refuses such a port at start instead."""
-    from conftest import wait_for
+    from helpers import wait_for
 
     replay_port, learner_port = free_port(), free_port()
     dqn = ("--algo", "dqn", "--env", "CartPole-v1")
@@ -355,11 +360,12 @@ def test_a_second_server_on_a_held_port_fails(procs, free_port, tmp_path):
     assert learner.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_port, tmp_path):
     """Reverb replaces the tables a server is started with by those of the checkpoint it restores; a replay
     server whose checkpoint was written for other settings (another env, another replay size) refuses to
     start instead of serving tables the learner did not ask for. With the same settings it restores."""
-    from conftest import wait_for
+    from helpers import wait_for
 
     ckpt, port = tmp_path / "replay", free_port()
     cartpole = ("--algo", "dqn", "--env", "CartPole-v1", "--checkpoint-dir", ckpt)
@@ -379,6 +385,7 @@ def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_por
     wait_for(lambda: "serving on port" in again.output(), 120, "the same settings to restore", [again])
 
 
+@pytest.mark.slow
 def test_a_run_directory_keeps_its_settings(tmp_path, free_port):
     """`replay --settings-out` (what compose's replay service runs) writes a run's settings once; a restart with the
     same settings reads them back, one with other settings is refused before anything is served."""
@@ -396,6 +403,7 @@ def test_a_run_directory_keeps_its_settings(tmp_path, free_port):
     assert out_file.read_text() == written
 
 
+@pytest.mark.slow
 def test_auto_resume_does_not_resume_a_failed_run(tmp_path):
     """A supervisor's restart (--auto-resume) of a learner whose run failed stops at once with the recorded fault,
     rather than resume into the same divergence."""

@@ -13,6 +13,8 @@ import dqn_costs  # noqa: E402
 
 from rlfleet.algorithms.settings import make_algo_config  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def test_dqn_costs_measures_every_part_and_stops_its_server():
     before = {p.pid for p in psutil.Process().children(recursive=True)}

@@ -46,6 +46,7 @@ def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
         )
 
 
+@pytest.mark.slow
 def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_the_peer_band(tmp_path):
     out = tmp_path / "control"
     for seed in range(5):
@@ -83,6 +84,7 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
 
 
+@pytest.mark.slow
 def test_runs_compared_with_a_control_say_whether_a_difference_is_established():
     from report import compare_with_ci
 

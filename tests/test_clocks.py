@@ -9,7 +9,10 @@ import sys
 import time
 
 import portpicker
-from conftest import ENV, ROOT, status_or_none
+import pytest
+from helpers import ENV, ROOT, status_or_none
+
+pytestmark = pytest.mark.slow
 
 # Loaded by every Python process of the cluster (PYTHONPATH): time.time() steps by OFFSET seconds once the
 # monotonic clock (one for all processes of the host) reaches AT, per entry "AT:OFFSET" of the file

@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 
-import conftest
 import pytest
 import yaml
-from conftest import ROOT, wait_for
+from helpers import ENV, ROOT, wait_for
 
 COMPOSE_FILE = os.path.join(ROOT, "deploy", "docker-compose.yml")
 REPLAY_PORT, LEARNER_PORT = "8000", "8001"  # the ports inside the compose network
@@ -158,7 +157,8 @@ def _local_args(args, ports, runs_dir):
     return out
 
 
-def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
+@pytest.mark.slow
+def test_compose_commands_run_locally(procs, tmp_path, free_port):
     with open(COMPOSE_FILE) as f:
         raw = yaml.safe_load(f)
     test_env = {
@@ -174,16 +174,14 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port, monkeypatch):
     os.makedirs(runs_dir)
 
     def service_env(name):
-        env = dict(conftest.ENV)
+        env = dict(ENV)
         env.pop("RLFLEET_TOKEN", None)
         env.update({k: str(v) for k, v in (services[name].get("environment") or {}).items()})
         return env
 
     def start(name, svc, label=None):
         cmd = _local_args(services[svc]["command"], ports, runs_dir)
-        with monkeypatch.context() as m:  # conftest.Proc takes its environment from conftest.ENV
-            m.setattr(conftest, "ENV", service_env(svc))
-            return procs.start(label or name, *cmd)
+        return procs.start(label or name, *cmd, env=service_env(svc))
 
     def healthy(svc):
         test = services[svc]["healthcheck"]["test"]

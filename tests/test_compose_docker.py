@@ -15,7 +15,7 @@ import time
 
 import portpicker
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto.security import ClientSecurity
@@ -37,7 +37,11 @@ def _skip_reason() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason())),
+]
 
 
 def _run(*cmd, env=None, timeout=300, check=True) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import rlfleet, start_replay_and_learner, status_or_none, wait_for
+from helpers import rlfleet, start_replay_and_learner, status_or_none, wait_for
 
 CASES = {
     # Adam moves every weight by about the learning rate per step: PPO's policy std overflows at once.
@@ -18,6 +18,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(CASES))
 def test_a_diverging_learner_stops_with_its_fault_and_keeps_finite_checkpoints(algo, procs, tmp_path, free_port):
     settings = CASES[algo]
@@ -56,6 +57,7 @@ def test_a_diverging_learner_stops_with_its_fault_and_keeps_finite_checkpoints(a
                 assert np.isfinite(value).all(), (ckpt, name)
 
 
+@pytest.mark.slow
 def test_a_run_without_observation_clipping_is_not_taken_for_a_divergence(tmp_path):
     """PPO without observation normalization has no clip: it travels as float32's largest value, not +inf,
     so the finite-weights check passes (the Ant-v5 preset runs this way)."""

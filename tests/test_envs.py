@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import rlfleet
+from helpers import rlfleet
 
 from rlfleet.actors.envs import BACKENDS, EnvError, env_seeds, env_spec, make_batched_env
 

@@ -10,10 +10,13 @@ import math
 import os
 import signal
 
-from conftest import status_or_none, wait_for
+import pytest
+from helpers import status_or_none, wait_for
 
 from rlfleet.deploy.status import format_status
 from rlfleet.replay.checkpoints import latest_checkpoint
+
+pytestmark = pytest.mark.slow
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
@@ -254,7 +257,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
 def test_checkpoint_replay_keeps_its_timeout_against_a_frozen_server(procs, tmp_path, free_port):
     import time
 
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
 

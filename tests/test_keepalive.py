@@ -9,7 +9,10 @@ import socket
 import threading
 import time
 
-from conftest import start_replay_and_learner, status_or_none, wait_for
+import pytest
+from helpers import start_replay_and_learner, status_or_none, wait_for
+
+pytestmark = pytest.mark.slow
 
 SETTINGS = ("--algo", "ppo", "--env", "Pendulum-v1", "--set", "eval_every_updates=1000", "--set", "eval_episodes=1")
 

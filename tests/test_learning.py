@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
-from conftest import ENV, ROOT
+import pytest
+from helpers import ENV, ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def test_up_learns_inverted_pendulum(tmp_path):

@@ -10,11 +10,14 @@ import sys
 import time
 
 import grpc
-from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
+import pytest
+from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
 from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats
 from rlfleet.deploy.status import get_status
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
+
+pytestmark = pytest.mark.slow
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 SIMULATED = 128

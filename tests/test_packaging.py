@@ -15,7 +15,10 @@ import sys
 import tomllib
 import zipfile
 
-from conftest import ROOT
+import pytest
+from helpers import ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def _run(*cmd, cwd=None):

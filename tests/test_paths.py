@@ -193,6 +193,7 @@ _TZ_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_replay_checkpoints_do_not_depend_on_the_clock_or_time_zone(tmp_path):
     # Reverb names a checkpoint by the local time: a server 26 hours "behind" the one before it writes a name
     # that sorts first, which Reverb's own pruning (it keeps the name that sorts last) would delete at once.
@@ -232,6 +233,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
+@pytest.mark.root
 def test_a_full_disk_is_a_clear_error_and_the_last_checkpoint_stays(small_disk):
     from rlfleet.deploy.files import StorageError
 
@@ -256,6 +258,8 @@ def test_a_full_disk_is_a_clear_error_and_the_last_checkpoint_stays(small_disk):
     assert variable.numpy()[0] == 1
 
 
+@pytest.mark.slow
+@pytest.mark.root
 def test_an_unwritable_run_directory_is_refused_by_every_service(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a read-only tmpfs needs root")
@@ -265,7 +269,7 @@ def test_an_unwritable_run_directory_is_refused_by_every_service(tmp_path):
     mounted = subprocess.run(mount, capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[-200:]}")
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     try:
         dqn = ("--algo", "dqn", "--env", "CartPole-v1")

@@ -203,6 +203,7 @@ def test_cleanrl_preset_and_its_update():
     assert metrics["max_importance_weight"] >= metrics["mean_importance_weight"] > 0
 
 
+@pytest.mark.slow
 def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_policy():
     """On-policy data: both objectives are one update. Data whose behaviour policy gave every action e times less
     probability than the learner's: the decoupled objective's ratio starts at 1 (anchor: the learner's policy) and
@@ -235,6 +236,7 @@ def test_off_policy_objective_anchors_the_ratio_at_the_learner_or_the_behaviour_
         make_config("default", SPEC.env_id, {"off_policy_objective": "behaviour", "policy_objective": "kl_penalty"})
 
 
+@pytest.mark.slow
 def test_advantage_traces_change_nothing_on_policy_and_something_off_policy():
     cfg = {"epochs": 1, "num_minibatches": 1}
     make = lambda traces: BatchPPO(
@@ -250,6 +252,7 @@ def test_advantage_traces_change_nothing_on_policy_and_something_off_policy():
         assert all(np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a) is same
 
 
+@pytest.mark.slow
 def test_target_kl_stops_an_update_once_the_policy_has_moved_far_enough():
     """The same batch and start: without target_kl every gradient step runs; with a target smaller than any step's
     KL, only the first (always taken) runs; with a middling one the update stops part-way and ends closer to where

@@ -2,7 +2,7 @@
 
 import filecmp
 
-from conftest import ROOT
+from helpers import ROOT
 
 from rlfleet.proto import generate
 

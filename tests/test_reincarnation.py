@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-from conftest import ENV, ROOT
+from helpers import ENV, ROOT
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.agent import evaluate_dqn
@@ -69,6 +69,7 @@ def cartpole_teacher(tmp_path_factory):
     return logdir
 
 
+@pytest.mark.slow
 def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teacher):
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
@@ -104,6 +105,7 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     assert q.shape == (2, 2) and np.all(np.isfinite(q.numpy()))
 
 
+@pytest.mark.slow
 def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teacher, tmp_path):
     """Reincarnation (Agarwal et al. 2022, Sec. 4): offline pretraining on the teacher's replay alone brings the
     student to the teacher's return, before any env step (DQN from scratch is a random policy there)."""
@@ -158,6 +160,7 @@ def _files(root):
     return out
 
 
+@pytest.mark.slow
 def test_distillation_benchmark_runs_the_offline_phase_and_leaves_the_teacher_as_it_was(
     cartpole_teacher, tmp_path, monkeypatch
 ):
@@ -228,6 +231,7 @@ def test_restored_replay_checkpoint_has_the_same_items_and_is_not_rate_limited(t
     assert latest_checkpoint(str(root)) is not None  # the teacher's own checkpoint is untouched
 
 
+@pytest.mark.slow
 def test_unusable_teachers_fail_fast(cartpole_teacher, tmp_path):
     spec = env_spec("CartPole-v1")
     with pytest.raises(TeacherError, match="no such directory"):
@@ -287,6 +291,7 @@ def test_unusable_teachers_fail_fast(cartpole_teacher, tmp_path):
     assert out.returncode == 2 and "needs --teacher DIR" in out.stderr
 
 
+@pytest.mark.slow
 def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
     """A few thousand Atari steps through the cluster (AtariVectorEnv actors, Nature CNN, frame-sharing replay),
     ending in a teacher directory that QDagger loads and continues from."""

@@ -7,14 +7,15 @@ is refused with a clear error, and nothing of it reaches the learner or replay.
 
 import subprocess
 
-import conftest
 import grpc
 import pytest
-from conftest import rlfleet, start_replay_and_learner, wait_for
+from helpers import ENV, rlfleet, start_replay_and_learner, wait_for
 
 from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity
+
+pytestmark = pytest.mark.slow
 
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
@@ -66,7 +67,7 @@ def _inserts(st):
     return sum(t["inserts"] for t in st["replay"])
 
 
-def test_token_required(procs, tmp_path, free_port, monkeypatch):
+def test_token_required(procs, tmp_path, free_port):
     replay, learner, address = _start(procs, tmp_path, free_port, "--token", "s3cret")
     good = ClientSecurity(token="s3cret")
     wait_for(lambda: rlfleet("health", "--learner", address).returncode == 0, 180, "the learner", [replay, learner])
@@ -91,8 +92,8 @@ def test_token_required(procs, tmp_path, free_port, monkeypatch):
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "token" in e.value.details()
 
     # The right token from the environment ($RLFLEET_TOKEN), as docker-compose passes it.
-    monkeypatch.setitem(conftest.ENV, "RLFLEET_TOKEN", "s3cret")
-    actor = procs.start("actor", "actor", "--learner", address)
+    with_token = dict(ENV, RLFLEET_TOKEN="s3cret")
+    actor = procs.start("actor", "actor", "--learner", address, env=with_token)
     st = wait_for(
         lambda: (s := get_status(address, 5, good)) and s["actors"] and _inserts(s) > 0 and s,
         120,
@@ -102,7 +103,8 @@ def test_token_required(procs, tmp_path, free_port, monkeypatch):
     assert st["actors"][0]["address"] == "127.0.0.1"
     # Its heartbeats (on the Heartbeats stream, with the token) are counted.
     wait_for(lambda: get_status(address, 5, good)["actors"][0]["env_steps"] > 0, 60, "heartbeats", [learner, actor])
-    assert rlfleet("status", "--learner", address, "--json").returncode == 0  # token from the environment
+    # `status` takes the token from $RLFLEET_TOKEN too.
+    assert rlfleet("status", "--learner", address, "--json", env=with_token).returncode == 0
 
 
 def test_mutual_tls(procs, tmp_path, free_port, certs):
@@ -157,12 +159,11 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     "where,token,named",
     [("env", "s3cret\n", "$RLFLEET_TOKEN"), ("flag", "sécret", "--token"), ("env", " s3cret", "$RLFLEET_TOKEN")],
 )
-def test_a_token_grpc_cannot_carry_is_refused_by_every_command_at_start(monkeypatch, tmp_path, where, token, named):
+def test_a_token_grpc_cannot_carry_is_refused_by_every_command_at_start(tmp_path, where, token, named):
     """A token file's trailing newline, a non-ASCII letter, a stray space: the learner would start and refuse
     every client with a message that never mentions the token. Each command refuses it before it starts."""
     flag = ("--token", token) if where == "flag" else ()
-    if where == "env":
-        monkeypatch.setitem(conftest.ENV, "RLFLEET_TOKEN", token)
+    env = dict(ENV, RLFLEET_TOKEN=token) if where == "env" else ENV
     commands = [
         ("status", "--learner", "127.0.0.1:1", *flag),
         ("actor", "--learner", "127.0.0.1:1", *flag),
@@ -172,7 +173,7 @@ def test_a_token_grpc_cannot_carry_is_refused_by_every_command_at_start(monkeypa
     if where == "env":  # `up` takes the token from the environment only
         commands.append(("up", "--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100, "--logdir", tmp_path))
     for command in commands:
-        out = rlfleet(*command, timeout=120)
+        out = rlfleet(*command, env=env, timeout=120)
         assert out.returncode == 2, (command, out.stderr[-2000:])
         assert f"rlfleet: error: {named}: the token holds" in out.stderr, (command, out.stderr[-2000:])
         assert "Traceback" not in out.stderr

@@ -6,9 +6,11 @@ import socket
 import numpy as np
 import pytest
 import reverb
-from conftest import rlfleet, wait_for
+from helpers import rlfleet, wait_for
 
 from rlfleet.deploy.status import get_status
+
+pytestmark = pytest.mark.slow
 
 ENV_ID = "InvertedPendulum-v5"
 SMALL = [

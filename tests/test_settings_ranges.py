@@ -70,7 +70,7 @@ def test_settings_that_together_could_never_update_are_refused():
 
 
 def test_an_out_of_range_setting_is_an_error_before_anything_starts(tmp_path):
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     out = rlfleet(
         "up",
@@ -95,7 +95,7 @@ def test_an_out_of_range_setting_is_an_error_before_anything_starts(tmp_path):
     [("--actors", 0), ("--envs-per-actor", 0), ("--learner-port", 70000), ("--report-interval", 0), ("--seed", -1)],
 )
 def test_an_out_of_range_option_is_an_error_before_anything_starts(tmp_path, option, value):
-    from conftest import rlfleet
+    from helpers import rlfleet
 
     out = rlfleet(
         "up", "--algo", "ppo", "--env", "Hopper-v5", "--total-steps", 1000, "--logdir", tmp_path / "r", option, value

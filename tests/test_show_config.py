@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import rlfleet
+from helpers import rlfleet
 
 from rlfleet import algorithms
 from rlfleet.algorithms import settings
@@ -47,6 +47,7 @@ def test_describe_reads_the_comment_that_ends_each_declaration():
     }
 
 
+@pytest.mark.slow
 def test_show_config_prints_the_resolved_settings(tmp_path):
     out = rlfleet(
         "up", "--algo", "ppo", "--env", "Swimmer-v5", "--set", "learning_rate=1e-4", "--show-config",
@@ -74,6 +75,7 @@ def test_show_config_prints_the_resolved_settings(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_one_settings_file_for_every_process(tmp_path):
     """`rlfleet settings` resolves the options once; replay, learner and up take the file with --run-config."""
     path = tmp_path / "s" / "settings.json"

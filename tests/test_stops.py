@@ -17,7 +17,8 @@ import sys
 import time
 
 import psutil
-from conftest import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
+import pytest
+from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
 from rlfleet.deploy.status import get_status
 
@@ -45,6 +46,7 @@ def _kill_tree(procs):
             pass
 
 
+@pytest.mark.slow
 def test_sigkill_of_up_leaves_no_process_behind(tmp_path, free_port):
     port = free_port()
     run = tmp_path / "run"
@@ -64,6 +66,7 @@ def test_sigkill_of_up_leaves_no_process_behind(tmp_path, free_port):
     assert list((run / "checkpoints").glob("ckpt-*.index")), (tmp_path / "up.log").read_text()[-3000:]
 
 
+@pytest.mark.slow
 def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
     port = free_port()
     run = tmp_path / "run"
@@ -109,6 +112,7 @@ def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
     assert summary["env_steps"] >= 3000, summary
 
 
+@pytest.mark.slow
 def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, free_port):
     replay, learner, address = start_replay_and_learner(procs, free_port, DQN, tmp_path / "run")
     wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
@@ -128,6 +132,7 @@ def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, fr
     assert steps > 0 and st["env_steps"] >= steps
 
 
+@pytest.mark.slow
 def test_replay_without_checkpoint_dir_leaves_no_temporary_folder(procs, free_port, tmp_path):
     """Stopped with SIGTERM, the server removes its scratch folder; killed with SIGKILL it cannot, and the next
     server started on the machine removes it (empty, and its pid gone), keeping a live server's folder."""
@@ -182,6 +187,7 @@ def _signal_burst(proc, seconds=2.0, gap_s=0.0002):
         time.sleep(gap_s)
 
 
+@pytest.mark.slow
 def test_a_burst_of_sigterms_stops_every_service_cleanly(procs, tmp_path, free_port):
     """Each service starts its clean stop once however many signals come: before, a signal handler that set a
     threading.Event could wait forever for the event's lock, held by its own thread (a replay server hung so,
@@ -242,6 +248,7 @@ def test_the_stop_signal_handler_never_waits_for_the_stop_events_lock():
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.mark.slow
 def test_replay_on_port_0_serves_on_the_free_port_it_prints_and_stops(procs, tmp_path):
     """`--port 0` serves on a free port and prints that one (Reverb, given 0, reported 0: the final checkpoint's
     client dialled localhost:0 and the server hung at its stop)."""

@@ -4,7 +4,8 @@ that trains on it (real processes on loopback), and the asynchronous mode's lag 
 import json
 
 import numpy as np
-from conftest import rlfleet
+import pytest
+from helpers import rlfleet
 
 # Pendulum-v1: a continuous-action env cheap enough to step in-process. Two actors of 2 envs, items of 64
 # steps: a batch of 512 env steps is 4 items, 2 from each actor.
@@ -48,6 +49,7 @@ def _run(tmp_path, name, *more, actors=2, total_steps=8000):
     return summary, [r for r in rows if r.get("policy_lag_max") is not None]
 
 
+@pytest.mark.slow
 def test_synchronous_actors_collect_each_batch_with_the_version_that_trains_on_it(tmp_path):
     summary, rows = _run(tmp_path, "sync", "--set", "synchronous=true")
     assert summary["consumed_env_steps"] >= 6 * 512 and summary["learner_steps"] > 0
@@ -60,12 +62,14 @@ def test_synchronous_actors_collect_each_batch_with_the_version_that_trains_on_i
         assert all(key in r for r in rows), key
 
 
+@pytest.mark.slow
 def test_asynchronous_actors_run_ahead_and_the_lag_is_counted(tmp_path):
     summary, rows = _run(tmp_path, "async")
     assert summary["off_policy_env_steps"] > 0, summary
     assert max(r["policy_lag_max"] for r in rows) >= 1, rows
 
 
+@pytest.mark.slow
 def test_asynchronous_actors_with_batch_long_items_drop_nothing(tmp_path):
     # One item of 2 envs x 256 steps is the whole batch: every item held ahead is a policy version of lag.
     summary, rows = _run(tmp_path, "credit", "--set", "unroll_length=256", actors=1)
@@ -120,6 +124,7 @@ def test_the_batch_is_shared_out_over_the_actors_and_a_lost_actor_does_not_stall
     assert agent.on_idle(0, 256, 1) is None
 
 
+@pytest.mark.slow
 def test_a_synchronous_run_is_reproducible_from_its_seed(tmp_path):
     # One actor: its items reach the learner in one order. The learning-rate schedule runs on the env steps
     # trained on, not on those the heartbeats reported by then, so nothing of the timing reaches the updates.

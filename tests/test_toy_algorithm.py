@@ -13,6 +13,9 @@ import sys
 import tomllib
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "tests", "toy_algorithm.py")
@@ -95,9 +98,8 @@ def test_toy_algorithm_settings_and_unknown_names():
     assert "--algo impala: no such algorithm (registered: ppo, dqn, qdagger, toy_reinforce)" in unknown.stderr
 
 
-def test_a_plugin_that_fails_or_is_missing_is_named(procs, free_port, tmp_path, monkeypatch):
-    import conftest
-    from conftest import wait_for
+def test_a_plugin_that_fails_or_is_missing_is_named(procs, free_port, tmp_path):
+    from helpers import ENV, wait_for
 
     broken = tmp_path / "broken_plugin.py"
     broken.write_text("raise RuntimeError('boom in the plugin')\n")
@@ -109,15 +111,14 @@ def test_a_plugin_that_fails_or_is_missing_is_named(procs, free_port, tmp_path, 
     # A learner that runs the plugin's algorithm, and an actor machine that lacks the plugin.
     replay_port, learner_port = free_port(), free_port()
     run_config = tmp_path / "settings.json"
-    with monkeypatch.context() as m:
-        m.setattr(conftest, "ENV", dict(conftest.ENV, RLFLEET_PLUGINS=TOY))
-        written = _rlfleet("settings", "--algo", "toy_reinforce", "--env", "CartPole-v1", "--out", run_config)
-        assert written.returncode == 0, written.stderr
-        replay = procs.start("replay", "replay", "--run-config", run_config, "--port", replay_port)
-        learner = procs.start(
-            "learner", "learner", "--run-config", run_config, "--replay", f"127.0.0.1:{replay_port}",
-            "--logdir", tmp_path / "run", "--port", learner_port,
-        )  # fmt: skip
+    with_plugin = dict(ENV, RLFLEET_PLUGINS=TOY)
+    written = _rlfleet("settings", "--algo", "toy_reinforce", "--env", "CartPole-v1", "--out", run_config)
+    assert written.returncode == 0, written.stderr
+    replay = procs.start("replay", "replay", "--run-config", run_config, "--port", replay_port, env=with_plugin)
+    learner = procs.start(
+        "learner", "learner", "--run-config", run_config, "--replay", f"127.0.0.1:{replay_port}",
+        "--logdir", tmp_path / "run", "--port", learner_port, env=with_plugin,
+    )  # fmt: skip
     wait_for(lambda: "serving on" in learner.output(), 120, "the learner", [replay, learner])
     actor = procs.start("actor", "actor", "--learner", f"127.0.0.1:{learner_port}")  # no RLFLEET_PLUGINS
     assert actor.proc.wait(timeout=120) == 2
