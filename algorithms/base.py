@@ -95,7 +95,7 @@ class StepResult:
     service's every-`eval_every_updates` evaluations); metrics: floats for
     logs and TensorBoard. A NaN/inf in a metric whose name contains "loss",
     or in `export_weights()` when a version is published or checkpointed, is
-    taken as divergence: the learner stops with its fault (README, Faults).
+    taken as divergence: the learner stops with its fault (docs: Faults and recovery).
     """
 
     gradient_steps: int = 0

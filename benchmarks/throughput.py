@@ -113,7 +113,8 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
 
 
 def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
-    """Env steps/s written into Reverb by real actor processes (learner drops, does not train)."""
+    """Env steps/s written into Reverb by real actor processes (the learner reads every item and never trains: it
+    holds them, so keep the window to minutes)."""
     from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "batch_env_steps=1000000000", "--set", "actor_credit=false"]

@@ -147,7 +147,7 @@ _common = [
         "--algo",
         default=None,
         help=f"Algorithm (default: ppo): {algorithms.describe_all()}. More register through $RLFLEET_PLUGINS "
-        "(README, Architecture).",
+        "(docs: Adding an algorithm).",
     ),
     click.option(
         "--env",

@@ -195,6 +195,7 @@ class LaunchPlan:
     resume_cmd: str
     replay_address: str
     teacher_address: str | None
+    learner_port: int
     learner_address: str
     settings_path: str  # RUN/settings.json: the resolved settings every process reads
 
@@ -202,8 +203,8 @@ class LaunchPlan:
 def _plan(
     algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
     report_interval, teacher, bind,
-) -> tuple[LaunchPlan, int]:  # fmt: skip
-    """Checks the arguments and the run directory and picks the ports; returns the plan and the learner port.
+) -> LaunchPlan:  # fmt: skip
+    """Checks `launch`'s arguments (see there) and the run directory, and picks the ports.
 
     Raises:
         LaunchError: bad env/preset/teacher/token, a run directory that conflicts or cannot be written, or an
@@ -247,10 +248,11 @@ def _plan(
         resume_cmd=resume_cmd,
         replay_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}",
         teacher_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None,
+        learner_port=learner_port,
         learner_address=host_port(LOOPBACK if bare_host(bind) in ("0.0.0.0", "::") else bind, learner_port),
         settings_path=os.path.join(logdir, SETTINGS_FILE),
     )
-    return plan, learner_port
+    return plan
 
 
 class _Cluster:
@@ -288,11 +290,11 @@ class _Cluster:
             ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
             _wait_until(ready, self.children, "the teacher's replay server", 300)
 
-    def start_learner(self, learner_port: int, seed: int, env_backend: str, resume, teacher, bind: str) -> None:
+    def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str) -> None:
         """The learner, on the plan's settings and replay server; waits until it answers."""
         p = self.plan
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
-        args += ["--total-steps", str(p.total_steps), "--port", str(learner_port), "--bind", bind]
+        args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
         args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
         args += ["--linger", "3"]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
@@ -325,6 +327,7 @@ class _Cluster:
             for c in self.children:
                 if c is not learner and c.proc.poll() not in (None, 0):
                     raise _fail_child(c)
+            for c in self.children:
                 if "replay" in c.name and c.proc.poll() is not None:
                     raise _fail_child(c)
             if time.monotonic() >= next_report:
@@ -413,7 +416,7 @@ def launch(
     Raises:
         LaunchError: bad env/preset/teacher (before anything starts), or a child died.
     """
-    plan, learner_port = _plan(
+    plan = _plan(
         algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
         report_interval, teacher, bind,
     )  # fmt: skip
@@ -426,7 +429,7 @@ def launch(
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         cluster.start_replay(teacher)
-        cluster.start_learner(learner_port, seed, env_backend, resume, teacher, bind)
+        cluster.start_learner(seed, env_backend, resume, teacher, bind)
         print(
             f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
             f"{plan.learner_address})",

@@ -144,63 +144,63 @@ class Learner:
         rlfleet.deploy.files.StorageError: the run directory cannot be written.
     """
 
-    def __init__(self, spec: RunSpec):
-        self.run_spec = spec
-        self.algo, self.env_id, self.seed, self.preset = spec.algo, spec.env_id, spec.seed, spec.preset
-        self.replay_address = spec.replay_address
-        self.replay_for_actors = spec.replay_for_actors or spec.replay_address
-        self.logdir, self.total_steps = spec.logdir, spec.total_steps
-        self.env_backend = spec.env_backend
-        self.report_interval_s, self.checkpoint_interval_s = spec.report_interval_s, spec.checkpoint_interval_s
-        self.linger_s, self.actor_timeout_s = spec.linger_s, spec.actor_timeout_s
-        self.teacher_replay = spec.teacher_replay
-        run = self._setup_algorithm(spec)
-        progress = self._setup_checkpoints(spec)
-        write_json(os.path.join(self.logdir, "run.json"), run)
-        self._setup_state(spec, progress)
-        self._bind(spec)
+    def __init__(self, run: RunSpec):
+        self.run_spec = run
+        self.algo, self.env_id, self.seed, self.preset = run.algo, run.env_id, run.seed, run.preset
+        self.replay_address = run.replay_address
+        self.replay_for_actors = run.replay_for_actors or run.replay_address
+        self.logdir, self.total_steps = run.logdir, run.total_steps
+        self.env_backend = run.env_backend
+        self.report_interval_s, self.checkpoint_interval_s = run.report_interval_s, run.checkpoint_interval_s
+        self.linger_s, self.actor_timeout_s = run.linger_s, run.actor_timeout_s
+        self.teacher_replay = run.teacher_replay
+        identity = self._setup_algorithm(run)
+        progress = self._setup_checkpoints(run)
+        write_json(os.path.join(self.logdir, "run.json"), identity)
+        self._setup_state(run, progress)
+        self._bind(run)
 
-    def _setup_algorithm(self, spec: RunSpec) -> dict:
+    def _setup_algorithm(self, run: RunSpec) -> dict:
         """The env, settings and agent of the run, checked against the run directory; returns run.json's
         identity."""
-        self.spec = env_spec(spec.env_id)
-        require_action_kind(self.spec, spec.algo)
-        self.config = make_algo_config(spec.algo, spec.preset, spec.env_id, spec.overrides)
-        check_writable(spec.logdir, "the run directory")  # StorageError: read-only, no permission, full
-        self.algorithm = algorithms.get(spec.algo)
-        if self.algorithm.uses_teacher and not (spec.teacher and spec.teacher_replay):
+        self.spec = env_spec(run.env_id)
+        require_action_kind(self.spec, run.algo)
+        self.config = make_algo_config(run.algo, run.preset, run.env_id, run.overrides)
+        check_writable(run.logdir, "the run directory")  # StorageError: read-only, no permission, full
+        self.algorithm = algorithms.get(run.algo)
+        if self.algorithm.uses_teacher and not (run.teacher and run.teacher_replay):
             raise LearnerError(
-                f"--algo {spec.algo} needs --teacher DIR (the run directory it learns from) and "
+                f"--algo {run.algo} needs --teacher DIR (the run directory it learns from) and "
                 "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
             )
-        teacher = spec.teacher if self.algorithm.uses_teacher else None
-        run = run_identity(spec.algo, spec.env_id, spec.preset, self.config.to_json(), teacher)
-        check_run_dir(spec.logdir, spec.resume, run)
+        teacher = run.teacher if self.algorithm.uses_teacher else None
+        identity = run_identity(run.algo, run.env_id, run.preset, self.config.to_json(), teacher)
+        check_run_dir(run.logdir, run.resume, identity)
         self.agent = make_agent(
-            spec.algo, self.spec, self.config, spec.seed, teacher, spec.teacher_replay, spec.total_steps
+            run.algo, self.spec, self.config, run.seed, teacher, run.teacher_replay, run.total_steps
         )
         extras = {k: v for k, v in self.agent.status_extras().items() if k != "phase"}
         if not all(isinstance(v, numbers.Real) for v in extras.values()):
             raise LearnerError(
-                f"algorithm {spec.algo}: status_extras() must give numbers (besides 'phase'), not {extras}."
+                f"algorithm {run.algo}: status_extras() must give numbers (besides 'phase'), not {extras}."
             )
         try:
             self.network_spec = rlfleet_pb2.NetworkSpec(**self.agent.actor_network())
         except (ValueError, TypeError) as e:
             raise LearnerError(
-                f"algorithm {spec.algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
+                f"algorithm {run.algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
                 "fields of NetworkSpec in proto/rlfleet.proto."
             ) from None
-        if getattr(self.config, "lr_schedule", "constant") == "linear" and not spec.total_steps:
+        if getattr(self.config, "lr_schedule", "constant") == "linear" and not run.total_steps:
             print(
                 "rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
                 "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
                 file=sys.stderr,
                 flush=True,
             )
-        return run
+        return identity
 
-    def _setup_checkpoints(self, spec: RunSpec) -> dict:
+    def _setup_checkpoints(self, run: RunSpec) -> dict:
         """The counters, the checkpoint of agent and counters, and with `resume` their restore from the newest
         intact checkpoint; returns the restored progress record (`read_progress`)."""
         names = ("learner_steps", "env_steps", "policy_version", "consumed_env_steps", "dropped_env_steps", "updates")
@@ -211,10 +211,10 @@ class Learner:
         # Checkpoints name the policy version's variable "weights_version", the status contract's name for it.
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
         self.ckpt = tf.train.Checkpoint(**self.agent.checkpoint_items(), **saved)
-        self.checkpoints = CheckpointStore(os.path.join(spec.logdir, "checkpoints"), self.ckpt, keep=3)
-        if not spec.resume:
+        self.checkpoints = CheckpointStore(os.path.join(run.logdir, "checkpoints"), self.ckpt, keep=3)
+        if not run.resume:
             return read_progress(None)
-        resume = spec.resume
+        resume = run.resume
         try:
             latest, skipped = restore_newest(os.path.join(resume, "checkpoints"), self.ckpt)
         except CheckpointError as e:
@@ -223,7 +223,7 @@ class Learner:
             ) from None
         for line in skipped:
             print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
-        if skipped and os.path.abspath(resume) == os.path.abspath(spec.logdir):  # its own: moved aside
+        if skipped and os.path.abspath(resume) == os.path.abspath(run.logdir):  # its own: moved aside
             moved = quarantine(os.path.join(resume, "checkpoints"), skipped)
             if moved:
                 print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
@@ -231,16 +231,16 @@ class Learner:
         self.count = {k: int(v.numpy()) for k, v in self.counters.items()}
         self.agent.on_resume(self.count["env_steps"])
         print(f"rlfleet learner: resumed from {latest}", flush=True)
-        if spec.total_steps and self.count["env_steps"] >= spec.total_steps:
+        if run.total_steps and self.count["env_steps"] >= run.total_steps:
             print(
-                f"rlfleet learner: this run already has {self.count['env_steps']:,} of its {spec.total_steps:,} env "
+                f"rlfleet learner: this run already has {self.count['env_steps']:,} of its {run.total_steps:,} env "
                 "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
                 "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
                 flush=True,
             )
         return read_progress(latest)
 
-    def _setup_state(self, spec: RunSpec, progress: dict) -> None:
+    def _setup_state(self, run: RunSpec, progress: dict) -> None:
         """The service's state: locks, phase, the actors' book, recent returns, the weights broadcast."""
         self.lock = threading.Lock()
         self._actor_ids_lock = threading.Lock()  # RUN/actor_ids.json
@@ -251,17 +251,17 @@ class Learner:
         self.fault = ""  # why the learner stopped with an error (status `fault`)
         self.start_time = time.monotonic()
         self.registry = ActorRegistry(
-            spec.actor_timeout_s,
+            run.actor_timeout_s,
             base_env_steps=self.count["env_steps"],  # restored
             next_actor_id=progress["next_actor_id"],
             away=progress["actor_env_steps"],  # after --resume: the actors of the checkpoint, counted to there
             # Without a progress record nothing tells which actors the checkpoint's count holds.
-            restored=bool(spec.resume) and progress["recorded"],
+            restored=bool(run.resume) and progress["recorded"],
         )
-        if spec.resume:
+        if run.resume:
             # Ids the earlier process gave out after its last checkpoint are not given out again: their actors
             # rejoin with them (ActorRegistry.heartbeat) and a newcomer must not share one.
-            self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(spec.resume))
+            self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(run.resume))
         # Seconds this run trained in earlier processes (up to the restored checkpoint).
         self.earlier_wall_s = progress["wall_seconds"]
         self.recent_returns = collections.deque(maxlen=RECENT_EPISODES)
@@ -274,29 +274,29 @@ class Learner:
         self._sampler_error: Exception | None = None
         self._replay_status: list[dict] = []
 
-    def _bind(self, spec: RunSpec) -> None:
-        """The gRPC service on `spec.bind`:`spec.port` (not started yet)."""
+    def _bind(self, run: RunSpec) -> None:
+        """The gRPC service on `run.bind`:`run.port` (not started yet)."""
         # Weight streams and unary calls share no thread pool (asyncio server); no SO_REUSEPORT, so a second
         # learner on a port that one already holds fails here instead of splitting the actors between the two.
-        problem = bind_problem(spec.bind, spec.port)
+        problem = bind_problem(run.bind, run.port)
         if problem is None:
             try:
                 self.server = LearnerServer(
                     self,
-                    host_port(spec.bind, spec.port),
+                    host_port(run.bind, run.port),
                     proto_arrays.GRPC_OPTIONS,
-                    security.server_credentials(*spec.tls) if spec.tls else None,
-                    spec.token,
+                    security.server_credentials(*run.tls) if run.tls else None,
+                    run.token,
                 )
             except BindError:
-                problem = bind_problem(spec.bind, spec.port) or "gRPC refused the address"
+                problem = bind_problem(run.bind, run.port) or "gRPC refused the address"
         if problem is not None:
             raise LearnerError(
-                f"cannot bind the learner service to {host_port(spec.bind, spec.port)}: {problem}; choose another "
+                f"cannot bind the learner service to {host_port(run.bind, run.port)}: {problem}; choose another "
                 "--bind address or --port (--learner-port for `rlfleet up`)."
             )
         self.port = self.server.port
-        self.address = host_port(spec.bind, self.port)
+        self.address = host_port(run.bind, self.port)
 
     # ----- called by the servicer (gRPC worker threads) -----
 
@@ -375,7 +375,7 @@ class Learner:
                 learner_steps=self.count["learner_steps"],
                 env_steps=env_steps,
                 policy_version=self.count["policy_version"],
-                weights_version=self.count["policy_version"],  # the same (an older name)
+                weights_version=self.count["policy_version"],  # the same, under the status contract's name
                 episode_return_mean=float(np.mean(recent)) if recent else math.nan,
                 eval_return_mean=self.eval_return_mean,
                 uptime_seconds=now - self.start_time,
@@ -780,8 +780,8 @@ class Learner:
             self.count["policy_version"] += 1
             self._publish_weights()
             if not self._frozen_after_update:
-                # TensorFlow's modules and the traced graphs are some 400k Python objects that live as long as
-                # the learner: frozen, the garbage collector no longer walks them. Walking them paused every
+                # TensorFlow's modules and the traced graphs are hundreds of thousands of Python objects that live
+                # as long as the learner: frozen, the garbage collector no longer walks them. Walking them paused every
                 # thread for a noticeable time with hundreds of actors (the gRPC server's calls make garbage
                 # fast): status and heartbeats waited for it.
                 gc.collect()

@@ -71,6 +71,14 @@ def test_install_next_to_proto_plus_and_uninstall(tmp_path):
         "assert pb.DESCRIPTOR.name == 'rlfleet/proto/rlfleet.proto', pb.DESCRIPTOR.name; pb.Status()",
         cwd=tmp_path,
     )
+    # Every built-in algorithm's folder is in the wheel (the registry imports each builder, which needs no
+    # TensorFlow).
+    _run(
+        python,
+        "-c",
+        "from rlfleet import algorithms; assert algorithms.names() == ['ppo', 'dqn', 'qdagger'], algorithms.names()",
+        cwd=tmp_path,
+    )
     _run(pip, "uninstall", "--quiet", "-y", "rlfleet")
     _run(
         python,

@@ -64,7 +64,7 @@ def make_q_network(spec: EnvSpec, config: DQNConfig, seed: int, name: str):
 
 
 def export_q(net) -> dict:
-    """Named numpy arrays of a Q-network in the layout `rlfleet.actors.policy.q_values` reads."""
+    """Named numpy arrays of a Q-network in the layout `rlfleet.algorithms.dqn.policy.q_values` reads."""
     if isinstance(net, NatureCNN):
         return net.export()
     out = {}

@@ -29,8 +29,8 @@ from rlfleet.algorithms.ppo.policy import MEAN_HEADS
 Activation = OneOf(*ACTIVATIONS)
 MeanHead = OneOf(*MEAN_HEADS)
 PolicyObjective = OneOf("kl_penalty", "clip")
-OffPolicyObjective = OneOf("decoupled", "behaviour", "uncorrected")
-AdvantageTraces = OneOf("none", "ratio")
+OffPolicy = OneOf("decoupled", "behaviour", "uncorrected")
+Traces = OneOf("none", "ratio")
 RewardScale = OneOf("rms", "return", "none")
 Init = OneOf("variance_scaling", "orthogonal")
 AdvantageNorm = OneOf("batch", "minibatch", "none")
@@ -66,10 +66,8 @@ class PPOConfig:
     init_beta: Positive = 1.0  # initial KL penalty coefficient β
     clip_epsilon: Positive = 0.2  # PPO-clip: the ratio is clipped to [1 − ε, 1 + ε]
     max_importance_weight: Positive = 2.0  # truncation of π_proximal/π_behaviour weights (off-policy data)
-    off_policy_objective: OffPolicyObjective = (
-        "decoupled"  # ratio anchor for lagged data: decoupled, behaviour, uncorrected
-    )
-    advantage_traces: AdvantageTraces = "none"  # GAE on lagged data: none, or ratio (later steps × truncated π/π_b)
+    off_policy_objective: OffPolicy = "decoupled"  # PPO ratio anchor for lagged data: decoupled, behaviour, uncorrected
+    advantage_traces: Traces = "none"  # GAE on lagged data: none (as collected), ratio (later steps × truncated π/π_b)
     max_grad_norm: NonNegative = 0.5  # clip each gradient to this global norm (0: no clipping)
     target_kl: NonNegative = 0.0  # update stops once a minibatch's approx KL from its start > 1.5× this (nats; 0: off)
     obs_normalization: bool = True  # observations − running mean, ÷ running std (False: raw, unclipped)

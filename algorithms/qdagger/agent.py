@@ -47,6 +47,9 @@ OFFLINE, ONLINE = "offline_pretraining", "online"
 # Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
 # seeds (`evaluation.evaluation_seed` + episode), so that no student evaluates on the episodes that define its target.
 TEACHER_EVAL_SEED, RANDOM_EVAL_SEED = 10**9, 10**9 + 10**5
+# With teacher_eval_episodes 0 the teacher is measured over eval_episodes as a student evaluation is, on the seeds
+# just after the student's first evaluation seed.
+STUDENT_LIKE_EVAL_SEEDS = 10**6 + 1, 10**6 + 2
 
 
 class QDaggerAgent(DQNAgent):
@@ -103,9 +106,10 @@ class QDaggerAgent(DQNAgent):
         (λ's normalisation)."""
         c = self.config
         episodes = c.teacher_eval_episodes or c.eval_episodes
+        seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else STUDENT_LIKE_EVAL_SEEDS
         teacher = export_q(self.teacher.q)
         self.teacher_return = float(
-            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, TEACHER_EVAL_SEED, c.epsilon_eval))
+            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, seeds[0], c.epsilon_eval))
         )
         rng = np.random.default_rng(1)
         self.random_return = float(
@@ -113,7 +117,7 @@ class QDaggerAgent(DQNAgent):
                 run_batched_episodes(
                     self.spec.env_id,
                     c.random_eval_episodes,
-                    RANDOM_EVAL_SEED,
+                    seeds[1],
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
                 )
             )
