@@ -8,7 +8,8 @@ imports no TensorFlow and no algorithm code.
 Built-in algorithms are the folders named in `BUILTIN` (`rlfleet.algorithms.ppo`, `.dqn`, `.qdagger`): each
 folder's `__init__.py` defines its builder and registers it. Adding a built-in algorithm is one folder plus one
 line in `BUILTIN` (and, for the wheel, its package name in pyproject.toml's `packages`). Algorithms outside this
-package register themselves the same way when their module is imported. Every rlfleet process imports, before its first lookup:
+package register themselves the same way when their module is imported. Every rlfleet process imports, before
+its first lookup:
 - the modules named in the environment variable RLFLEET_PLUGINS (separated by commas; a module name, or
   the path of a .py file), which `rlfleet up` passes on to the processes it starts, and
 - the entry points of the group "rlfleet.algorithms" of installed distributions.
