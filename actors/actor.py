@@ -208,30 +208,7 @@ class Actor:
         self.channel = channel(learner_address, security)
         self.stub = rlfleet_pb2_grpc.LearnerStub(self.channel)
         self.host = socket.gethostname()
-        try:
-            resp = self.stub.RegisterActor(
-                rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
-                wait_for_ready=True,
-                timeout=connect_timeout_s,
-            )
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ActorError(
-                    f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
-                    "check the address (rlfleet up prints it) and that the learner runs. If it serves "
-                    "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
-                    "(the learner's log names the handshake error); if it serves plaintext, pass no "
-                    "TLS options."
-                ) from None
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ActorError(
-                    f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
-                    "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
-                    "certificates)."
-                ) from None
-            raise ActorError(f"learner refused registration: {e.details()}") from None
+        resp = self._register(learner_address, num_envs, connect_timeout_s)
         self.actor_id, self.config = resp.actor_id, resp.config
         try:
             self.collect = algorithms.get(self.config.algo).collect
@@ -259,6 +236,38 @@ class Actor:
         self._heartbeats_failed = 0  # in a row
         self._heartbeats_unanswered = 0  # in a row: sent, but no reply in time (not refused)
         self.heartbeats = HeartbeatStream(self.stub)
+
+    def _register(self, learner_address: str, num_envs: int, connect_timeout_s: float):
+        """RegisterActor, waiting up to `connect_timeout_s` for the learner; returns its reply.
+
+        Raises:
+            ActorError: no connection in time, a refused token or TLS handshake, or a refused registration, each
+                with what to check.
+        """
+        try:
+            return self.stub.RegisterActor(
+                rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
+                wait_for_ready=True,
+                timeout=connect_timeout_s,
+            )
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ActorError(
+                    f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
+                    "check the address (rlfleet up prints it) and that the learner runs. If it serves "
+                    "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
+                    "(the learner's log names the handshake error); if it serves plaintext, pass no "
+                    "TLS options."
+                ) from None
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise ActorError(
+                    f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
+                    "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
+                    "certificates)."
+                ) from None
+            raise ActorError(f"learner refused registration: {e.details()}") from None
 
     def _replay_reachable(self) -> bool:
         """Whether the replay server's port accepts a TCP connection (within 2 s). A refused connection means the

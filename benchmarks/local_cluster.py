@@ -59,13 +59,13 @@ class LocalCluster:
                 str(self.lport),
             ]
         )
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while True:
             try:
                 get_status(self.learner_address, 1)
                 return self
             except Exception:
-                if time.time() > deadline:
+                if time.monotonic() > deadline:
                     self.__exit__()
                     raise RuntimeError("learner did not start") from None
                 time.sleep(0.5)
@@ -74,17 +74,30 @@ class LocalCluster:
         """Starts one `rlfleet actor` joining the learner."""
         return self._start(["actor", "--learner", self.learner_address, *args])
 
-    def window(self, seconds: float, warmup: float) -> tuple[dict, dict, float]:
+    def window(self, seconds: float, warmup: float, start_timeout: float = 300.0) -> tuple[dict, dict, float]:
         """Waits for the first replay insert and `warmup` s, then returns (status before, status after, seconds)
-        around a `seconds` window."""
+        around a `seconds` window.
+
+        Raises:
+            RuntimeError: a process of the cluster exited (e.g. an actor whose env backend does not fit the env),
+                or no item reached the replay within `start_timeout` seconds.
+        """
         from rlfleet.deploy.status import get_status
 
+        deadline = time.monotonic() + start_timeout
         while get_status(self.learner_address, 2)["replay"][0]["inserts"] == 0:
+            dead = [p.args[3] for p in self.procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the {dead[0]} process exited ({[p.returncode for p in self.procs if p.poll() is not None]})"
+                    if dead
+                    else f"no replay insert within {start_timeout:.0f}s"
+                )
             time.sleep(0.5)
         time.sleep(warmup)
-        s0, t0 = get_status(self.learner_address, 2), time.time()
+        s0, t0 = get_status(self.learner_address, 2), time.monotonic()
         time.sleep(seconds)
-        return s0, get_status(self.learner_address, 2), time.time() - t0
+        return s0, get_status(self.learner_address, 2), time.monotonic() - t0
 
     def __exit__(self, *exc) -> None:
         for p in reversed(self.procs):

@@ -791,44 +791,23 @@ def learner_cmd(
     if tls_client_ca and not tls_cert:
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
     logdir = _logdir(logdir, resume)
-    if auto_resume and resume is None and os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
-        fault = _recorded_fault(logdir)
-        if fault:  # a supervisor's restart would resume into the same fault (and the services have stopped)
-            _fail(
-                f"the run in {logdir} failed: {fault} Not resuming it: start a new run directory with changed "
-                "settings (with docker-compose: another RLFLEET_RUN)."
-            )
-        resume = logdir
+    if auto_resume and resume is None:
+        resume = _auto_resume(logdir)
     from rlfleet.actors.envs import EnvError
     from rlfleet.deploy.files import StorageError
     from rlfleet.learner.service import Learner, LearnerError, RunSpec
     from rlfleet.proto.security import token_from_env
 
     try:
-        spec = RunSpec(
-            algo=algo,
-            env_id=env_id,
-            replay_address=replay_address,
-            logdir=logdir,
-            total_steps=total_steps,
-            preset=preset,
-            overrides=overrides or {},
-            seed=seed,
-            resume=resume,
-            teacher=teacher,
-            teacher_replay=teacher_replay,
-            replay_for_actors=replay_for_actors,
-            env_backend=env_backend,
-            port=port,
-            bind=bind,
-            tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
-            token=token_from_env(token),
-            report_interval_s=report_interval,
-            checkpoint_interval_s=checkpoint_interval,
-            linger_s=linger,
+        run = RunSpec(
+            algo=algo, env_id=env_id, replay_address=replay_address, logdir=logdir, total_steps=total_steps,
+            preset=preset, overrides=overrides or {}, seed=seed, resume=resume, teacher=teacher,
+            teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
+            bind=bind, tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None, token=token_from_env(token),
+            report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval, linger_s=linger,
             actor_timeout_s=actor_timeout,
-        )
-        learner = Learner(spec)
+        )  # fmt: skip
+        learner = Learner(run)
         if port_file:
             with open(port_file, "w") as f:
                 f.write(str(learner.port))
@@ -837,6 +816,21 @@ def learner_cmd(
         _fail(str(e))
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
+
+
+def _auto_resume(logdir: str) -> str | None:
+    """`--auto-resume`: the run directory to resume (`logdir` when it holds a checkpoint, else None: a new run).
+    Exits with the recorded fault when the run there failed: a supervisor's restart would resume into the same
+    fault (and the services have stopped)."""
+    if not os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+        return None
+    fault = _recorded_fault(logdir)
+    if fault:
+        _fail(
+            f"the run in {logdir} failed: {fault} Not resuming it: start a new run directory with changed "
+            "settings (with docker-compose: another RLFLEET_RUN)."
+        )
+    return logdir
 
 
 @main.command("actor")

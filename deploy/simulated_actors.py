@@ -40,75 +40,96 @@ async def simulated_actor(address: str, index: int, until: float, stop: asyncio.
     stats {"actor_id", "register_s", "heartbeat_s": [seconds], "versions": [[version, published_at,
     received_at]] (after the first message), "opened_at" (first message), "closed_at", "errors": [str]}
     (times in Unix seconds)."""
-    stats = dict(actor_id=-1, register_s=None, heartbeat_s=[], versions=[], errors=[], opened_at=None, closed_at=0.0)
     await asyncio.sleep(random.random() * HEARTBEAT_S)  # actors start at different times
     async with grpc.aio.insecure_channel(address, options=_OPTIONS) as ch:
-        stub = rlfleet_pb2_grpc.LearnerStub(ch)
+        actor = _SimulatedActor(rlfleet_pb2_grpc.LearnerStub(ch), index, stop, timeout_s)
+        if await actor.register():
+            await actor.live(until)
+    return actor.stats
+
+
+class _SimulatedActor:
+    """The calls of one simulated actor on its own connection (`simulated_actor`)."""
+
+    def __init__(self, stub, index: int, stop: asyncio.Event, timeout_s: float):
+        self.stub, self.index, self.stop, self.timeout_s = stub, index, stop, timeout_s
+        self.stats = dict(
+            actor_id=-1, register_s=None, heartbeat_s=[], versions=[], errors=[], opened_at=None, closed_at=0.0
+        )
+        self.beats = None  # the Heartbeats stream (opened again after a failure)
+
+    async def register(self) -> bool:
         t0 = time.time()
         try:
-            resp = await stub.RegisterActor(
-                rlfleet_pb2.RegisterActorRequest(host=f"simulated-{index}", actor_name="simulated"),
-                timeout=timeout_s,
+            resp = await self.stub.RegisterActor(
+                rlfleet_pb2.RegisterActorRequest(host=f"simulated-{self.index}", actor_name="simulated"),
+                timeout=self.timeout_s,
                 wait_for_ready=True,
             )
         except grpc.aio.AioRpcError as e:
-            stats["errors"].append(f"register: {e.code().name}")
-            return stats
-        stats["register_s"] = time.time() - t0
-        actor_id = stats["actor_id"] = resp.actor_id
+            self.stats["errors"].append(f"register: {e.code().name}")
+            return False
+        self.stats["register_s"] = time.time() - t0
+        self.stats["actor_id"] = resp.actor_id
+        return True
 
-        async def weights():
+    async def weights(self) -> None:
+        """Holds the StreamWeights stream, recording when each version arrived."""
+        stats = self.stats
+        try:
+            request = rlfleet_pb2.StreamWeightsRequest(actor_id=stats["actor_id"])
+            async for msg in self.stub.StreamWeights(request):
+                if stats["opened_at"] is None:  # the first is whatever was latest when the stream opened
+                    stats["opened_at"] = time.time()
+                else:
+                    stats["versions"].append([msg.policy_version, msg.published_at, time.time()])
+        except grpc.aio.AioRpcError as e:
+            if not self.stop.is_set() and e.code() != grpc.StatusCode.CANCELLED:
+                stats["errors"].append(f"weights: {e.code().name}")
+
+    async def beat(self, leaving: bool = False) -> bool:
+        """One heartbeat on the Heartbeats stream (opened again after a failure); returns the learner's stop."""
+        t = time.time()
+        request = rlfleet_pb2.HeartbeatRequest(
+            actor_id=self.stats["actor_id"], host=f"simulated-{self.index}", leaving=leaving
+        )
+        try:
+            if self.beats is None or self.beats.done():  # none yet, or it ended since the last (learner restart)
+                self.beats = self.stub.Heartbeats()
+            async with asyncio.timeout(self.timeout_s):
+                await self.beats.write(request)
+                r = await self.beats.read()
+            if r is grpc.aio.EOF:
+                raise ConnectionError("the heartbeat stream ended before the reply")
+            self.stats["heartbeat_s"].append(time.time() - t)
+            return r.stop
+        except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as e:
+            self.stats["errors"].append(f"heartbeat: {e.code().name if hasattr(e, 'code') else type(e).__name__}")
+            if self.beats is not None:
+                self.beats.cancel()
+            self.beats = None
+            return False
+
+    async def live(self, until: float) -> None:
+        """Streams weights and heartbeats every `HEARTBEAT_S` until `until`, `stop` or the learner's stop; then a
+        last heartbeat with `leaving` set."""
+        stream = asyncio.create_task(self.weights())
+        while time.time() < until and not self.stop.is_set():
             try:
-                async for msg in stub.StreamWeights(rlfleet_pb2.StreamWeightsRequest(actor_id=actor_id)):
-                    if stats["opened_at"] is None:  # the first is whatever was latest when the stream opened
-                        stats["opened_at"] = time.time()
-                    else:
-                        stats["versions"].append([msg.policy_version, msg.published_at, time.time()])
-            except grpc.aio.AioRpcError as e:
-                if not stop.is_set() and e.code() != grpc.StatusCode.CANCELLED:
-                    stats["errors"].append(f"weights: {e.code().name}")
-
-        stream = asyncio.create_task(weights())
-        beats = None  # the Heartbeats stream (opened again after a failure)
-
-        async def beat(leaving=False):
-            nonlocal beats
-            t = time.time()
-            request = rlfleet_pb2.HeartbeatRequest(actor_id=actor_id, host=f"simulated-{index}", leaving=leaving)
-            try:
-                if beats is None or beats.done():  # none yet, or it ended since the last beat (learner restart)
-                    beats = stub.Heartbeats()
-                async with asyncio.timeout(timeout_s):
-                    await beats.write(request)
-                    r = await beats.read()
-                if r is grpc.aio.EOF:
-                    raise ConnectionError("the heartbeat stream ended before the reply")
-                stats["heartbeat_s"].append(time.time() - t)
-                return r.stop
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as e:
-                stats["errors"].append(f"heartbeat: {e.code().name if hasattr(e, 'code') else type(e).__name__}")
-                if beats is not None:
-                    beats.cancel()
-                beats = None
-                return False
-
-        while time.time() < until and not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+                await asyncio.wait_for(self.stop.wait(), HEARTBEAT_S)
             except asyncio.TimeoutError:
                 pass
-            if stop.is_set() or await beat():
+            if self.stop.is_set() or await self.beat():
                 break
-        stats["closed_at"] = time.time()
-        await beat(leaving=True)
-        if beats is not None:
-            beats.cancel()
+        self.stats["closed_at"] = time.time()
+        await self.beat(leaving=True)
+        if self.beats is not None:
+            self.beats.cancel()
         stream.cancel()
         try:
             await stream
         except asyncio.CancelledError:
             pass
-    return stats
 
 
 _STALL_PERIOD_S = 0.05  # seconds between the loop watcher's checks

@@ -117,40 +117,9 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
     n, b, stack = cfg.unroll_length, cfg.num_envs, actor.frame_stack
     rng, obs = actor.start_episodes(venv)
     client = reverb.Client(actor.replay_address)
-    writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b)]
-    real = [collections.deque(maxlen=n + stack) for _ in range(b)]  # False for padding steps
-    zero_action, zero_reward = np.int32(0), np.float32(0.0)
-
-    def append(i: int, step: dict, is_real: bool) -> None:
-        """Appends to writer i, then makes the item whose first step is n steps back, if that one is real."""
-        writers[i].append(step)
-        real[i].append(is_real)
-        if len(real[i]) == n + stack and real[i][-(n + 1)]:
-            writers[i].create_item(
-                cfg.table,
-                1.0,
-                {
-                    k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :]
-                    for k, col in writers[i].history.items()
-                },
-            )
-
-    def pad(i: int, first_obs: np.ndarray) -> None:
-        for k in range(stack - 1):
-            append(
-                i,
-                dict(
-                    observation=first_obs[k],
-                    action=zero_action,
-                    reward=zero_reward,
-                    done=False,
-                    policy_version=np.int64(-1),
-                ),
-                False,
-            )
-
+    envs = [_EnvWriter(client, cfg.table, n, stack) for _ in range(b)]
     for i in range(b):
-        pad(i, obs[i])
+        envs[i].pad(obs[i])
     try:
         while not actor.stop.is_set():
             version, arrays, exploration = weights.latest
@@ -162,34 +131,66 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
             actor.check_finite(next_obs, reward)
             done = np.logical_or(terminated, truncated)
             frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
-            for i in range(b):
-                append(
-                    i,
-                    dict(
-                        observation=frames[i],
-                        action=action[i],
-                        reward=np.float32(reward[i]),
-                        done=done[i],
-                        policy_version=np.int64(version),
-                    ),
-                    True,
+            for i, env in enumerate(envs):
+                step = dict(
+                    observation=frames[i],
+                    action=action[i],
+                    reward=np.float32(reward[i]),
+                    done=done[i],
+                    policy_version=np.int64(version),
                 )
+                env.append(step, True)
                 if truncated[i] and not terminated[i]:
-                    # A time limit is not a terminal state, but the observation to bootstrap from is
-                    # gone (the env reset): the last n steps, whose n-step windows reach it, get no item.
-                    for k in range(1, n + 1):
-                        real[i][-k] = False
+                    env.cut_by_time_limit()
                 if done[i]:  # next_obs[i] starts the next episode
-                    pad(i, next_obs[i])
-            if not all(actor.wait_written(w, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for w in writers):
+                    env.pad(next_obs[i])
+            if not all(actor.wait_written(e.writer, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for e in envs):
                 break
             obs = next_obs
             actor.count_steps(reward, done)
     finally:
-        for writer in writers:
-            writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
-        writers.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
-        writer = client = None
+        for env in envs:
+            env.writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
+        envs.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
+        env = client = None
+
+
+class _EnvWriter:
+    """One env's Reverb writer in `collect_transitions`, and which of its last n + S steps are real (padding
+    steps, on which no item starts, are not)."""
+
+    def __init__(self, client, table: str, n: int, stack: int):
+        self.table, self.n, self.stack = table, n, stack
+        self.writer = client.trajectory_writer(num_keep_alive_refs=n + stack)
+        self.real = collections.deque(maxlen=n + stack)
+
+    def append(self, step: dict, is_real: bool) -> None:
+        """Appends `step`, then makes the item whose first step is n steps back, if that one is real."""
+        n, stack = self.n, self.stack
+        self.writer.append(step)
+        self.real.append(is_real)
+        if len(self.real) == n + stack and self.real[-(n + 1)]:
+            history = self.writer.history
+            columns = {k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :] for k, col in history.items()}
+            self.writer.create_item(self.table, 1.0, columns)
+
+    def pad(self, first_obs: np.ndarray) -> None:
+        """The S − 1 older frames of an episode's first observation stack, as padding steps."""
+        for k in range(self.stack - 1):
+            step = dict(
+                observation=first_obs[k],
+                action=np.int32(0),
+                reward=np.float32(0.0),
+                done=False,
+                policy_version=np.int64(-1),
+            )
+            self.append(step, False)
+
+    def cut_by_time_limit(self) -> None:
+        """A time limit is not a terminal state, but the observation to bootstrap from is gone (the env reset):
+        the last n steps, whose n-step windows reach it, get no item."""
+        for k in range(1, self.n + 1):
+            self.real[-k] = False
 
 
 def split_observations(frames, n_step: int, frame_stack: int):

@@ -114,41 +114,18 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     item starts at the step after the wait, as above.
     """
     cfg = actor.config
-    t, b = cfg.unroll_length, cfg.num_envs
+    b = cfg.num_envs
     rng, obs = actor.start_episodes(venv)
     discount = actor.net.discount
     low = np.asarray(actor.net.action_low, np.float32)
     high = np.asarray(actor.net.action_high, np.float32)
     discounted_return = np.zeros(b, np.float64)  # per env, since its episode started
-    client = reverb.Client(actor.replay_address)
-    appended = item_start = 0  # steps appended; where the next item starts
-    item_version = None  # synchronous collection: the policy version of the item being collected
-    items_of_version = collections.Counter()
-    credit = ItemCredit()  # asynchronous collection's limit on running ahead of the learner
-    writer = client.trajectory_writer(num_keep_alive_refs=t + 1)
-
-    def wait_for_credit() -> bool:
-        """Waits for weights messages until an item may start; False if the actor stops first."""
-        while True:
-            serial, version = weights.serial, weights.latest.version
-            credit.see(version, *weights.item_credit(), weights.resends)
-            if credit.available():
-                return True
-            if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
-                return False
-
+    items = _ItemWriter(actor, weights, epoch)
     try:
         while not actor.stop.is_set():
             serial = weights.serial  # read first: a message in between only ends a wait early
             version, arrays, _ = weights.latest
-            if appended == item_start:  # this step starts an item (the first, or the first after a wait)
-                credit.see(version, *weights.item_credit(), weights.resends)
-                credit.take()
-            if weights.items_per_actor(version) and version != item_version:
-                if appended - item_start != t:  # not the step that ends an item: start a new one here
-                    item_start = appended
-                if appended == item_start:
-                    item_version = version
+            items.before_step(version)
             actor.policy_version = version
             action, log_prob, mean, log_std = sample_actions(arrays, obs, rng)
             actor.check_policy_output(version, action, log_prob)
@@ -158,49 +135,104 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
             actor.check_finite(final_obs)  # the true last observations at truncations
             done = np.logical_or(terminated, truncated)
             discounted_return = discount * discounted_return + reward
-            writer.append(
-                dict(
-                    observation=np.asarray(obs, np.float32),
-                    action=action,
-                    reward=np.asarray(reward, np.float32),
-                    terminated=np.asarray(terminated, bool),
-                    truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
-                    final_observation=final_obs,
-                    discounted_return=discounted_return.astype(np.float32),
-                    behaviour_log_prob=log_prob,
-                    behaviour_mean=mean,
-                    behaviour_log_std=log_std,
-                    policy_version=np.full(b, version, np.int64),
-                )
+            step = dict(
+                observation=np.asarray(obs, np.float32),
+                action=action,
+                reward=np.asarray(reward, np.float32),
+                terminated=np.asarray(terminated, bool),
+                truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+                final_observation=final_obs,
+                discounted_return=discounted_return.astype(np.float32),
+                behaviour_log_prob=log_prob,
+                behaviour_mean=mean,
+                behaviour_log_std=log_std,
+                policy_version=np.full(b, version, np.int64),
             )
-            appended += 1
-            if appended - item_start == t + 1:
-                writer.create_item(cfg.table, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
-                written = item_version if item_version is not None else version
-                item_start, item_version = appended - 1, version
-                items_of_version[written] += 1
-                credit.see(version, *weights.item_credit(), weights.resends)  # at item starts only: not per step
-                limit = weights.items_per_actor(written)
-                if limit and items_of_version[written] >= limit:
-                    if not actor.wait_written(writer, epoch, in_flight=0):
-                        break
-                    if not weights.wait_next(serial, actor.stop, lambda: actor.check_replay(epoch)):
-                        break
-                    item_start, item_version = appended, None
-                    items_of_version.clear()
-                elif credit.available():  # the step just taken starts the next item too
-                    credit.take()
-                    if not actor.wait_written(writer, epoch):
-                        break
-                else:  # asynchronous and as far ahead as the policy-lag limit lets it run
-                    if not actor.wait_written(writer, epoch, in_flight=0) or not wait_for_credit():
-                        break
-                    item_start = appended
+            if not items.append(step, version, serial):
+                break
             obs = next_obs
             discounted_return[done] = 0.0
             actor.count_steps(reward, done)
     finally:
-        writer.close()  # no flush: at shutdown the queue may be full and nobody samples it
-        # Nothing may keep the client alive (an exception's traceback holds this frame): while it lives, a new
-        # client to the same address reuses its connection, which may be the dead one the actor replaces.
-        writer = client = None
+        items.close()
+
+
+class _ItemWriter:
+    """`collect_trajectories`' one writer: which appended step starts the next item, which policy version a
+    synchronous item belongs to, and the asynchronous `ItemCredit`."""
+
+    def __init__(self, actor, weights, epoch: int):
+        self.actor, self.weights, self.epoch = actor, weights, epoch
+        self.t = actor.config.unroll_length
+        self.client = reverb.Client(actor.replay_address)
+        self.writer = self.client.trajectory_writer(num_keep_alive_refs=self.t + 1)
+        self.appended = self.item_start = 0  # steps appended; where the next item starts
+        self.item_version = None  # synchronous collection: the policy version of the item being collected
+        self.items_of_version = collections.Counter()
+        self.credit = ItemCredit()  # asynchronous collection's limit on running ahead of the learner
+
+    def _see_credit(self, version: int) -> None:
+        self.credit.see(version, *self.weights.item_credit(), self.weights.resends)
+
+    def before_step(self, version: int) -> None:
+        """Before a step acted on by `version`: takes credit when it starts an item; synchronously, a new
+        version starts a new item (its steps all of one version)."""
+        if self.appended == self.item_start:  # this step starts an item (the first, or the first after a wait)
+            self._see_credit(version)
+            self.credit.take()
+        if self.weights.items_per_actor(version) and version != self.item_version:
+            if self.appended - self.item_start != self.t:  # not the step that ends an item: start a new one here
+                self.item_start = self.appended
+            if self.appended == self.item_start:
+                self.item_version = version
+
+    def append(self, step: dict, version: int, serial: int) -> bool:
+        """Appends a step acted on by `version` (`serial`: the weights messages seen before it); makes an item
+        when T+1 steps are in, then waits as the collection mode asks. Returns False when the actor stops."""
+        t, weights = self.t, self.weights
+        self.writer.append(step)
+        self.appended += 1
+        if self.appended - self.item_start != t + 1:
+            return True
+        self.writer.create_item(
+            self.actor.config.table, 1.0, {k: col[-(t + 1) :] for k, col in self.writer.history.items()}
+        )
+        written = self.item_version if self.item_version is not None else version
+        self.item_start, self.item_version = self.appended - 1, version
+        self.items_of_version[written] += 1
+        self._see_credit(version)  # at item starts only: not per step
+        limit = weights.items_per_actor(written)
+        if limit and self.items_of_version[written] >= limit:
+            if not self.actor.wait_written(self.writer, self.epoch, in_flight=0):
+                return False
+            if not weights.wait_next(serial, self.actor.stop, lambda: self.actor.check_replay(self.epoch)):
+                return False
+            self.item_start, self.item_version = self.appended, None
+            self.items_of_version.clear()
+        elif self.credit.available():  # the step just taken starts the next item too
+            self.credit.take()
+            if not self.actor.wait_written(self.writer, self.epoch):
+                return False
+        else:  # asynchronous and as far ahead as the policy-lag limit lets it run
+            if not self.actor.wait_written(self.writer, self.epoch, in_flight=0) or not self._wait_for_credit():
+                return False
+            self.item_start = self.appended
+        return True
+
+    def _wait_for_credit(self) -> bool:
+        """Waits for weights messages until an item may start; False if the actor stops first."""
+        weights = self.weights
+        while True:
+            serial, version = weights.serial, weights.latest.version
+            self._see_credit(version)
+            if self.credit.available():
+                return True
+            if not weights.wait_next(serial, self.actor.stop, lambda: self.actor.check_replay(self.epoch)):
+                return False
+
+    def close(self) -> None:
+        """Closes the writer without a flush: at shutdown the queue may be full and nobody samples it. Nothing may
+        keep the client alive (an exception's traceback holds the writer's frame): while it lives, a new client
+        to the same address reuses its connection, which may be the dead one the actor replaces."""
+        self.writer.close()
+        self.writer = self.client = None

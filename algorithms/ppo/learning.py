@@ -192,27 +192,12 @@ class BatchPPO:
         policy_vars, value_vars = self.policy.trainable_variables, self.value.trainable_variables
         for i in tf.range(steps):
             idx = minibatches[i]
-            o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
-            old_log_prob, adv = tf.gather(prox_log_prob, idx), tf.gather(advantages, idx)
-            if c.advantage_norm == "minibatch":
-                adv = losses.normalize_advantages(adv)
+            old_log_prob = tf.gather(prox_log_prob, idx)
             with tf.GradientTape(persistent=True) as tape:
-                mean, log_std = self.policy(o)
-                log_prob = losses.gaussian_log_prob(mean, log_std, a)
-                if c.policy_objective == "clip":
-                    policy_loss, _ = losses.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
-                else:
-                    kl = losses.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
-                    policy_loss, _ = losses.ppo_kl_penalty_loss(
-                        log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
-                    )
-                values = self.value(o)
-                if c.value_clip > 0:
-                    v_loss = losses.clipped_value_loss(
-                        values, tf.gather(old_values, idx), tf.gather(returns, idx), c.value_clip
-                    )
-                else:
-                    v_loss = losses.value_loss(values, tf.gather(returns, idx))
+                log_prob, policy_loss, v_loss = self._minibatch_losses(
+                    idx, obs, actions, old_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns,
+                    old_values, beta,
+                )  # fmt: skip
                 total = policy_loss + c.value_loss_coef * v_loss
             if c.target_kl > 0:
                 if tf.logical_and(
@@ -232,6 +217,46 @@ class BatchPPO:
             taken += 1
         n = tf.cast(tf.maximum(taken, 1), tf.float32)
         return policy_loss, v_loss, kl_sum / n, clip_sum / n, taken
+
+    def _minibatch_losses(
+        self,
+        idx,
+        obs,
+        actions,
+        old_log_prob,
+        prox_mean,
+        prox_log_std,
+        is_weights,
+        advantages,
+        returns,
+        old_values,
+        beta,
+    ):
+        """The policy and value losses of one minibatch (sample indices `idx` [M] into the update's arrays, as
+        `_train` gets them; `old_log_prob` [M] the anchor's log-probs of those samples); returns (log π(a|s) [M],
+        policy loss, value loss), inside the caller's gradient tape."""
+        c = self.config
+        o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
+        adv = tf.gather(advantages, idx)
+        if c.advantage_norm == "minibatch":
+            adv = losses.normalize_advantages(adv)
+        mean, log_std = self.policy(o)
+        log_prob = losses.gaussian_log_prob(mean, log_std, a)
+        if c.policy_objective == "clip":
+            policy_loss, _ = losses.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
+        else:
+            kl = losses.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
+            policy_loss, _ = losses.ppo_kl_penalty_loss(
+                log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
+            )
+        values = self.value(o)
+        if c.value_clip > 0:
+            v_loss = losses.clipped_value_loss(
+                values, tf.gather(old_values, idx), tf.gather(returns, idx), c.value_clip
+            )
+        else:
+            v_loss = losses.value_loss(values, tf.gather(returns, idx))
+        return log_prob, policy_loss, v_loss
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """Rewards as the value function and advantages see them, float32 (scaled ones clipped to ±reward_clip).
