@@ -414,7 +414,7 @@ class BatchPPO:
         metrics `update` returns ({name: float32 scalar}).
 
         One call, not a few hundred eager ops: with Python 3.11, TensorFlow 2.15 keeps ~100 bytes per eager op
-        or function call it runs (tensorflow/tensorflow#62551), which made the learner grow ~7 MB a minute.
+        or function call it runs (tensorflow/tensorflow#62551), so a learner making them per update grows steadily.
         """
         flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
         obs_t, actions = flat(obs_n[:-1]), flat(actions)
