@@ -274,4 +274,4 @@ class AlgorithmBuilder(abc.ABC):
         Raises:
             ValueError: it cannot (the message says why and what to give instead).
         """
-        raise NotImplementedError(f"algorithm {self.name} learns from no teacher")
+        raise ValueError(f"--teacher is for algorithms that learn from a teacher; {self.name} does not.")

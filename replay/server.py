@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from rlfleet.deploy.files import StorageError, check_writable, disk_space, tree_bytes
 from rlfleet.deploy.stopping import on_stop_signals
+from rlfleet.replay import checkpoints
 
 RUN_OVER_POLL_S = 2.0  # seconds between asks of `serve`'s run_over
 
@@ -65,8 +66,6 @@ def serve(
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay;
         rlfleet.deploy.files.StorageError: the checkpoint folder cannot be written.
     """
-    from rlfleet.replay import checkpoints
-
     ckpt, restoring = _checkpointer(checkpoint_dir, teacher_dir)
     requested = {t.name: t.info for t in tables}
     scratch = None
@@ -104,8 +103,6 @@ def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
     """The Reverb checkpointer `serve` starts with, and the checkpoint it restores (None: empty tables): the
     teacher's replay copied into `checkpoint_dir`, or the newest readable checkpoint there (damaged ones moved
     aside), or (None, None) without a checkpoint folder."""
-    from rlfleet.replay import checkpoints
-
     if teacher_dir:
         if not checkpoint_dir:
             raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
@@ -156,8 +153,6 @@ def _check_restored(server: reverb.Server, requested: dict, restoring: str) -> N
     Raises:
         ValueError: they differ (the server is stopped, nothing was served).
     """
-    from rlfleet.replay import checkpoints
-
     restored = reverb.Client(f"localhost:{server.port}").server_info()
     differences = checkpoints.restored_differences(requested, restored)
     if differences:
@@ -173,8 +168,6 @@ def _check_restored(server: reverb.Server, requested: dict, restoring: str) -> N
 def _serve_until_stopped(port, stop, checkpoint_dir, restoring, checkpoint_interval_s, run_over) -> None:
     """Waits for `stop` or `run_over`, moving the checkpoints clients asked for into place and writing one every
     `checkpoint_interval_s` seconds when the tables changed (with `checkpoint_dir`)."""
-    from rlfleet.replay import checkpoints
-
     next_checkpoint = time.monotonic() + checkpoint_interval_s
     next_poll = time.monotonic() + RUN_OVER_POLL_S
     while not stop.wait(0.5):
@@ -198,8 +191,6 @@ def _serve_until_stopped(port, stop, checkpoint_dir, restoring, checkpoint_inter
 def _checkpoint_if_changed(port: int, checkpoint_dir: str, restoring: str | None, final: bool = False) -> bool:
     """Writes a checkpoint if the tables changed since the latest; False when it could not be written (a full
     disk, say: the tables stay served, and the checkpoints before stay as they were)."""
-    from rlfleet.replay import checkpoints
-
     client = reverb.Client(f"localhost:{port}")
     try:
         checkpoints.promote(checkpoint_dir, protect=restoring)  # Reverb keeps only its newest name: empty it
@@ -255,10 +246,8 @@ def _remove_if_empty(path: str | None) -> bool:
     if path is None:
         return True
     try:
-        from rlfleet.replay.checkpoints import STAGING
-
-        if os.path.isdir(os.path.join(path, STAGING)):
-            os.rmdir(os.path.join(path, STAGING))
+        if os.path.isdir(os.path.join(path, checkpoints.STAGING)):
+            os.rmdir(os.path.join(path, checkpoints.STAGING))
         os.rmdir(path)
         return True
     except OSError:

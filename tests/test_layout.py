@@ -143,7 +143,7 @@ def test_every_package_folder_is_in_the_wheel():
     would be missing from the wheel and the Docker image."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         setuptools = tomllib.load(f)["tool"]["setuptools"]
-    packages = {m for m in _modules() if os.path.basename(_modules()[m]) == "__init__.py"}
+    packages = {m for m, path in _modules().items() if os.path.basename(path) == "__init__.py"}
     assert packages - set(setuptools["packages"]) == set()
 
 
