@@ -265,7 +265,8 @@ class AlgorithmBuilder(abc.ABC):
         Args:
             spec: the env's spaces; config: an instance of `config_class()`; seed: the run's seed;
             total_steps: the run's env-step budget (0: none); teacher: the teacher's run directory and
-            teacher_replay: host:port of the replay server with its replay (with `uses_teacher` only).
+            teacher_replay: host:port of the replay server with its replay (with `uses_teacher` only; the
+            learner refuses to start without both, so an algorithm that uses a teacher always gets them).
         """
 
     def check_teacher(self, directory: str, spec: EnvSpec) -> dict:

@@ -795,7 +795,9 @@ def learner_cmd(
         resume = _auto_resume(logdir)
     from rlfleet.actors.envs import EnvError
     from rlfleet.deploy.files import StorageError
-    from rlfleet.learner.service import Learner, LearnerError, RunSpec
+    from rlfleet.learner.errors import LearnerError
+    from rlfleet.learner.run_spec import RunSpec
+    from rlfleet.learner.service import Learner
     from rlfleet.proto.security import token_from_env
 
     try:

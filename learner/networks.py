@@ -1,4 +1,4 @@
-"""The learner's generic network pieces: an MLP in TensorFlow and its initialisers.
+"""The learner's generic network pieces: an MLP in TensorFlow, its initialisers, and where TensorFlow runs them.
 
 Each algorithm builds its networks from these (`rlfleet.algorithms.<name>.networks`) and exports their
 variables in the layout its actor-side policy reads.
@@ -7,6 +7,7 @@ variables in the layout its actor-side policy reads.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -87,3 +88,16 @@ class MLP(tf.Module):
             if i < len(self.kernels) - 1:
                 x = act(x)
         return x
+
+
+def compute_device() -> str:
+    """Where TensorFlow runs the learner's networks, in words: TensorFlow places every op on the first GPU it sees
+    (the image or install with the `gpu` extra, an NVIDIA driver, and for a container a GPU given to it), else on
+    the CPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        build = "a CPU-only TensorFlow build" if not tf.test.is_built_with_cuda() else "no GPU visible to TensorFlow"
+        return f"networks on the CPU ({build}; {os.cpu_count()} cores)"
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown")
+    more = f"; {len(gpus) - 1} more GPU(s) unused" if len(gpus) > 1 else ""
+    return f"networks on {gpus[0].name.replace('/physical_device:', '')} ({name}{more})"

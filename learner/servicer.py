@@ -5,6 +5,7 @@ while it waits: a weight stream is a coroutine parked on the next policy version
 heartbeats, status and the health check are answered promptly however many actors hold streams (a thread
 pool of fixed size would be used up by the streams). The handlers only translate between
 messages and the learner (`rlfleet.learner.service.Learner`), whose methods are short and lock-guarded.
+`bind_learner_server` binds the server to the run's address, or says why it cannot.
 
 Weights fan-out: `WeightsBroadcast.publish` serializes each policy version once; every stream sends those
 same bytes (the StreamWeights handler's response serializer passes bytes through).
@@ -21,8 +22,11 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlfleet.deploy.addresses import bind_problem, host_port
+from rlfleet.learner.errors import LearnerError
 from rlfleet.proto import rlfleet_pb2
-from rlfleet.proto.security import METADATA_KEY, PROTECTED_PREFIX, TOKEN_ENV
+from rlfleet.proto.arrays import GRPC_OPTIONS
+from rlfleet.proto.security import METADATA_KEY, PROTECTED_PREFIX, TOKEN_ENV, server_credentials
 
 _SERVICE = "rlfleet.Learner"
 # Weight messages being written to streams at once (the other streams wait their turn): at most MAX_WRITES,
@@ -313,3 +317,28 @@ class LearnerServer:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def bind_learner_server(learner, bind: str, port: int, tls: tuple | None = None, token: str = "") -> LearnerServer:
+    """The learner's `LearnerServer` bound to `bind`:`port` (port 0: a free one), not started yet.
+
+    Args:
+        learner: what `LearnerServer` serves; token: see `LearnerServer`.
+        tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
+    Raises:
+        rlfleet.learner.errors.LearnerError: the address cannot be bound; the message says why and what to
+            choose instead.
+    """
+    # Weight streams and unary calls share no thread pool (asyncio server); no SO_REUSEPORT, so a second
+    # learner on a port that one already holds fails here instead of splitting the actors between the two.
+    problem = bind_problem(bind, port)
+    if problem is None:
+        try:
+            credentials = server_credentials(*tls) if tls else None
+            return LearnerServer(learner, host_port(bind, port), GRPC_OPTIONS, credentials, token)
+        except BindError:
+            problem = bind_problem(bind, port) or "gRPC refused the address"
+    raise LearnerError(
+        f"cannot bind the learner service to {host_port(bind, port)}: {problem}; choose another "
+        "--bind address or --port (--learner-port for `rlfleet up`)."
+    )

@@ -1,0 +1,123 @@
+"""A run's progress in checkpoints: the agent's variables and the run's counters in RUN/checkpoints (written and
+read by `rlfleet.learner.checkpoints`), restored on --resume, and the replay server's checkpoint in RUN/replay at
+the end of a run that can teach."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import tensorflow as tf
+
+from rlfleet.deploy.files import StorageError
+from rlfleet.learner.checkpoints import CheckpointError, CheckpointStore, quarantine, restore_newest
+from rlfleet.learner.errors import LearnerError
+from rlfleet.learner.run_dir import read_progress
+from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
+
+# The learner's counters (`Learner.count`), each saved in checkpoints as an int64 variable.
+COUNTERS = ("learner_steps", "env_steps", "policy_version", "consumed_env_steps", "dropped_env_steps", "updates")
+
+
+class ProgressCheckpoints:
+    """The checkpoints of one run directory: the agent's `checkpoint_items()` and the counters, with the progress
+    record (`rlfleet.learner.run_dir.read_progress`) beside each; the newest 3 are kept.
+
+    The training loop and status count in Python ints (every eager TensorFlow op costs memory, see
+    rlfleet.algorithms.ppo.learning.BatchPPO._update); the variables hold them for checkpoints only (`save`).
+
+    Args:
+        agent: the run's `Agent` (`rlfleet.algorithms.base`).
+        logdir: the run directory (its checkpoints/ is created at the first save).
+    """
+
+    def __init__(self, agent, logdir: str):
+        self.agent, self.logdir = agent, logdir
+        self.counters = {k: tf.Variable(0, dtype=tf.int64) for k in COUNTERS}
+        # Checkpoints name the policy version's variable "weights_version", the status contract's name for it.
+        saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
+        checkpoint = tf.train.Checkpoint(**agent.checkpoint_items(), **saved)
+        self.store = CheckpointStore(os.path.join(logdir, "checkpoints"), checkpoint, keep=3)
+
+    @property
+    def latest(self) -> str | None:
+        """The newest checkpoint's path prefix (RUN/checkpoints/ckpt-N), or None before the first."""
+        return self.store.latest
+
+    def restore(self, resume: str, total_steps: int) -> tuple[dict, dict]:
+        """Restores agent and counters from the newest intact checkpoint of the run directory `resume` (the
+        damaged ones newer than it are skipped with a warning, and moved aside when `resume` is this run's own
+        directory); `total_steps` is the run's env-step budget (0: none), for the message when it is reached.
+
+        Returns:
+            ({counter: value}, the checkpoint's progress record).
+        Raises:
+            LearnerError: no checkpoint of `resume` can be read.
+        """
+        folder = os.path.join(resume, "checkpoints")
+        try:
+            latest, skipped = restore_newest(folder, self.store.checkpoint)
+        except CheckpointError as e:
+            raise LearnerError(
+                f"--resume {resume}: {e}. Resume from an intact run directory, or start a new run."
+            ) from None
+        for line in skipped:
+            print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
+        if skipped and os.path.abspath(resume) == os.path.abspath(self.logdir):  # its own: moved aside
+            moved = quarantine(folder, skipped)
+            if moved:
+                print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
+        self.agent.sync_from_checkpoint()
+        count = {k: int(v.numpy()) for k, v in self.counters.items()}
+        self.agent.on_resume(count["env_steps"])
+        print(f"rlfleet learner: resumed from {latest}", flush=True)
+        if total_steps and count["env_steps"] >= total_steps:
+            print(
+                f"rlfleet learner: this run already has {count['env_steps']:,} of its {total_steps:,} env "
+                "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
+                "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
+                flush=True,
+            )
+        return count, read_progress(latest)
+
+    def save(self, count: dict, actors: dict, wall_seconds: float) -> str:
+        """Writes the next checkpoint: the agent's variables (after `Agent.sync_to_checkpoint`), the counters
+        `count` ({counter: value}) and the progress record of the actors' book `actors`
+        (`ActorRegistry.progress()`: actors away keep their place) and `wall_seconds` trained.
+
+        Returns:
+            its path prefix (RUN/checkpoints/ckpt-N).
+        Raises:
+            rlfleet.deploy.files.StorageError: it could not be written (`CheckpointStore.save`).
+        """
+        for name, variable in self.counters.items():
+            variable.assign(count[name])
+        progress = dict(
+            next_actor_id=actors["next_actor_id"],
+            wall_seconds=wall_seconds,
+            actor_env_steps={str(i): n for i, n in actors["actor_env_steps"].items()},
+        )
+        self.agent.sync_to_checkpoint()
+        return self.store.save(progress)
+
+
+def checkpoint_run_replay(replay_address: str, logdir: str) -> str | None:
+    """Has the replay server at `replay_address` write a Reverb checkpoint; returns the folder it keeps its
+    checkpoints in when that is the run directory `logdir`'s replay/ (None, with a warning, when the checkpoint
+    failed or went elsewhere)."""
+    inside = os.path.join(os.path.abspath(logdir), REPLAY_SUBDIR)
+    try:
+        path = checkpoint_replay(replay_address, root=inside)
+    except (ReplayCheckpointError, StorageError) as e:
+        print(f"rlfleet learner: warning: {e}", flush=True)
+        return None
+    if path is None:
+        print(
+            "rlfleet learner: warning: the replay server checkpointed outside this run directory; start "
+            f"`rlfleet replay` with --checkpoint-dir {shlex.quote(inside)} so that the run directory can serve "
+            "as a teacher.",
+            flush=True,
+        )
+        return None
+    print(f"rlfleet learner: replay checkpoint {path}", flush=True)
+    return os.path.dirname(path)

@@ -1,0 +1,165 @@
+"""The learner's side of the replay server: the startup checks of its tables, the samples the training loop
+consumes, and the copy of the tables' counters that status shows.
+
+Samples are read on a thread of their own (`ReplayFeed.start`, thread "sampler") into a small local queue; when
+the replay server goes away (restart, crash) that thread reconnects with backoff for up to `REPLAY_OUTAGE_S`
+seconds before it gives up, and the training loop's next `ReplayFeed.take` raises.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import reverb
+
+from rlfleet.learner.errors import LearnerError
+from rlfleet.replay.server import table_status
+
+REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
+CONNECT_WAIT_S = 60.0  # how long the startup check waits for a replay server to answer
+
+
+class ReplayFeed:
+    """The replay tables of one learner: checked at startup, sampled on the sampler thread, counted for status.
+
+    Args:
+        agent: the run's `Agent` (`rlfleet.algorithms.base`): its table, signature, `samples` and `prefetch`.
+        address: host:port of the run's replay server.
+        teacher_address: host:port of the teacher's replay server (None: the run has none).
+        stop_event: set when the learner stops; the sampler thread ends with it.
+    """
+
+    def __init__(self, agent, address: str, teacher_address: str | None, stop_event: threading.Event):
+        self.agent, self.address, self.teacher_address = agent, address, teacher_address
+        self.stop_event = stop_event
+        self._queue: queue.Queue = queue.Queue(maxsize=agent.prefetch)
+        self._error: Exception | None = None  # why the sampler thread gave up
+        self._tables: list[dict] = []
+
+    def check_tables(self, algo: str, env_id: str, envs_per_actor: int) -> None:
+        """Waits up to `CONNECT_WAIT_S` seconds for each replay server, then checks that it holds the agent's
+        table with the agent's signature (`algo` on `env_id` with `envs_per_actor` envs: for the message).
+
+        Raises:
+            LearnerError: a server unreachable, without the table, or with a table of another signature; the
+                message says how to start it.
+        """
+        learner = f"the learner ({algo} on {env_id}, {envs_per_actor} envs per actor)"
+        self._check_table(self.address, f"rlfleet replay --algo {algo}", "the learner", learner)
+        if self.teacher_address:
+            self._check_table(self.teacher_address, "rlfleet replay --teacher DIR", "the teacher's replay", learner)
+
+    def _check_table(self, address: str, start_hint: str, what: str, learner: str) -> None:
+        info = self._server_info(address, start_hint)
+        table = self.agent.table
+        if table not in info:
+            raise LearnerError(
+                f"replay server {address} has no table {table!r} "
+                f"(tables: {sorted(info)}); start it with `{start_hint}`."
+            )
+        want = self.agent.signature()
+        got = info[table].signature
+        if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != {
+            k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()
+        }:
+            shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
+            raise LearnerError(
+                f"replay table {table} at {address}: its signature does not match {what}: the table holds "
+                f"{shapes(got)}, {learner} needs {shapes(want)}. Start `rlfleet replay` and `rlfleet learner` with "
+                "the same --algo, --env, --config and --set values (for a teacher's replay: the same n_step)."
+            )
+
+    @staticmethod
+    def _server_info(address: str, start_hint: str) -> dict:
+        """The replay server's {table name: table info}, waiting up to `CONNECT_WAIT_S` seconds for it."""
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        said = False
+        while True:
+            try:
+                return reverb.Client(address).server_info(timeout=5)
+            except Exception as e:
+                if not said:
+                    print(
+                        f"rlfleet learner: waiting up to {CONNECT_WAIT_S:.0f} s for the replay server {address}",
+                        flush=True,
+                    )
+                    said = True
+                if time.monotonic() > deadline:
+                    raise LearnerError(
+                        f"replay server {address} unreachable: {e}; start it with `{start_hint}` first."
+                    ) from e
+                time.sleep(1)
+
+    def start(self) -> None:
+        """Starts the sampler thread (a daemon: it ends with `stop_event`, or when the server is lost for good)."""
+        threading.Thread(target=self._sample_loop, daemon=True, name="sampler").start()
+
+    def take(self, timeout_s: float):
+        """The next sample (what the agent's `samples` yields).
+
+        Raises:
+            queue.Empty: none arrived within `timeout_s` seconds.
+            LearnerError: the replay server was lost for longer than `REPLAY_OUTAGE_S`.
+        """
+        if self._error is not None:
+            raise LearnerError(
+                f"lost the replay server {self.address} for more than "
+                f"{REPLAY_OUTAGE_S:.0f}s: {self._error}; restart it (an algorithm that keeps "
+                "its replay: with the same --checkpoint-dir, so that it restores its tables) and "
+                "resume this run with --resume."
+            )
+        return self._queue.get(timeout=timeout_s)
+
+    def _sample_loop(self) -> None:
+        """Feeds the queue from the replay server; when the server goes away it reconnects with backoff for up
+        to REPLAY_OUTAGE_S seconds before giving up."""
+        lost_since, backoff = None, 0.5
+        while not self.stop_event.is_set():
+            try:
+                for sample in self.agent.samples(self.address):
+                    if lost_since is not None:
+                        print(f"rlfleet learner: replay server {self.address} is back", flush=True)
+                    lost_since, backoff = None, 0.5
+                    self._put(sample)
+                    if self.stop_event.is_set():
+                        return
+                return
+            except Exception as e:  # replay unreachable or restarted
+                if self.stop_event.is_set():
+                    return
+                if lost_since is None:
+                    lost_since = time.monotonic()
+                    print(
+                        f"rlfleet learner: lost the replay server {self.address} ({e}); "
+                        f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s",
+                        flush=True,
+                    )
+                elif time.monotonic() - lost_since > REPLAY_OUTAGE_S:
+                    self._error = e  # the training loop's next `take` reports it
+                    return
+                self.stop_event.wait(backoff)
+                backoff = min(2 * backoff, 5.0)
+
+    def _put(self, sample) -> None:
+        """Puts `sample` on the queue once there is room, or drops it when the learner stops first."""
+        while not self.stop_event.is_set():
+            try:
+                self._queue.put(sample, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def refresh_status(self) -> None:
+        """Reads the replay tables' sizes and counters (status shows this copy, so GetStatus never waits on the
+        replay server; this may take seconds when a server is away)."""
+        tables = table_status(self.address, timeout_s=3)
+        if self.teacher_address:
+            tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_address, timeout_s=3)]
+        self._tables = tables
+
+    def tables(self) -> list[dict]:
+        """The last copy of the tables' status (`rlfleet.replay.server.table_status` rows; teacher tables named
+        teacher/NAME)."""
+        return list(self._tables)

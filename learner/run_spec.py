@@ -1,0 +1,57 @@
+"""What one learner process is told (`RunSpec`): what it trains, where its data is, and how it serves. The
+learner (`rlfleet.learner.service.Learner`) and its parts are built from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything one learner process is told: what it trains, where its data is, and how it serves.
+
+    Attributes:
+        algo: a registered algorithm (`rlfleet.algorithms`: ppo, dqn, qdagger, or a plugin's).
+        env_id: gymnasium id.
+        replay_address: host:port of the Reverb server holding the algorithm's table.
+        logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
+        total_steps: stop after this many env steps (0: run until stopped).
+        preset / overrides: hyperparameters (`rlfleet.algorithms.settings.make_algo_config`).
+        seed: the run's seed (actors' env seeds and the networks' initialisation follow from it).
+        resume: a run directory whose latest checkpoint to continue from.
+        teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
+            Reverb server holding its restored replay (`rlfleet replay --teacher`).
+        replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
+        env_backend: the actors' env backend (`rlfleet.actors.envs.BACKENDS`, or "auto").
+        port / bind: where the gRPC service listens (port 0: a free one).
+        tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
+        token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).
+        report_interval_s: seconds between metrics rows; checkpoint_interval_s: seconds between checkpoints.
+        linger_s: seconds the finished learner keeps answering status before it exits.
+        actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
+            steps stay counted; a heartbeat later re-admits it).
+    """
+
+    algo: str
+    env_id: str
+    replay_address: str
+    logdir: str
+    total_steps: int = 0
+    preset: str = "default"
+    overrides: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    resume: str | None = None
+    teacher: str | None = None
+    teacher_replay: str | None = None
+    replay_for_actors: str | None = None
+    env_backend: str = "auto"
+    port: int = 0
+    bind: str = "127.0.0.1"
+    tls: tuple | None = None
+    token: str = ""
+    report_interval_s: float = 5.0
+    checkpoint_interval_s: float = 120.0
+    linger_s: float = 0.0
+    actor_timeout_s: float = ACTOR_TIMEOUT_S

@@ -1,0 +1,90 @@
+"""summary.json: what the learner records of a run when it ends, finished, stopped early or failed.
+
+Its fields, in this order: algo, env_id, preset, seed, total_steps (the env-step budget; 0: none), completed,
+then for a run that ended: status_address, the algorithm's status values (`Agent.status_extras`, after the
+final evaluation), final_eval_return_mean, final_eval_episodes and final_eval_returns (a completed run only),
+replay_checkpoint_dir (a completed run that can teach), or for a failed one: fault, final_eval_return_mean,
+final_eval_episodes; then the counters (`rlfleet.learner.status.counts`), for a run that ended also replay and
+wall_seconds, and last checkpoint and config.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from rlfleet.learner.run_spec import RunSpec
+from rlfleet.learner.status import counts
+
+
+def _head(run: RunSpec, completed: bool, **more) -> dict:
+    """The summary's first fields: algo, env_id, preset, seed, total_steps of `run`, completed, then `more`."""
+    return dict(
+        algo=run.algo,
+        env_id=run.env_id,
+        preset=run.preset,
+        seed=run.seed,
+        total_steps=run.total_steps,
+        completed=completed,
+        **more,
+    )
+
+
+def end_summary(
+    run: RunSpec,
+    completed: bool,
+    status_address: str,
+    extras: dict,
+    returns: list[float] | None,
+    status: dict,
+    wall_seconds: float,
+    checkpoint: str,
+    config,
+    **more,
+) -> dict:
+    """The summary of a run that finished (`completed`) or was stopped early.
+
+    Args:
+        run: what the learner was told; status_address: host:port the learner served on.
+        extras: the agent's `status_extras()` after the final evaluation ("phase" is left out).
+        returns: the final evaluation's episode returns (None: none ran, or it was interrupted).
+        status: the learner's last status dict (`Learner.status_dict`, replay included).
+        wall_seconds: seconds the run trained; checkpoint: the last checkpoint's path prefix.
+        config: the algorithm's settings (a config dataclass with `to_json()`).
+        more: fields after the final evaluation's (replay_checkpoint_dir).
+    """
+    summary = _head(run, completed, status_address=status_address)
+    summary.update({k: v for k, v in extras.items() if k != "phase"})
+    if returns is not None:
+        summary.update(
+            final_eval_return_mean=float(np.mean(returns)),
+            final_eval_episodes=len(returns),
+            final_eval_returns=returns,
+        )
+    else:
+        summary.update(final_eval_return_mean=None, final_eval_episodes=0)
+    summary.update(
+        **more,
+        **counts(status),
+        replay=status["replay"],
+        wall_seconds=wall_seconds,
+        checkpoint=checkpoint,
+        config=json.loads(config.to_json()),
+    )
+    return summary
+
+
+def failure_summary(run: RunSpec, fault: str, status: dict, checkpoint: str | None, config) -> dict:
+    """The summary of a run whose training diverged: `fault` (what status showed), no final evaluation, the
+    counters of the status dict `status`, the last (finite) `checkpoint` and the `config` (with `to_json()`)."""
+    summary = _head(run, False)
+    summary.update(
+        fault=fault,
+        final_eval_return_mean=None,
+        final_eval_episodes=0,
+        **counts(status),
+        checkpoint=checkpoint,
+        config=json.loads(config.to_json()),
+    )
+    return summary
