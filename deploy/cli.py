@@ -704,7 +704,8 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     default=5.0,
     show_default=True,
     type=click.FloatRange(0),
-    help="Seconds to keep serving after the run ends, so actors see the stop.",
+    help="Seconds to keep serving after the run ends, so actors and the replay server see it is over (less once "
+    "every actor has left and the replay server has stopped).",
 )
 @click.option(
     "--exit-code-if-stopped",

@@ -159,6 +159,10 @@ class ReplayFeed:
             tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_address, timeout_s=3)]
         self._tables = tables
 
+    def replay_answers(self, timeout_s: int = 2) -> bool:
+        """Whether the run's replay server answers a ServerInfo call within `timeout_s` seconds."""
+        return bool(table_status(self.address, timeout_s=timeout_s))
+
     def tables(self) -> list[dict]:
         """The last copy of the tables' status (`rlfleet.replay.server.table_status` rows; teacher tables named
         teacher/NAME)."""

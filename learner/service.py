@@ -64,6 +64,8 @@ from rlfleet.proto import rlfleet_pb2
 
 log = logging.getLogger("rlfleet.learner")
 
+LINGER_POLL_S = 1.0  # seconds between looks, after the run's end, at whether anyone is left to tell
+
 
 class Learner:
     """Learner service for one registered algorithm (`rlfleet.algorithms`), built from a `RunSpec`.
@@ -465,9 +467,25 @@ class Learner:
             self.status.phase = "done"
             self.status.finished = completed
         print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
-        if completed and run.linger_s:
-            self.stop_event.wait(run.linger_s)  # let actors see stop=True and status be read
+        if completed:
+            self._linger(run.linger_s)
         return summary
+
+    def _linger(self, seconds: float) -> None:
+        """Keeps serving for up to `seconds` after the run's end, so that actors and the replay server learn from
+        heartbeats and status that it is over; returns sooner once nobody is left to tell (no actor in the
+        registry: each said it is leaving or timed out, and the run's replay server no longer answers), or on
+        SIGTERM/SIGINT."""
+        deadline = time.monotonic() + seconds
+        while not self.stop_event.wait(min(LINGER_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return
+            with self.lock:
+                self.registry.evict_stale(time.monotonic())
+                actors_left = bool(self.registry.actors)
+            if not actors_left and not self.feed.replay_answers():
+                print("rlfleet learner: every actor and the replay server have stopped; exiting", flush=True)
+                return
 
     def _fail(self, fault: str) -> None:
         """Training diverged: status shows `fault` (phase "failed"), actors are told to stop, summary.json
@@ -479,5 +497,4 @@ class Learner:
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         with self.lock:
             self.status.finished = True
-        if run.linger_s:
-            self.stop_event.wait(run.linger_s)  # SIGTERM ends it
+        self._linger(run.linger_s)
