@@ -13,6 +13,7 @@ import click
 
 from rlfleet import algorithms
 from rlfleet.actors import ENV_BACKENDS
+from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
@@ -728,7 +729,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @click.option(
     "--actor-timeout",
-    default=30.0,
+    default=ACTOR_TIMEOUT_S,
     show_default=True,
     type=click.FloatRange(0, min_open=True),
     help="Seconds without a heartbeat after which an actor leaves the status list.",

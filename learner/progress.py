@@ -23,8 +23,8 @@ class ProgressCheckpoints:
     """The checkpoints of one run directory: the agent's `checkpoint_items()` and the counters, with the progress
     record (`rlfleet.learner.run_dir.read_progress`) beside each; the newest 3 are kept.
 
-    The training loop and status count in Python ints (every eager TensorFlow op costs memory, see
-    rlfleet.algorithms.ppo.learning.BatchPPO._update); the variables hold them for checkpoints only (`save`).
+    The training loop and status count in Python ints (an eager TensorFlow op per count would cost memory and
+    time at every step); the variables hold them for checkpoints only (`save`).
 
     Args:
         agent: the run's `Agent` (`rlfleet.algorithms.base`).

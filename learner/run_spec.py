@@ -29,7 +29,8 @@ class RunSpec:
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
         token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).
         report_interval_s: seconds between metrics rows; checkpoint_interval_s: seconds between checkpoints.
-        linger_s: seconds the finished learner keeps answering status before it exits.
+        linger_s: the most seconds the finished learner keeps answering status before it exits (less once the
+            actors and the replay server have stopped).
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
             steps stay counted; a heartbeat later re-admits it).
     """

@@ -64,7 +64,14 @@ from rlfleet.proto import rlfleet_pb2
 
 log = logging.getLogger("rlfleet.learner")
 
-LINGER_POLL_S = 1.0  # seconds between looks, after the run's end, at whether anyone is left to tell
+# After the run's end (`Learner._linger`): seconds between looks at who is still there; the least time it serves
+# on (actors that left ask for status every 2 s, `rlfleet.actors.actor.RUN_END_POLL_S`, until they see the end);
+# failed ServerInfo calls in a row that say the replay server has stopped; how recent (seconds before the end) an
+# answer of the replay server must be for it to count as running at the end.
+LINGER_POLL_S = 1.0
+LINGER_MIN_S = 5.0
+LINGER_REPLAY_GONE = 3
+LINGER_REPLAY_RECENT_S = 5.0
 
 
 class Learner:
@@ -472,24 +479,33 @@ class Learner:
         return summary
 
     def _linger(self, seconds: float) -> None:
-        """Keeps serving for up to `seconds` after the run's end, so that actors and the replay server learn from
-        heartbeats and status that it is over; returns sooner once nobody is left to tell (no actor in the
-        registry: each said it is leaving or timed out, and the run's replay server no longer answers), or on
-        SIGTERM/SIGINT."""
-        deadline = time.monotonic() + seconds
+        """Keeps serving status for up to `seconds` after the run's end, so that actors and the replay server see
+        it is over (finished); returns sooner, or on SIGTERM/SIGINT, once they have: at least `LINGER_MIN_S`
+        have passed (each actor that left has asked for status since), no actor is in the registry (each said
+        it is leaving or timed out), and the run's replay server, seen answering at the end, then failed to answer
+        `LINGER_REPLAY_GONE` times in a row (a server that restarts is not taken for one that stopped)."""
+        start = time.monotonic()
+        deadline = start + seconds
+        # Answering at the end: the status refresh asks it every second (a server that stops at once is seen too).
+        last = self.feed.last_answer
+        replay_seen, replay_missed = last is not None and last >= start - LINGER_REPLAY_RECENT_S, 0
         while not self.stop_event.wait(min(LINGER_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return
+            answers = self.feed.replay_answers(timeout_s=max(1, min(2, int(deadline - now))))
+            replay_seen = replay_seen or answers
+            replay_missed = 0 if answers else replay_missed + 1
             with self.lock:
-                self.registry.evict_stale(time.monotonic())
-                actors_left = bool(self.registry.actors)
-            if not actors_left and not self.feed.replay_answers():
-                print("rlfleet learner: every actor and the replay server have stopped; exiting", flush=True)
+                actors_left = bool(self.registry.actors)  # evicted after their timeout by housekeeping
+            if replay_seen and replay_missed >= LINGER_REPLAY_GONE and not actors_left and now - start >= LINGER_MIN_S:
+                print("rlfleet learner: the actors and the replay server have stopped; exiting", flush=True)
                 return
 
     def _fail(self, fault: str) -> None:
         """Training diverged: status shows `fault` (phase "failed"), actors are told to stop, summary.json
-        records it beside the last (finite) checkpoint; status stays readable for `linger_s` seconds."""
+        records it beside the last (finite) checkpoint; status stays readable for up to `linger_s` seconds
+        (`_linger`)."""
         run = self.run_spec
         with self.lock:
             self.status.fault, self.status.phase, self.run_over = fault, "failed", True

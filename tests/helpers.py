@@ -4,7 +4,9 @@ Imported as `helpers` (pyproject.toml puts tests/ on sys.path); the pytest fixtu
 conftest.py.
 """
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,3 +105,72 @@ def start_replay_and_learner(procs, free_port, settings, logdir, *learner_args):
         *learner_args,
     )
     return replay, learner, f"127.0.0.1:{learner_port}"
+
+
+def _ip(*args):
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {out.stderr.strip()} (this test needs root and iproute2)")
+
+
+@contextlib.contextmanager
+def two_machines(ips: dict, hosts: dict | None = None):
+    """Two network namespaces, the test's own "machines", joined by a veth pair on private addresses.
+
+    Args:
+        ips: {role: IPv4 address} for exactly two roles, e.g. {"cluster": "10.213.0.1", "actor": "10.213.0.2"}
+            (a /24 between them).
+        hosts: {host name: role}: names that resolve to that role's address inside both namespaces (through
+            /etc/netns/NS/hosts, which `ip netns exec` mounts over /etc/hosts).
+    Yields {role: namespace name}; the namespaces, the veth pair and the hosts files are removed at the end.
+    Raises RuntimeError when `ip` fails (no root, no iproute2).
+    """
+    tag = f"rlf{os.getpid() % 100000}{len(ips)}"
+    names = {role: f"{tag}{role[:3]}" for role in ips}
+    (a, ip_a), (b, ip_b) = ips.items()
+    try:
+        for ns in names.values():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if hosts:
+                os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+                lines = ["127.0.0.1 localhost", *(f"{ips[role]} {name}" for name, role in hosts.items())]
+                with open(f"/etc/netns/{ns}/hosts", "w") as f:
+                    f.write("\n".join(lines) + "\n")
+        _ip("link", "add", f"{tag}v{a[:2]}", "type", "veth", "peer", "name", f"{tag}v{b[:2]}")
+        for role, ip in ((a, ip_a), (b, ip_b)):
+            dev = f"{tag}v{role[:2]}"
+            _ip("link", "set", dev, "netns", names[role])
+            _ip("-n", names[role], "addr", "add", f"{ip}/24", "dev", dev)
+            _ip("-n", names[role], "link", "set", dev, "up")
+        yield names
+    finally:
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
+class NsProc:
+    """An rlfleet command (`args`, without the leading `rlfleet`) running inside network namespace `ns`, in its
+    own process group, environment `env`, output to a log file."""
+
+    def __init__(self, tmp_path, ns, name, *args, env=ENV):
+        self.log_path = tmp_path / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def output(self):
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ENV, ROOT, wait_for
+from helpers import ENV, ROOT, NsProc, two_machines, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -24,55 +24,11 @@ CLUSTER_IP, ACTOR_IP = "10.213.0.1", "10.213.0.2"
 DQN = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=300")
 
 
-def _ip(*args):
-    out = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"`ip {' '.join(args)}` failed: {out.stderr.strip()} (this test needs root and iproute2)")
-
-
 @pytest.fixture
 def machines():
     """Two network namespaces joined by a veth pair: {"cluster": name, "actor": name}."""
-    tag = f"rlf{os.getpid() % 100000}"
-    names = {"cluster": f"{tag}c", "actor": f"{tag}a"}
-    try:
-        for ns in names.values():
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"{tag}vc", "type", "veth", "peer", "name", f"{tag}va")
-        for role, ip, dev in (("cluster", CLUSTER_IP, f"{tag}vc"), ("actor", ACTOR_IP, f"{tag}va")):
-            _ip("link", "set", dev, "netns", names[role])
-            _ip("-n", names[role], "addr", "add", f"{ip}/24", "dev", dev)
-            _ip("-n", names[role], "link", "set", dev, "up")
+    with two_machines({"cluster": CLUSTER_IP, "actor": ACTOR_IP}) as names:
         yield names
-    finally:
-        for ns in names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-class NsProc:
-    """An rlfleet command running inside network namespace `ns`."""
-
-    def __init__(self, tmp_path, ns, name, *args):
-        self.log_path = tmp_path / f"{name}.log"
-        self.log = open(self.log_path, "wb")
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.deploy.cli", *map(str, args)]
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def output(self):
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
 
 
 def test_actor_machine_attaches_and_rejoins(machines, tmp_path):

@@ -220,8 +220,8 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port):
     run_dir = os.path.join(runs_dir, "compose-run")
     written_at = os.path.getmtime(os.path.join(run_dir, "summary.json"))
     # Its --linger (60 s) is the most it waits: once the actors and the replay server have stopped, it exits.
-    assert learner_exited_at - written_at < 30, (learner_exited_at - written_at, learner.output()[-3000:])
-    assert "every actor and the replay server have stopped" in learner.output()
+    assert learner_exited_at - written_at < 45, (learner_exited_at - written_at, learner.output()[-3000:])
+    assert "the actors and the replay server have stopped" in learner.output()
     early = {name: round(written_at - t, 1) for name, t in exited.items() if t < written_at}
     assert not early, f"exited before the learner wrote summary.json (seconds before): {early}"
     with open(os.path.join(run_dir, "summary.json")) as f:

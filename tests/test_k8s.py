@@ -1,21 +1,25 @@
 """deploy/k8s: every kustomization renders with `kubectl kustomize`, validates strictly against the oldest and the
 newest Kubernetes versions supported, and its pieces fit together: Service selectors and ports, the NetworkPolicy's
 pods, volumes, the variables of every container's arguments, and the arguments themselves, parsed by rlfleet's own
-command line after the init container's command has run as a local process.
+command line after the init container's command has run as a local process. As root, the base's containers run as
+local processes to a finished run (network namespaces for the pods, hosts files for the Service names).
 
-No cluster runs here: nothing is applied. Skipped, with the reason, without kubectl.
+No cluster runs here: nothing is applied. Skipped, with the reason, without kubectl (and without root, the
+process test).
 """
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import click
 import pytest
 import yaml
-from helpers import ENV, ROOT
+from helpers import ENV, ROOT, NsProc, two_machines, wait_for
 
 from rlfleet.deploy.cli import main as rlfleet_cli
 
@@ -190,3 +194,81 @@ def test_the_addresses_in_the_arguments_are_the_services(rendered):
     assert replay[replay.index("--learner") + 1] == f"localhost:{port_of['learner']}"
     assert int(learner[learner.index("--port") + 1]) == port_of["learner"]
     assert int(replay[replay.index("--port") + 1]) == port_of["replay"]
+
+
+SERVER_IP, ACTORS_IP = "10.215.0.1", "10.215.0.2"
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_base_runs_as_local_processes_to_a_finished_run(rendered, tmp_path):
+    """Every container of the base, with its own command, arguments and environment, as a local process: the
+    server pod's in one network namespace, the actor pods' in another, the Service names resolving to the server
+    pod's address (each namespace's hosts file) and /runs a temporary folder standing for the volume. The init
+    container runs first, the kubelet's readiness probes are asked until they pass, and the run finishes: every
+    process exits 0 and summary.json says completed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    docs = [dict(d) for d in rendered["base"]]
+    (run_cm,) = _by_kind(docs, "ConfigMap").values()
+    run_cm["data"] = dict(run_cm["data"], RLFLEET_TOTAL_STEPS="3000", RLFLEET_RUN="k8s-run")  # a short run
+    token = "k8s-process-test-token"
+    services = _by_kind(docs, "Service")
+    pods = _pod_templates(docs)
+    server, actors_job = pods["rlfleet-server"]["spec"], _by_kind(docs, "Job")["rlfleet-actors"]["spec"]
+    # The Services forward their port to the same port of the pod, so a name resolving to the pod's address is
+    # all a process needs.
+    container_ports = {p["name"]: p["containerPort"] for c in server["containers"] for p in c.get("ports", [])}
+    for svc in services.values():
+        for port in svc["spec"]["ports"]:
+            assert port["port"] == container_ports[port["targetPort"]], (svc["metadata"]["name"], port)
+    runs = str(tmp_path / "runs")
+    os.makedirs(runs)
+
+    def command(container):
+        env = _environment(container, docs)
+        env.update({e["name"]: token for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})})
+        args = [runs + a[len("/runs") :] if a.startswith("/runs") else a for a in _expand(container["args"], env)]
+        return args, dict(ENV, **env)
+
+    started = []
+    with two_machines({"server": SERVER_IP, "actors": ACTORS_IP}, hosts={n: "server" for n in services}) as ns:
+
+        def start(role, name, container):
+            args, env = command(container)
+            p = NsProc(tmp_path, ns[role], name, *args, env=env)
+            started.append(p)
+            return p
+
+        def probe(container):
+            args = container["readinessProbe"]["exec"]["command"]
+            cmd = ["ip", "netns", "exec", ns["server"], sys.executable, "-m", "rlfleet.deploy.cli", *args[1:]]
+            res = subprocess.run(cmd, cwd=ROOT, env=command(container)[1], capture_output=True, timeout=60)
+            return res.returncode == 0
+
+        try:
+            for init in server["initContainers"]:
+                p = start("server", init["name"], init)
+                assert p.proc.wait(120) == 0, p.output()
+            procs = {c["name"]: start("server", c["name"], c) for c in server["containers"]}
+            for c in server["containers"]:
+                wait_for(lambda c=c: probe(c), 180, f"the {c['name']} container's readiness probe", procs.values())
+            [actor] = actors_job["template"]["spec"]["containers"]
+            for i in range(actors_job["parallelism"]):
+                procs[f"actor-{i}"] = start("actors", f"actor-{i}", actor)
+            deadline = time.time() + 300
+            while any(p.proc.poll() is None for p in procs.values()) and time.time() < deadline:
+                time.sleep(0.5)
+            codes = {name: p.proc.poll() for name, p in procs.items()}
+            assert codes == dict.fromkeys(procs, 0), {n: (c, procs[n].output()[-2000:]) for n, c in codes.items()}
+        finally:
+            for p in reversed(started):
+                p.stop()
+    run_dir = os.path.join(runs, "k8s-run")
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["completed"] and summary["env_steps"] >= 3000 and summary["algo"] == "dqn", summary
+    assert os.listdir(os.path.join(run_dir, "replay")), "no Reverb checkpoint on the volume"
+    # Every actor pod registered (through the learner Service's name, from the other namespace).
+    actor_ids = json.loads(open(os.path.join(run_dir, "actor_ids.json")).read())
+    assert actor_ids["next_actor_id"] >= actors_job["parallelism"], actor_ids

@@ -46,6 +46,9 @@ class QDagger(DQN):
     def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
         from rlfleet.algorithms.qdagger.agent import make_agent
 
+        if not (teacher and teacher_replay):
+            raise ValueError("QDagger needs teacher (a DQN run directory) and teacher_replay (its replay's host:port).")
+
         return make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)
 
     def check_teacher(self, directory, spec):
