@@ -50,22 +50,24 @@ def _first_env_steps_reaching(rows, target):
     return next((r["env_steps"] for r in rows if (r["eval_return_mean"] or -1e9) >= target), None)
 
 
+TEACHER_STEPS = 50_000
+
+
 @pytest.fixture(scope="module")
 def cartpole_teacher(tmp_path_factory):
-    """A DQN run on CartPole-v1 (100k env steps, the suite's budget): the teacher of the QDagger tests.
+    """A DQN run on CartPole-v1 (50k env steps, the RL Baselines3 Zoo's budget for its CartPole DQN values, which
+    the preset takes): the teacher of the QDagger tests.
 
     DQN's greedy policy on CartPole oscillates for the whole run between solving the task (500) and
-    performance drops to ~110-300, even as the learning rate anneals to 0 at the budget (one run's
-    evaluations from 84k env steps on: 161.8, 500, 266.8, 500, 271.8, 474.2, 500; the suite's seed 2 fell
-    to 112 at 51k). The final policy's return therefore varies from run to run, even for one seed (the
-    actors' timing is not deterministic): 10 runs here ended at 500, two CI runs at 139 (60k) and 166 (100k).
-    SB3's DQN with the same values where it has them (no double-Q) ended one run at 190.8. The QDagger tests
-    below compare the student with the teacher's return as the student measures it, so they hold for a
+    performance drops to ~110-300, even as the learning rate anneals to 0 at the budget, so the final policy's
+    return varies from run to run, even for one seed (the actors' timing is not deterministic). The QDagger
+    tests below compare the student with the teacher's return as the student measures it, so they hold for a
     teacher that ends in a drop too (checked with a 6k-step teacher at 277.2: the student test's command
     evaluated its student at 260-337 in the offline phase)."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
-    # About 10 minutes on a 2-core AMD EPYC (4.5 on an Intel Xeon): the limit only catches a hang.
-    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", 100_000, "--logdir", logdir, timeout=1800)
+    # A metrics row every 2 s: enough evaluation rows in the second half for the test below.
+    _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", TEACHER_STEPS, "--logdir", logdir,
+        "--report-interval", 2, timeout=1800)  # fmt: skip
     return logdir
 
 
@@ -73,18 +75,17 @@ def cartpole_teacher(tmp_path_factory):
 def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teacher):
     """DQN through the whole cluster (ε-greedy actors, Reverb replay with a rate limiter, learner)."""
     summary = json.loads((cartpole_teacher / "summary.json").read_text())
-    assert summary["algo"] == "dqn" and summary["env_steps"] >= 100_000
-    # It solves the task (500 is the maximum; a random policy scores ~22), keeps solving it late in the run
-    # (a policy that forgot for good evaluates ~115-125 on CartPole, and an evaluation ≥ 475 in the last
-    # quarter rules that out), and over the second half its latest evaluation return (one metrics row per
-    # 5 s report interval, so a time-weighted mean) averages at least 250: measured 402-500 in 7 runs,
-    # well above the ~110-170 of the low drops. The final policy alone is one sample of the oscillation
-    # (see the fixture), so it is held only to more than 3x a random policy's return.
+    assert summary["algo"] == "dqn" and summary["env_steps"] >= TEACHER_STEPS
+    # It solves the task (500 is the maximum; a random policy scores ~22), solves it again in the second half of
+    # the run (a policy that forgot for good evaluates ~115-125 on CartPole), and over the second half its latest
+    # evaluation return (one metrics row per 2 s, so a time-weighted mean) averages at least 200, well above the
+    # ~110-170 of the low drops. The final policy alone is one sample of the oscillation (see the fixture), so
+    # it is held only to more than 3x a random policy's return.
     rows = _rows(cartpole_teacher)
     assert max(_evals_from(rows, 0)) >= 475, rows
-    late = _evals_from(rows, 50_000)
-    assert len(late) >= 10 and np.mean(late) >= 250, late  # >= 10 rows: 50 s; the second half takes 135-340 s
-    assert max(_evals_from(rows, 75_000)) >= 475, rows
+    late = _evals_from(rows, TEACHER_STEPS // 2)
+    assert len(late) >= 10 and np.mean(late) >= 200, late
+    assert max(late) >= 475, late
     assert summary["final_eval_return_mean"] >= 75, summary
     [table] = summary["replay"]
     # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
@@ -118,7 +119,7 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
         "--teacher",
         cartpole_teacher,
         "--total-steps",
-        12000,
+        4000,
         "--logdir",
         logdir,
         "--report-interval",
