@@ -25,7 +25,20 @@ from rlfleet.deploy.cli import main as rlfleet_cli
 
 KUBECTL = shutil.which("kubectl")
 K8S = os.path.join(ROOT, "deploy", "k8s")
-TARGETS = ["base", "overlays/gpu", "overlays/publish", "overlays/remote-actors"]
+TARGETS = ["base", "overlays/gpu", "overlays/publish", "overlays/remote-actors", "my-run"]
+# A user's own overlay, as docs/running/kubernetes.md makes it: the image from a registry, a token of their own.
+MY_RUN = """resources:
+  - ../overlays/publish
+secretGenerator:
+  - name: rlfleet-token
+    behavior: replace
+    files:
+      - token
+images:
+  - name: rlfleet
+    newName: registry.example.com/rlfleet
+    newTag: "0.1.0"
+"""
 KUBERNETES_VERSIONS = ["1.25.0", "1.37.0"]  # the oldest and the newest this project supports (docs say so)
 _VAR = re.compile(r"\$\((\w+)\)")
 
@@ -40,6 +53,9 @@ def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, root)
     (root / "overlays" / "remote-actors" / "token").write_text("k8s-test-token")
+    (root / "my-run").mkdir()
+    (root / "my-run" / "kustomization.yaml").write_text(MY_RUN)
+    (root / "my-run" / "token").write_text("k8s-test-token")
     out = {}
     for target in TARGETS:
         res = subprocess.run([KUBECTL, "kustomize", str(root / target)], capture_output=True, text=True, timeout=120)
@@ -174,6 +190,14 @@ def test_every_container_command_is_a_valid_rlfleet_command(rendered, target, tm
             if probe:
                 assert probe[0] == "rlfleet" and _parse(probe[1:]) == "health", probe
     assert seen == ({"actor"} if target.endswith("remote-actors") else {"settings", "replay", "learner", "actor"})
+
+
+def test_a_users_overlay_sets_the_token_and_the_image(rendered):
+    docs = rendered["my-run"]
+    (secret,) = _by_kind(docs, "Secret").values()
+    assert "stringData" not in secret and secret["data"]["token"] == "azhzLXRlc3QtdG9rZW4="  # base64 of the file
+    images = {c["image"] for p in _pod_templates(docs).values() for c in p["spec"]["containers"]}
+    assert images == {"registry.example.com/rlfleet:0.1.0"}
 
 
 def test_the_addresses_in_the_arguments_are_the_services(rendered):
