@@ -37,7 +37,7 @@ class ReplayFeed:
         self._queue: queue.Queue = queue.Queue(maxsize=agent.prefetch)
         self._error: Exception | None = None  # why the sampler thread gave up
         self._tables: list[dict] = []
-        self.last_answer: float | None = None  # monotonic time the run's replay server last answered
+        self.last_answer: float | None = None  # monotonic time the run's replay server last answered `refresh_status`
 
     def check_tables(self, algo: str, env_id: str, envs_per_actor: int) -> None:
         """Waits up to `CONNECT_WAIT_S` seconds for each replay server, then checks that it holds the agent's
@@ -161,14 +161,6 @@ class ReplayFeed:
         if self.teacher_address:
             tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_address, timeout_s=3)]
         self._tables = tables
-
-    def replay_answers(self, timeout_s: int = 2) -> bool:
-        """Whether the run's replay server answers a ServerInfo call within `timeout_s` seconds (`last_answer`
-        notes when it did)."""
-        if table_status(self.address, timeout_s=timeout_s):
-            self.last_answer = time.monotonic()
-            return True
-        return False
 
     def tables(self) -> list[dict]:
         """The last copy of the tables' status (`rlfleet.replay.server.table_status` rows; teacher tables named

@@ -66,11 +66,11 @@ log = logging.getLogger("rlfleet.learner")
 
 # After the run's end (`Learner._linger`): seconds between looks at who is still there; the least time it serves
 # on (actors that left ask for status every 2 s, `rlfleet.actors.actor.RUN_END_POLL_S`, until they see the end);
-# failed ServerInfo calls in a row that say the replay server has stopped; how recent (seconds before the end) an
+# seconds without an answer that say the replay server has stopped; how recent (seconds before the end) an
 # answer of the replay server must be for it to count as running at the end.
 LINGER_POLL_S = 1.0
 LINGER_MIN_S = 5.0
-LINGER_REPLAY_GONE = 3
+LINGER_REPLAY_GONE_S = 3.0
 LINGER_REPLAY_RECENT_S = 5.0
 
 
@@ -236,7 +236,7 @@ class Learner:
             # The training thread adds to the counters without this lock: the env steps shown are at least
             # the consumed + dropped values shown beside them, read here before it.
             count = dict(self.count)
-            env_steps = max(self._env_steps_locked(), count["consumed_env_steps"] + count["dropped_env_steps"])
+            env_steps = self._env_steps_locked()  # reads the counters after the copy: at least its consumed + dropped
             now = time.monotonic()
             self.registry.evict_stale(now)  # status never lists an actor past its timeout
             out = self.status.fields(count, env_steps, self.registry.snapshot(now), now, self.agent.status_extras())
@@ -482,23 +482,20 @@ class Learner:
         """Keeps serving status for up to `seconds` after the run's end, so that actors and the replay server see
         it is over (finished); returns sooner, or on SIGTERM/SIGINT, once they have: at least `LINGER_MIN_S`
         have passed (each actor that left has asked for status since), no actor is in the registry (each said
-        it is leaving or timed out), and the run's replay server, seen answering at the end, then failed to answer
-        `LINGER_REPLAY_GONE` times in a row (a server that restarts is not taken for one that stopped)."""
+        it is leaving or timed out), and the run's replay server, answering at the end, has not answered the
+        housekeeping thread's status reads for `LINGER_REPLAY_GONE_S` (a server that restarts is not taken for
+        one that stopped)."""
         start = time.monotonic()
         deadline = start + seconds
-        # Answering at the end: the status refresh asks it every second (a server that stops at once is seen too).
-        last = self.feed.last_answer
-        replay_seen, replay_missed = last is not None and last >= start - LINGER_REPLAY_RECENT_S, 0
         while not self.stop_event.wait(min(LINGER_POLL_S, max(0.0, deadline - time.monotonic()))):
             now = time.monotonic()
             if now >= deadline:
                 return
-            answers = self.feed.replay_answers(timeout_s=max(1, min(2, int(deadline - now))))
-            replay_seen = replay_seen or answers
-            replay_missed = 0 if answers else replay_missed + 1
+            last = self.feed.last_answer  # refreshed every second (`_housekeeping_loop`)
+            replay_stopped = last is not None and start - LINGER_REPLAY_RECENT_S <= last <= now - LINGER_REPLAY_GONE_S
             with self.lock:
                 actors_left = bool(self.registry.actors)  # evicted after their timeout by housekeeping
-            if replay_seen and replay_missed >= LINGER_REPLAY_GONE and not actors_left and now - start >= LINGER_MIN_S:
+            if replay_stopped and not actors_left and now - start >= LINGER_MIN_S:
                 print("rlfleet learner: the actors and the replay server have stopped; exiting", flush=True)
                 return
 
