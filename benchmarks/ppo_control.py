@@ -139,8 +139,9 @@ def variant_of(run_dir: str) -> str:
     return os.path.basename(os.path.dirname(run_dir.rstrip("/")))
 
 
-def report(out: str, budget: int | None = None) -> dict:
-    """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands."""
+def report(out: str, budget: int | None = None, control: str = CONTROL) -> dict:
+    """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
+    each variant set against `control` (the synchronous control unless another variant is named)."""
     dirs = [os.path.dirname(p) for p in sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json")))]
     runs = [r for r in load_runs(dirs) if r["summary"].get("completed", True)]
     groups = collections.defaultdict(list)
@@ -176,17 +177,19 @@ def report(out: str, budget: int | None = None) -> dict:
             dirs=[r["dir"] for r in rs],
         )
     for variants in result.values():
-        control = variants.get(CONTROL)
-        if control and len(control["final_returns"]) >= MIN_COMPARED_RUNS:
+        base = variants.get(control)
+        if base and len(base["final_returns"]) >= MIN_COMPARED_RUNS:
             for name, v in variants.items():
-                if name != CONTROL and len(v["final_returns"]) >= MIN_COMPARED_RUNS:
-                    v["against_control"] = compare_with_ci(v["final_returns"], control["final_returns"])
-        if control and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
+                if name != control and len(v["final_returns"]) >= MIN_COMPARED_RUNS:
+                    v["against_control"] = dict(
+                        compare_with_ci(v["final_returns"], base["final_returns"]), control=control
+                    )
+        if control == CONTROL and base and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             peer = variants[PEER]
-            points = [(c, p) for c, p in zip(control["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
-            control["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(points)]
-            control["above_peer_band"] = sum(c > p[1] for c, p in points)
-            control["below_peer_band"] = sum(c < p[0] for c, p in points)
+            points = [(c, p) for c, p in zip(base["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
+            base["inside_peer_band"] = [sum(p[0] <= c <= p[1] for c, p in points), len(points)]
+            base["above_peer_band"] = sum(c > p[1] for c, p in points)
+            base["below_peer_band"] = sum(c < p[0] for c, p in points)
     return result
 
 
@@ -264,10 +267,10 @@ def print_report(result: dict) -> None:
             )
             if "against_control" in v:
                 c = v["against_control"]
-                ratio = c["iqm_ratio"]
-                said = f"IQM ÷ {CONTROL}'s {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}], " if ratio else ""
+                ratio, base = c["iqm_ratio"], c["control"]
+                said = f"IQM ÷ {base}'s {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}], " if ratio else ""
                 p_x = c["probability_of_improvement"]
-                print(f"  {'':28s} {said}P(a run beats one of {CONTROL}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
+                print(f"  {'':28s} {said}P(a run beats one of {base}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
             if "inside_peer_band" in v:
                 inside, total = v["inside_peer_band"]
                 print(
@@ -296,6 +299,12 @@ def main() -> None:
     rep.add_argument("out")
     rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
     for q in (r, rep):
+        q.add_argument(
+            "--control",
+            default=CONTROL,
+            choices=list(VARIANTS),
+            help=f"the variant every other one is set against (default: {CONTROL}, the synchronous control)",
+        )
         q.add_argument("--json", default=None, help="write the report as JSON here")
         q.add_argument("--plots", default=None, help="write the PNGs into this folder")
     args = p.parse_args()
@@ -317,7 +326,7 @@ def main() -> None:
                         os.environ.pop("OMP_NUM_THREADS", None)
                         if threads is not None:
                             os.environ["OMP_NUM_THREADS"] = threads
-    result = report(args.out, getattr(args, "budget", None))
+    result = report(args.out, getattr(args, "budget", None), args.control)
     print_report(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

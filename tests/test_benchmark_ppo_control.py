@@ -82,6 +82,11 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     # Diagnostics: each run's latest row at or before each grid point, the median over runs.
     assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.7)), (3 * GRID, pytest.approx(1.2))]
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
+    # Against another variant (--control): the ratios turn over, and only the synchronous control has a peer band.
+    other = ppo_control.report(str(out), control="async-default")["Hopper-v5"]
+    against = other["sync-cleanrl"]["against_control"]
+    assert against["control"] == "async-default" and against["probability_of_improvement"] == [0.0, 0.0, 0.0]
+    assert "against_control" not in other["async-default"] and "inside_peer_band" not in other["sync-cleanrl"]
 
 
 @pytest.mark.slow
