@@ -8,12 +8,13 @@ import json
 import logging
 import os
 import sys
+import time
 
 import click
 
 from rlfleet import algorithms
 from rlfleet.actors import ENV_BACKENDS
-from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S
+from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
@@ -180,10 +181,11 @@ _common = [
     ),
     click.option(
         "--run-config",
-        type=click.Path(exists=True, dir_okay=False),
+        type=click.Path(dir_okay=False),
         default=None,
         help="A run's resolved settings in place of --algo/--env/--config/--set/--config-file: a run.json, or "
-        "a file from `rlfleet settings --out` (`up` gives RUN/settings.json to every process it starts).",
+        "a file from `rlfleet settings --out` (`up` gives RUN/settings.json to every process it starts). The "
+        "learner waits for it to appear (--start-timeout).",
     ),
 ]
 
@@ -728,6 +730,15 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "supervisor such as docker-compose).",
 )
 @click.option(
+    "--start-timeout",
+    default=START_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds to wait, in all, for the --run-config file to appear and the replay server to answer before "
+    "giving up (exit 2); status answers meanwhile (phase waiting_for_settings, waiting_for_replay). Services may "
+    "start in any order.",
+)
+@click.option(
     "--actor-timeout",
     default=ACTOR_TIMEOUT_S,
     show_default=True,
@@ -777,49 +788,117 @@ def learner_cmd(
     teacher_replay,
     offline_steps,
     auto_resume,
+    start_timeout,
     actor_timeout,
     tls_cert,
     tls_key,
     tls_client_ca,
     token,
 ):
-    """Run the learner service of an algorithm against a running replay server."""
+    """Run the learner service of an algorithm against a replay server (started before or after it)."""
     _quiet_tf()
-    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
-    _check_teacher_args(algo, teacher, offline_steps, overrides)
+    started = time.monotonic()
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
     if tls_client_ca and not tls_cert:
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    from rlfleet.proto.security import SecurityError, token_from_env
+
+    try:
+        token = token_from_env(token)
+    except SecurityError as e:
+        _fail(str(e))
+    tls = (tls_cert, tls_key, tls_client_ca) if tls_cert else None
+    server = None
+    if run_config and not os.path.exists(run_config):
+        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, start_timeout, exit_code_if_stopped)
+    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
+    _check_teacher_args(algo, teacher, offline_steps, overrides)
     logdir = _logdir(logdir, resume)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
     from rlfleet.actors.envs import EnvError
     from rlfleet.deploy.files import StorageError
-    from rlfleet.learner.errors import LearnerError
+    from rlfleet.learner.errors import LearnerError, LearnerStopped
     from rlfleet.learner.run_spec import RunSpec
     from rlfleet.learner.service import Learner
-    from rlfleet.proto.security import token_from_env
 
     try:
         run = RunSpec(
             algo=algo, env_id=env_id, replay_address=replay_address, logdir=logdir, total_steps=total_steps,
             preset=preset, overrides=overrides or {}, seed=seed, resume=resume, teacher=teacher,
             teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
-            bind=bind, tls=(tls_cert, tls_key, tls_client_ca) if tls_cert else None, token=token_from_env(token),
-            report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval, linger_s=linger,
-            actor_timeout_s=actor_timeout,
+            bind=bind, tls=tls, token=token, report_interval_s=report_interval,
+            checkpoint_interval_s=checkpoint_interval, linger_s=linger, actor_timeout_s=actor_timeout,
+            start_timeout_s=max(0.0, start_timeout - (time.monotonic() - started)),
         )  # fmt: skip
-        learner = Learner(run)
-        if port_file:
-            with open(port_file, "w") as f:
-                f.write(str(learner.port))
+        learner = Learner(run, server)
+        if port_file and server is None:
+            _write_port_file(port_file, learner.port)
         summary = learner.run()
+    except LearnerStopped as e:
+        print(f"rlfleet learner: {e}; nothing was trained.", flush=True)
+        sys.exit(exit_code_if_stopped)
     except (EnvError, ValueError, LearnerError, StorageError) as e:
+        if server is not None:
+            server.stop()
         _fail(str(e))
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
+
+
+def _write_port_file(path: str, port: int) -> None:
+    with open(path, "w") as f:
+        f.write(str(port))
+
+
+def _wait_for_settings(path, bind, port, tls, token, port_file, timeout_s, exit_code_if_stopped):
+    """Serves status (phase waiting_for_settings) while it waits up to `timeout_s` seconds for the settings file
+    `path` to appear, with a line every few seconds; returns the bound `LearnerServer` for the learner to take
+    over. Exits (status 2) when the time is up, with `exit_code_if_stopped` on SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    from rlfleet.deploy.stopping import on_stop_signals
+    from rlfleet.learner.errors import LearnerError
+    from rlfleet.learner.replay_feed import WAIT_REPORT_S
+    from rlfleet.learner.servicer import bind_learner_server
+
+    try:
+        server = bind_learner_server(None, bind, port, tls, token)
+    except LearnerError as e:
+        _fail(str(e))
+    if port_file:
+        _write_port_file(port_file, server.port)
+    server.serve_waiting("waiting_for_settings", path)
+    stop = threading.Event()
+    on_stop_signals(stop.set)
+    start = next_report = time.monotonic()
+    while not os.path.exists(path):
+        now = time.monotonic()
+        if now - start > timeout_s:
+            server.stop()
+            _fail(
+                f"--run-config {path} did not appear within {timeout_s:.0f} s (--start-timeout). It is written by "
+                "the replay service (`rlfleet replay --settings-out`) or by `rlfleet settings --out`: start that, "
+                "or check the path."
+            )
+        if now >= next_report:
+            print(
+                f"rlfleet learner: waiting for the run's settings {path} ({now - start:.0f} s; gives up "
+                f"{timeout_s - (now - start):.0f} s from now)",
+                flush=True,
+            )
+            next_report = now + WAIT_REPORT_S
+        if stop.wait(0.5):
+            server.stop()
+            print(f"rlfleet learner: stopped while waiting for the run's settings {path}.", flush=True)
+            sys.exit(exit_code_if_stopped)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the learner installs its own stop (a checkpoint first)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    server.waiting = ("starting", "")
+    return server
 
 
 def _auto_resume(logdir: str) -> str | None:

@@ -141,7 +141,8 @@ def _num(x, fmt="{:,.0f}") -> str:
 def format_status(st: dict) -> str:
     """A readable multi-line table of a status dict."""
     lines = [
-        f"algo {st['algo']}  env {st['env_id']}  phase {st['phase']}  uptime {_num(st['uptime_seconds'])} s",
+        f"algo {st['algo'] or '-'}  env {st['env_id'] or '-'}  phase {st['phase']}  "
+        f"uptime {_num(st['uptime_seconds'])} s",
         f"env steps {_num(st['env_steps'])} ({_num(st['env_steps_per_second'])}/s)   "
         f"learner steps {_num(st['learner_steps'])} ({_num(st['learner_steps_per_second'], '{:,.1f}')}/s)   "
         f"policy version {st['policy_version']}",
@@ -151,6 +152,8 @@ def format_status(st: dict) -> str:
     ]
     if st.get("fault"):
         lines.insert(1, f"FAULT: {st['fault']}")
+    if st.get("waiting_for"):
+        lines.insert(1, f"waiting for {st['waiting_for']}")
     values = st.get("algorithm_values") or {}
     if values:  # the algorithm's own values (QDagger: distillation coefficient, teacher and random returns)
         lines.append("   ".join(f"{label} {text}" for label, text in _algorithm_values(st["algo"], values)))

@@ -49,3 +49,8 @@ def check_finite(values: dict, what: str, config, learner_steps: int, latest: st
         + f". Settings that usually cause it: {', '.join(f'{k}={v}' for k, v in suspects.items())}; "
         "start a new run with a lower learning rate (--set learning_rate=...) or smaller rewards."
     )
+
+
+class LearnerStopped(LearnerError):
+    """SIGTERM/SIGINT reached the learner while it waited to start (for its settings or the replay server):
+    nothing was trained, so there is nothing to checkpoint."""

@@ -14,11 +14,11 @@ import time
 
 import reverb
 
-from rlfleet.learner.errors import LearnerError
+from rlfleet.learner.errors import LearnerError, LearnerStopped
 from rlfleet.replay.server import table_status
 
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
-CONNECT_WAIT_S = 60.0  # how long the startup check waits for a replay server to answer
+WAIT_REPORT_S = 5.0  # seconds between the log lines of a learner that waits to start (settings, replay server)
 
 
 class ReplayFeed:
@@ -39,21 +39,29 @@ class ReplayFeed:
         self._tables: list[dict] = []
         self.last_answer: float | None = None  # monotonic time the run's replay server last answered `refresh_status`
 
-    def check_tables(self, algo: str, env_id: str, envs_per_actor: int) -> None:
-        """Waits up to `CONNECT_WAIT_S` seconds for each replay server, then checks that it holds the agent's
-        table with the agent's signature (`algo` on `env_id` with `envs_per_actor` envs: for the message).
+    def check_tables(self, algo: str, env_id: str, envs_per_actor: int, timeout_s: float, waiting=None) -> None:
+        """Waits up to `timeout_s` seconds in all for the replay servers to answer (a line on stdout every
+        `WAIT_REPORT_S` seconds), then checks that each holds the agent's table with the agent's signature
+        (`algo` on `env_id` with `envs_per_actor` envs: for the message).
 
+        Args:
+            waiting: called with each server's host:port before it is waited for (status shows it).
         Raises:
-            LearnerError: a server unreachable, without the table, or with a table of another signature; the
-                message says how to start it.
+            LearnerError: a server that did not answer in time, or without the table, or with a table of another
+                signature; the message says how to start it.
         """
         learner = f"the learner ({algo} on {env_id}, {envs_per_actor} envs per actor)"
-        self._check_table(self.address, f"rlfleet replay --algo {algo}", "the learner", learner)
+        deadline = time.monotonic() + timeout_s
+        servers = [(self.address, f"rlfleet replay --algo {algo}", "the learner")]
         if self.teacher_address:
-            self._check_table(self.teacher_address, "rlfleet replay --teacher DIR", "the teacher's replay", learner)
+            servers.append((self.teacher_address, "rlfleet replay --teacher DIR", "the teacher's replay"))
+        for address, start_hint, what in servers:
+            if waiting is not None:
+                waiting(address)
+            info = self._server_info(address, start_hint, deadline, timeout_s)
+            self._check_table(info, address, start_hint, what, learner)
 
-    def _check_table(self, address: str, start_hint: str, what: str, learner: str) -> None:
-        info = self._server_info(address, start_hint)
+    def _check_table(self, info: dict, address: str, start_hint: str, what: str, learner: str) -> None:
         table = self.agent.table
         if table not in info:
             raise LearnerError(
@@ -72,26 +80,30 @@ class ReplayFeed:
                 "the same --algo, --env, --config and --set values (for a teacher's replay: the same n_step)."
             )
 
-    @staticmethod
-    def _server_info(address: str, start_hint: str) -> dict:
-        """The replay server's {table name: table info}, waiting up to `CONNECT_WAIT_S` seconds for it."""
-        deadline = time.monotonic() + CONNECT_WAIT_S
-        said = False
+    def _server_info(self, address: str, start_hint: str, deadline: float, timeout_s: float) -> dict:
+        """The replay server's {table name: table info}, waiting for it until the monotonic `deadline` (the
+        start's `timeout_s` seconds in all), with a line every `WAIT_REPORT_S` seconds."""
+        start = next_report = time.monotonic()
         while True:
             try:
                 return reverb.Client(address).server_info(timeout=5)
             except Exception as e:
-                if not said:
+                now = time.monotonic()
+                if now > deadline:
+                    raise LearnerError(
+                        f"the replay server {address} did not answer within {timeout_s:.0f} s of the learner's "
+                        f"start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); start it with "
+                        f"`{start_hint}`, or wait longer with --start-timeout."
+                    ) from e
+                if now >= next_report:
                     print(
-                        f"rlfleet learner: waiting up to {CONNECT_WAIT_S:.0f} s for the replay server {address}",
+                        f"rlfleet learner: waiting for the replay server {address} ({now - start:.0f} s; gives up "
+                        f"{deadline - now:.0f} s from now)",
                         flush=True,
                     )
-                    said = True
-                if time.monotonic() > deadline:
-                    raise LearnerError(
-                        f"replay server {address} unreachable: {e}; start it with `{start_hint}` first."
-                    ) from e
-                time.sleep(1)
+                    next_report = now + WAIT_REPORT_S
+                if self.stop_event.wait(1.0):
+                    raise LearnerStopped(f"stopped while waiting for the replay server {address}") from None
 
     def start(self) -> None:
         """Starts the sampler thread (a daemon: it ends with `stop_event`, or when the server is lost for good)."""

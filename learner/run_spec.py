@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
+# Default: how long a starting learner waits for its settings file and the replay servers, in all (seconds). Under
+# an engine with no start order (Swarm, Kubernetes) the replay server may start after the learner.
+START_TIMEOUT_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,7 @@ class RunSpec:
             actors and the replay server have stopped).
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
             steps stay counted; a heartbeat later re-admits it).
+        start_timeout_s: the most seconds the learner waits for the replay servers to answer before it gives up.
     """
 
     algo: str
@@ -56,3 +60,4 @@ class RunSpec:
     checkpoint_interval_s: float = 120.0
     linger_s: float = 0.0
     actor_timeout_s: float = ACTOR_TIMEOUT_S
+    start_timeout_s: float = START_TIMEOUT_S

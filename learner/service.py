@@ -56,7 +56,7 @@ from rlfleet.learner.run_dir import (
     write_json,
 )
 from rlfleet.learner.run_spec import RunSpec
-from rlfleet.learner.servicer import WeightsBroadcast, bind_learner_server
+from rlfleet.learner.servicer import LearnerServer, WeightsBroadcast, bind_learner_server
 from rlfleet.learner.status import RunStatus, status_message
 from rlfleet.learner.summary import end_summary, failure_summary
 from rlfleet.proto import arrays as proto_arrays
@@ -83,13 +83,16 @@ class Learner:
         rlfleet.deploy.files.StorageError: the run directory cannot be written.
     """
 
-    def __init__(self, run: RunSpec):
+    def __init__(self, run: RunSpec, server: LearnerServer | None = None):
+        """`server`: the learner's gRPC server when the caller bound it already (to answer status while it waited
+        for the settings: `LearnerServer.serve_waiting`); None: bound here, on `run.bind`:`run.port`."""
         self.run_spec = run
         identity = self._setup_algorithm(run)
         progress = self._setup_checkpoints(run)
         write_json(os.path.join(run.logdir, "run.json"), identity)
         self._setup_state(run, progress)
-        self.server = bind_learner_server(self, run.bind, run.port, run.tls, run.token)  # not started yet
+        self.server = server or bind_learner_server(None, run.bind, run.port, run.tls, run.token)
+        self.server.attach(self)  # status is this learner's from now on; actors' calls wait for `start`
         self.port = self.server.port
         self.address = host_port(run.bind, self.port)
 
@@ -154,6 +157,7 @@ class Learner:
         # Phase, fault, returns, rates; its wall-clock count continues the seconds this run trained in earlier
         # processes (up to the restored checkpoint).
         self.status = RunStatus(run.algo, run.env_id, progress["wall_seconds"])
+        self.status.phase, self.status.waiting_for = "waiting_for_replay", run.replay_address
         self.registry = ActorRegistry(
             run.actor_timeout_s,
             base_env_steps=self.count["env_steps"],  # restored
@@ -322,10 +326,22 @@ class Learner:
         return self._finish(completed, metrics, last)
 
     def _start_serving(self) -> None:
-        """Checks the replay tables, starts the housekeeping thread, publishes the first weights, starts the gRPC
-        service and the algorithm (`Agent.on_start`), then the sampler thread."""
+        """Answers status while it waits for the replay servers (phase waiting_for_replay) and checks their
+        tables, starts the housekeeping thread, publishes the first weights, opens the gRPC service to actors,
+        starts the algorithm (`Agent.on_start`), then the sampler thread.
+
+        Raises:
+            LearnerStopped: SIGTERM/SIGINT came while it waited.
+            LearnerError: a replay server did not answer within `RunSpec.start_timeout_s`, or has no fitting table.
+        """
         run = self.run_spec
-        self.feed.check_tables(run.algo, run.env_id, self.config.envs_per_actor)
+        on_stop_signals(self._request_stop)
+        self.server.serve_waiting("waiting_for_replay")
+        self.feed.check_tables(
+            run.algo, run.env_id, self.config.envs_per_actor, run.start_timeout_s, waiting=self._waiting_for_replay
+        )
+        with self.lock:
+            self.status.phase, self.status.waiting_for = "waiting_for_actors", ""
         self.feed.refresh_status()
         status_thread = threading.Thread(target=self._housekeeping_loop, daemon=True, name="housekeeping")
         status_thread.start()
@@ -335,7 +351,6 @@ class Learner:
         self.server.start()
         print(f"rlfleet learner: serving on {self.address} (env {run.env_id}, preset {run.preset})", flush=True)
         print(f"rlfleet learner: {compute_device()}", flush=True)
-        on_stop_signals(self._request_stop)
         try:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:
@@ -344,6 +359,10 @@ class Learner:
         gc.freeze()  # see `_apply`, at the first update
         self._frozen_after_update = False
         self.feed.start()
+
+    def _waiting_for_replay(self, address: str) -> None:
+        with self.lock:
+            self.status.waiting_for = address
 
     def _train(self, metrics: MetricsLog, last: dict) -> tuple[bool, dict]:
         """The training loop: samples to the agent, results to the counters, weights, evaluations and

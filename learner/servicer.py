@@ -132,10 +132,13 @@ def peer_ip(peer: str) -> str:
     return host.strip("[]")
 
 
-def _handlers(learner) -> grpc.GenericRpcHandler:
-    """The `rlfleet.Learner` methods over `learner` (a `rlfleet.learner.service.Learner`)."""
+def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
+    """The `rlfleet.Learner` methods over `server.learner` (a `rlfleet.learner.service.Learner`). The actors'
+    calls wait until the server is ready (`LearnerServer.start`); GetStatus answers at once, with the waiting
+    status while no learner is attached."""
 
     async def register_actor(request, context):
+        learner = await server.ready_learner()
         envs = learner.config.envs_per_actor
         if request.num_envs and request.num_envs != envs:
             await context.abort(
@@ -148,6 +151,7 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
 
     async def stream_weights(request, context):
+        learner = await server.ready_learner()
         try:
             await learner.weights.serve(request.min_policy_version, context.write)
         except TimeoutError:  # the actor reconnects when it reads again (DEADLINE_EXCEEDED is retryable)
@@ -156,16 +160,19 @@ def _handlers(learner) -> grpc.GenericRpcHandler:
             )
 
     async def heartbeat(request, context):
+        learner = await server.ready_learner()
         stop = learner.record_heartbeat(request, peer_ip(context.peer()))
         return rlfleet_pb2.HeartbeatResponse(stop=stop)
 
     async def heartbeats(request_iterator, context):
+        learner = await server.ready_learner()
         address = peer_ip(context.peer())
         async for request in request_iterator:
             yield rlfleet_pb2.HeartbeatResponse(stop=learner.record_heartbeat(request, address))
 
     async def get_status(request, context):
-        return learner.status_proto()
+        learner = server.learner
+        return learner.status_proto() if learner is not None else server.waiting_status()
 
     def unary(fn, req, resp):
         return grpc.unary_unary_rpc_method_handler(
@@ -239,9 +246,14 @@ class LearnerServer:
     """The learner's gRPC server (the `rlfleet.Learner` service and the gRPC health service) on an asyncio
     event loop in a daemon thread named "grpc". The port is bound on construction; `start` serves.
 
+    A learner that is still starting serves early (`serve_waiting`): status answers with the phase it is in and
+    what it waits for (its settings file, the replay server), the health service reports NOT_SERVING, and
+    actors' calls wait, until `start`.
+
     Args:
         learner: a `rlfleet.learner.service.Learner` (admit_actor, run_config, record_heartbeat,
-            status_proto, config.envs_per_actor, weights: a `WeightsBroadcast`).
+            status_proto, config.envs_per_actor, weights: a `WeightsBroadcast`), or None: one is attached
+            later (`attach`).
         address: "host:port" to bind (port 0: any free port).
         options: gRPC channel arguments; SO_REUSEPORT is always off (a second server on a held port fails).
         credentials: TLS server credentials, or None for plaintext.
@@ -254,24 +266,29 @@ class LearnerServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="grpc")
         self._thread.start()
-        self._weights = learner.weights
+        self.learner = None
+        self.waiting = ("starting", "")  # (phase, what it waits for) that status shows until a learner is attached
+        self._start_time = time.monotonic()
+        self._serving = False
         self._stopped = False
         try:
-            self.port = self._run(self._create(learner, address, options, credentials, token))
+            self.port = self._run(self._create(address, options, credentials, token))
         except BaseException:
             self._shutdown_loop()
             raise
+        if learner is not None:
+            self.attach(learner)
 
     def _run(self, coro, timeout: float | None = 30.0):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _create(self, learner, address, options, credentials, token) -> int:
-        self._weights.attach(asyncio.get_running_loop())
+    async def _create(self, address, options, credentials, token) -> int:
+        self._ready = asyncio.Event()
         self._server = grpc.aio.server(
             options=[*options, *KEEPALIVE_OPTIONS, ("grpc.so_reuseport", 0)],
             interceptors=[TokenInterceptor(token)] if token else None,
         )
-        self._server.add_generic_rpc_handlers((_handlers(learner),))
+        self._server.add_generic_rpc_handlers((_handlers(self),))
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         try:
@@ -285,15 +302,56 @@ class LearnerServer:
             raise BindError(address)
         return port
 
-    def start(self) -> None:
-        """Serves, and reports SERVING on the health service (overall and for rlfleet.Learner)."""
+    def attach(self, learner) -> None:
+        """Serves `learner`: status is its own from now on; its actors' calls still wait for `start`."""
 
-        async def start():
+        async def attach():
+            learner.weights.attach(asyncio.get_running_loop())
+
+        self._run(attach())
+        self.learner = learner
+
+    async def ready_learner(self):
+        """The attached learner, once the server is ready (`start`): what the actors' calls wait for."""
+        await self._ready.wait()
+        return self.learner
+
+    def waiting_status(self) -> rlfleet_pb2.Status:
+        """The `Status` while no learner is attached: the phase and what it waits for (`waiting`), the uptime,
+        no counts."""
+        phase, waiting_for = self.waiting
+        nan = float("nan")
+        return rlfleet_pb2.Status(
+            phase=phase,
+            waiting_for=waiting_for,
+            uptime_seconds=time.monotonic() - self._start_time,
+            episode_return_mean=nan,
+            eval_return_mean=nan,
+            teacher_eval_return_mean=nan,
+            random_eval_return_mean=nan,
+        )
+
+    def serve_waiting(self, phase: str, waiting_for: str = "") -> None:
+        """Answers before the learner is ready: status (with `phase` and `waiting_for` while no learner is
+        attached), health NOT_SERVING; the actors' calls wait for `start`. Call again to change the phase."""
+        self.waiting = (phase, waiting_for)
+        self._run(self._serve(ready=False))
+
+    def start(self) -> None:
+        """Serves the attached learner: opens the actors' calls and reports SERVING on the health service
+        (overall and for rlfleet.Learner)."""
+        self._run(self._serve(ready=True))
+
+    async def _serve(self, ready: bool) -> None:
+        if not self._serving:
+            for service in ("", _SERVICE):  # the health servicer starts out SERVING
+                await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
             await self._server.start()
+            self._serving = True
+        if ready:
+            self._ready.set()
             for service in ("", _SERVICE):
                 await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-
-        self._run(start())
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Ends the weight streams, reports NOT_SERVING, stops the server (calls in flight get `grace_s`
@@ -301,7 +359,8 @@ class LearnerServer:
         if self._stopped:
             return
         self._stopped = True
-        self._weights.close()
+        if self.learner is not None:
+            self.learner.weights.close()
 
         async def stop():
             await self.health.enter_graceful_shutdown()
@@ -323,7 +382,7 @@ def bind_learner_server(learner, bind: str, port: int, tls: tuple | None = None,
     """The learner's `LearnerServer` bound to `bind`:`port` (port 0: a free one), not started yet.
 
     Args:
-        learner: what `LearnerServer` serves; token: see `LearnerServer`.
+        learner: what `LearnerServer` serves (None: attached later); token: see `LearnerServer`.
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
     Raises:
         rlfleet.learner.errors.LearnerError: the address cannot be bound; the message says why and what to

@@ -29,6 +29,7 @@ class RunStatus:
     def __init__(self, algo: str, env_id: str, earlier_wall_s: float = 0.0):
         self.algo, self.env_id = algo, env_id
         self.phase = "waiting_for_actors"
+        self.waiting_for = ""  # while the phase is waiting_for_replay: the replay server's host:port
         self.fault = ""  # why the learner stopped with an error
         self.finished = False  # the run is over for good and summary.json written
         self.start_time = time.monotonic()
@@ -56,6 +57,7 @@ class RunStatus:
             algo=self.algo,
             env_id=self.env_id,
             phase=self.phase,
+            waiting_for=self.waiting_for,
             fault=self.fault,
             finished=self.finished,
             learner_steps=count["learner_steps"],

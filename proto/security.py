@@ -21,6 +21,8 @@ import grpc
 from rlfleet.proto.arrays import GRPC_OPTIONS
 
 TOKEN_ENV = "RLFLEET_TOKEN"  # where every command reads the shared token from when --token is not given
+# Or a file that holds it (a Docker Swarm or Kubernetes secret mounted as a file), read when TOKEN_ENV is unset.
+TOKEN_FILE_ENV = "RLFLEET_TOKEN_FILE"
 METADATA_KEY = "authorization"
 PROTECTED_PREFIX = "/rlfleet.Learner/"
 # gRPC's default reconnect backoff grows to 120 s; capped at 2 s, clients (actors above all) are back within
@@ -146,15 +148,30 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
 
 
 def token_from_env(token: str | None) -> str:
-    """`token` if given, else $RLFLEET_TOKEN, else "" (no token).
+    """`token` if given, else a non-empty $RLFLEET_TOKEN, else the content of the file that $RLFLEET_TOKEN_FILE
+    names (one trailing newline dropped: a Docker or Kubernetes secret file), else "" (no token).
 
     Raises:
-        SecurityError: the token holds a character that gRPC metadata cannot carry (only printable ASCII,
-            without leading or trailing spaces, arrives unchanged), naming --token or the variable; the
-            learner would otherwise start and refuse every client with a message that does not mention it.
+        SecurityError: the token file cannot be read, or the token holds a character that gRPC metadata cannot
+            carry (only printable ASCII, without leading or trailing spaces, arrives unchanged), naming --token,
+            the variable or the file; the learner would otherwise start and refuse every client with a message
+            that does not mention it.
     """
-    source = "--token" if token is not None else f"${TOKEN_ENV}"
-    value = token if token is not None else os.environ.get(TOKEN_ENV, "")
+    path = os.environ.get(TOKEN_FILE_ENV, "")
+    if token is not None:
+        source, value = "--token", token
+    elif os.environ.get(TOKEN_ENV) or not path:
+        source, value = f"${TOKEN_ENV}", os.environ.get(TOKEN_ENV, "")
+    else:
+        source = f"${TOKEN_FILE_ENV} ({path})"
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                value = f.read().removesuffix("\n").removesuffix("\r")
+        except OSError as e:
+            raise SecurityError(
+                f"{source}: cannot read the token file ({e.strerror}); mount the secret there or unset "
+                f"{TOKEN_FILE_ENV}."
+            ) from None
     bad = sorted({c for c in value if not " " <= c <= "~"})
     if bad or value != value.strip(" "):
         what = f"the characters {', '.join(repr(c) for c in bad)}" if bad else "leading or trailing spaces"

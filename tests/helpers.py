@@ -73,14 +73,27 @@ def wait_for(predicate, timeout, what, procs=()):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def status_or_none(address):
-    """The learner's status at `address`, or None while it does not answer (for `wait_for`)."""
+def status_or_none(address, security=None):
+    """The learner's status at `address` (`security`: a `rlfleet.proto.security.ClientSecurity`, e.g. its token),
+    or None while it does not answer (for `wait_for`)."""
     from rlfleet.deploy.status import StatusError, get_status
 
     try:
-        return get_status(address, 2)
+        return get_status(address, 2, security)
     except StatusError:
         return None
+
+
+def wait_for_status(read, pred, timeout, what, context=lambda: "", period=1.0):
+    """Polls `read()` (a status dict, or None while the learner does not answer) until `pred(status)` holds, and
+    returns that status; on timeout fails with the last status and `context()` (e.g. the engine's logs)."""
+    deadline, st = time.time() + timeout, None
+    while time.time() < deadline:
+        st = read()
+        if st is not None and pred(st):
+            return st
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last status {st}\n{context()}")
 
 
 def start_replay_and_learner(procs, free_port, settings, logdir, *learner_args):
@@ -174,3 +187,29 @@ class NsProc:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def run_checked(*cmd, env=None, timeout=300, check=True, stdin=None) -> subprocess.CompletedProcess:
+    """Runs `cmd` (str() of each part) in the repository root; with `check`, asserts exit status 0 and shows its
+    output's tail otherwise. For the engine tests' docker, docker-compose and ip commands."""
+    res = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, input=stdin
+    )
+    if check:
+        shown = " ".join(map(str, cmd))
+        assert res.returncode == 0, f"{shown} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+def docker_engine_problem(tools) -> str | None:
+    """Why the tests that run a Docker engine cannot run here (a tool of `tools` missing, or no engine answers
+    DOCKER_HOST), or None."""
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        return f"{', '.join(missing)} not installed (.ci/run installs Debian's docker.io, docker-compose, mmdebstrap)"
+    res = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60
+    )
+    if res.returncode != 0:
+        return f"no Docker engine answers ({res.stderr.strip()[:300]}); .ci/run starts a private dockerd as root"
+    return None

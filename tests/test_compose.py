@@ -10,7 +10,9 @@ import time
 
 import pytest
 import yaml
-from helpers import ENV, ROOT, wait_for
+from helpers import ENV, ROOT, status_or_none, wait_for
+
+from rlfleet.proto.security import ClientSecurity
 
 COMPOSE_FILE = os.path.join(ROOT, "deploy", "docker-compose.yml")
 REPLAY_PORT, LEARNER_PORT = "8000", "8001"  # the ports inside the compose network
@@ -78,8 +80,8 @@ def test_compose_config_is_valid():
 
     assert replay["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--replay", f"localhost:{REPLAY_PORT}"]
     assert learner["healthcheck"]["test"] == ["CMD", "rlfleet", "health", "--learner", f"localhost:{LEARNER_PORT}"]
-    assert learner["depends_on"]["replay"]["condition"] == "service_healthy"
-    assert actor["depends_on"]["learner"]["condition"] == "service_healthy"
+    # No start order: the learner waits for the settings and the replay server, actors for the learner.
+    assert not any("depends_on" in svc for svc in (replay, learner, actor))
 
     # Reverb has no authentication: the replay port stays on the internal network.
     assert "ports" not in replay
@@ -196,16 +198,31 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port):
         )
         assert res.returncode == 0, f"{svc} health check failed: {res.stdout}{res.stderr}"
 
-    # The order depends_on gives: replay healthy (having written the settings), then learner healthy, then actors.
+    # The services start in any order: here the reverse of the data's flow. Actors wait for the learner; the
+    # learner answers status while it waits for the settings the replay server writes, then for the replay server.
+    actors = [start("actor", "actor", f"actor{i}") for i in range(2)]
+    learner = start("learner", "learner")
+    settings_path = os.path.join(runs_dir, "compose-run", "settings.json")
+    learner_address = f"127.0.0.1:{ports[LEARNER_PORT]}"
+    security = ClientSecurity(token=TOKEN)
+    waiting = wait_for(lambda: status_or_none(learner_address, security), 120, "the waiting status", [learner])
+    assert (waiting["phase"], waiting["waiting_for"]) == ("waiting_for_settings", settings_path), waiting
+    res = subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", *_local_args(services["learner"]["healthcheck"]["test"][2:],
+                                                                  ports, runs_dir)],
+        cwd=ROOT, env=service_env("learner"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode != 0 and "NOT_SERVING" in res.stdout + res.stderr, res
+    time.sleep(6)  # long enough for a line of the wait
+    assert f"waiting for the run's settings {settings_path}" in learner.output()
+    assert all(a.proc.poll() is None for a in actors), [a.output()[-2000:] for a in actors]
     replay = start("replay", "replay")
     wait_for(lambda: "serving on port" in replay.output(), 120, "replay serving", [replay])
-    written = json.loads(open(os.path.join(runs_dir, "compose-run", "settings.json")).read())
+    written = json.loads(open(settings_path).read())
     assert (written["algo"], written["env_id"]) == ("dqn", "CartPole-v1") and written["config"]["min_replay_size"]
     healthy("replay")
-    learner = start("learner", "learner")
     wait_for(lambda: "serving on" in learner.output(), 180, "learner serving", [replay, learner])
     healthy("learner")
-    actors = [start("actor", "actor", f"actor{i}") for i in range(2)]
 
     others = {"replay": replay, **{f"actor{i}": a for i, a in enumerate(actors)}}
     exited = {}  # when each of the others exited, seen while the learner runs

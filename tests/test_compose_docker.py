@@ -10,46 +10,24 @@ where no engine answers.
 import json
 import os
 import shutil
-import subprocess
 import time
 
 import portpicker
 import pytest
-from helpers import ROOT
+from helpers import docker_engine_problem, run_checked, wait_for_status
 
 from rlfleet.deploy.status import StatusError, get_status
 from rlfleet.proto.security import ClientSecurity
 
 DOCKER, COMPOSE = shutil.which("docker"), shutil.which("docker-compose")
-IMAGE = "rlfleet:compose-test"
 TOKEN = "compose-docker-test-token"
 TOTAL_STEPS = 30000  # DQN on CartPole-v1: long enough to scale, kill and attach while it trains
 RUN = "ci"
 
 
-def _skip_reason() -> str | None:
-    missing = [t for t in ("docker", "docker-compose", "mmdebstrap", "python3.11") if not shutil.which(t)]
-    if missing:
-        return f"{', '.join(missing)} not installed (.ci/run installs Debian's docker.io, docker-compose, mmdebstrap)"
-    res = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60)
-    if res.returncode != 0:
-        return f"no Docker engine answers ({res.stderr.strip()[:300]}); .ci/run starts a private dockerd as root"
-    return None
-
-
-pytestmark = [
-    pytest.mark.docker,
-    pytest.mark.slow,
-    pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason())),
-]
-
-
-def _run(*cmd, env=None, timeout=300, check=True) -> subprocess.CompletedProcess:
-    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    if check:
-        shown = " ".join(map(str, cmd))
-        assert res.returncode == 0, f"{shown} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    return res
+_PROBLEM = docker_engine_problem(["docker", "docker-compose", "mmdebstrap", "python3.11"])
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))]
+_run = run_checked
 
 
 class Log:
@@ -63,17 +41,9 @@ class Log:
 
 
 @pytest.fixture(scope="module")
-def image():
-    """The image, built offline once for this module (the base tarball and wheels cached between runs)."""
-    _run(
-        os.path.join(ROOT, "deploy", "build-image.sh"),
-        "--offline",
-        "--tag",
-        IMAGE,
-        *(["--cache", os.environ["RLFLEET_IMAGE_CACHE"]] if os.environ.get("RLFLEET_IMAGE_CACHE") else []),
-        timeout=1200,
-    )
-    return IMAGE
+def image(rlfleet_image):
+    """The image, built offline once for the test session (conftest.py)."""
+    return rlfleet_image
 
 
 def test_up_returns_the_learners_exit_status(image):
@@ -128,14 +98,8 @@ def test_compose_cluster_under_docker(tmp_path, image):
             return None
 
     def wait_status(pred, timeout, what):
-        deadline, st = time.time() + timeout, None
-        while time.time() < deadline:
-            st = status()
-            if st is not None and pred(st):
-                return st
-            time.sleep(1)
-        logs = _run(COMPOSE, "-p", cluster, *cluster_files, "logs", "--tail", "40", env=env, check=False)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last status {st}\n{logs.stdout[-6000:]}")
+        logs = lambda: _run(COMPOSE, "-p", cluster, *cluster_files, "logs", "--tail", "40", env=env, check=False)
+        return wait_for_status(status, pred, timeout, what, lambda: logs().stdout[-6000:])
 
     def container(project, service):
         ids = _run(
@@ -152,7 +116,7 @@ def test_compose_cluster_under_docker(tmp_path, image):
         assert gateway, "the test network has no gateway address"
         machine_override.write_text(f"networks:\n  default:\n    external: true\n    name: {net}\n")
         env.update(
-            RLFLEET_IMAGE=IMAGE,
+            RLFLEET_IMAGE=image,
             RLFLEET_ALGO="dqn",
             RLFLEET_ENV="CartPole-v1",
             RLFLEET_TOTAL_STEPS=str(TOTAL_STEPS),
@@ -166,7 +130,7 @@ def test_compose_cluster_under_docker(tmp_path, image):
             RLFLEET_REPLAY=f"{gateway}:{replay_port}",
         )
 
-        # 1. Two actors: `up -d` returns once replay and learner are healthy.
+        # 1. Two actors: `up -d` starts the three services at once (no start order); they find each other.
         _run(COMPOSE, "-p", cluster, *cluster_files, "up", "-d", "--no-build", "--scale", "actor=2", env=env)
         st = wait_status(lambda s: len(s["actors"]) == 2 and s["env_steps"] > 0, 240, "2 actors training")
         log(f"2 actors in status, env steps {st['env_steps']}, policy version {st['policy_version']}")
@@ -226,7 +190,7 @@ def test_compose_cluster_under_docker(tmp_path, image):
             time.sleep(2)
         assert all(s == ["exited", "0"] for s in states.values()), states
         log(f"{len(everything)} other containers exited 0")
-        cat = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{cluster}_runs:/runs", "--entrypoint", "cat", IMAGE]
+        cat = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{cluster}_runs:/runs", "--entrypoint", "cat", image]
         summary = json.loads(_run(*cat, f"/runs/{RUN}/summary.json").stdout)
         assert summary["completed"] and summary["env_steps"] >= TOTAL_STEPS, summary
         assert summary["final_eval_episodes"] > 0

@@ -105,6 +105,18 @@ def test_token_required(procs, tmp_path, free_port):
     wait_for(lambda: get_status(address, 5, good)["actors"][0]["env_steps"] > 0, 60, "heartbeats", [learner, actor])
     # `status` takes the token from $RLFLEET_TOKEN too.
     assert rlfleet("status", "--learner", address, "--json", env=with_token).returncode == 0
+    # Or from the file $RLFLEET_TOKEN_FILE names (a Swarm or Kubernetes secret: its trailing newline is dropped),
+    # when $RLFLEET_TOKEN is empty or unset.
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    for variable in ({"RLFLEET_TOKEN": ""}, {}):
+        from_file = {k: v for k, v in ENV.items() if k != "RLFLEET_TOKEN"} | variable
+        from_file["RLFLEET_TOKEN_FILE"] = str(secret)
+        out = rlfleet("status", "--learner", address, "--json", env=from_file)
+        assert out.returncode == 0, out.stderr
+    secret.write_text("wrong\n")
+    refused = rlfleet("status", "--learner", address, env=dict(ENV, RLFLEET_TOKEN_FILE=str(secret)))
+    assert refused.returncode == 2 and "token" in refused.stderr
 
 
 def test_mutual_tls(procs, tmp_path, free_port, certs):
@@ -153,6 +165,14 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
         [learner, actor],
     )
     assert st["actors"][0]["host"]
+
+
+def test_an_unreadable_token_file_is_refused_naming_it(tmp_path):
+    missing = tmp_path / "no-secret"
+    for command in (("status", "--learner", "127.0.0.1:1"), ("actor", "--learner", "127.0.0.1:1")):
+        out = rlfleet(*command, env=dict(ENV, RLFLEET_TOKEN_FILE=str(missing)), timeout=120)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert f"$RLFLEET_TOKEN_FILE ({missing}): cannot read the token file" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

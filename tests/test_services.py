@@ -50,11 +50,12 @@ def start_replay_and_learner(procs, free_port, tmp_path, learner_extra=()):
     )
     address = f"127.0.0.1:{learner_port}"
 
-    def ready():
+    def ready():  # past the start's waits: the replay tables are checked
         try:
-            return get_status(address, 1)
+            st = get_status(address, 1)
         except Exception:
             return None
+        return st if st["phase"] not in ("waiting_for_settings", "waiting_for_replay") else None
 
     status = wait_for(ready, 120, "learner status", [replay, learner])
     return replay, learner, address, replay_port, status
