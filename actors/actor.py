@@ -244,30 +244,41 @@ class Actor:
             ActorError: no connection in time, a refused token or TLS handshake, or a refused registration, each
                 with what to check.
         """
-        try:
-            return self.stub.RegisterActor(
-                rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
-                wait_for_ready=True,
-                timeout=connect_timeout_s,
-            )
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ActorError(
-                    f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
-                    "check the address (rlfleet up prints it) and that the learner runs. If it serves "
-                    "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
-                    "(the learner's log names the handshake error); if it serves plaintext, pass no "
-                    "TLS options."
-                ) from None
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise ActorError(
-                    f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
-                    "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
-                    "certificates)."
-                ) from None
-            raise ActorError(f"learner refused registration: {e.details()}") from None
+        deadline = time.monotonic() + connect_timeout_s
+        while True:
+            try:
+                return self.stub.RegisterActor(
+                    rlfleet_pb2.RegisterActorRequest(host=self.host, num_envs=num_envs),
+                    wait_for_ready=True,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                )
+            except grpc.RpcError as e:
+                # A learner that stopped while it was still starting (ABORTED) may be restarted by its supervisor.
+                if e.code() != grpc.StatusCode.ABORTED or time.monotonic() + 2 > deadline:
+                    self._refused(e, learner_address, connect_timeout_s)
+                log.warning("learner %s: %s; registering again", learner_address, e.details())
+                time.sleep(2)
+
+    @staticmethod
+    def _refused(e: grpc.RpcError, learner_address: str, connect_timeout_s: float):
+        """Raises the ActorError that a failed RegisterActor call `e` means."""
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise ActorError(
+                f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "
+                "check the address (rlfleet up prints it) and that the learner runs. If it serves "
+                "TLS, pass --tls-ca, and --tls-cert/--tls-key when it requires client certificates "
+                "(the learner's log names the handshake error); if it serves plaintext, pass no "
+                "TLS options."
+            ) from None
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise ActorError(f"learner {learner_address} refused this actor: {e.details()}") from None
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            raise ActorError(
+                f"cannot connect to the learner {learner_address}: {e.details()}; with TLS, "
+                "pass --tls-ca (and --tls-cert/--tls-key when it asks for client "
+                "certificates)."
+            ) from None
+        raise ActorError(f"learner refused registration: {e.details()}") from None
 
     def _replay_reachable(self) -> bool:
         """Whether the replay server's port accepts a TCP connection (within 2 s). A refused connection means the

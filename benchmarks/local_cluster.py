@@ -59,16 +59,19 @@ class LocalCluster:
                 str(self.lport),
             ]
         )
+        from rlfleet.learner.status import STARTING_PHASES
+
         deadline = time.monotonic() + 120
         while True:
             try:
-                get_status(self.learner_address, 1)
-                return self
+                if get_status(self.learner_address, 1)["phase"] not in STARTING_PHASES:
+                    return self
             except Exception:
-                if time.monotonic() > deadline:
-                    self.__exit__()
-                    raise RuntimeError("learner did not start") from None
-                time.sleep(0.5)
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError("learner did not start")
+            time.sleep(0.5)
 
     def add_actor(self, *args: str) -> subprocess.Popen:
         """Starts one `rlfleet actor` joining the learner."""

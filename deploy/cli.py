@@ -211,10 +211,7 @@ def _teacher(given: str | None, s: Settings) -> str | None:
 def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Settings:
     """Resolves the common options (exits with a message on a conflict or a bad file)."""
     if run_config:
-        given = [n for n, v in (("--algo", algo), ("--env", env_id), ("--config", preset)) if v is not None]
-        given += ["--set"] * bool(overrides) + ["--config-file"] * bool(config_file)
-        if given:
-            _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(given))}.")
+        _run_config_alone(algo, env_id, preset, overrides, config_file)
         from rlfleet.learner.run_dir import RunDirError, read_run_settings
 
         try:
@@ -796,12 +793,22 @@ def learner_cmd(
     token,
 ):
     """Run the learner service of an algorithm against a replay server (started before or after it)."""
+    import threading
+
+    from rlfleet.deploy.stopping import on_stop_signals
+
     _quiet_tf()
-    started = time.monotonic()
+    deadline = time.monotonic() + start_timeout
+    # A stop before the learner serves (while it waits, or while it is built) ends it with --exit-code-if-stopped.
+    stop = threading.Event()
+    on_stop_signals(stop.set)
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
     if tls_client_ca and not tls_cert:
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    if run_config:
+        _run_config_alone(algo, env_id, preset, overrides, config_file)
+    logdir = _logdir(logdir, resume)
     from rlfleet.proto.security import SecurityError, token_from_env
 
     try:
@@ -811,11 +818,14 @@ def learner_cmd(
     tls = (tls_cert, tls_key, tls_client_ca) if tls_cert else None
     server = None
     if run_config and not os.path.exists(run_config):
-        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, start_timeout, exit_code_if_stopped)
+        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, (deadline, start_timeout), stop)
+        if stop.is_set():
+            server.stop()
+            print(f"rlfleet learner: stopped while waiting for the run's settings {run_config}.", flush=True)
+            sys.exit(exit_code_if_stopped)
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     _check_teacher_args(algo, teacher, offline_steps, overrides)
-    logdir = _logdir(logdir, resume)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
     from rlfleet.actors.envs import EnvError
@@ -831,9 +841,9 @@ def learner_cmd(
             teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
             bind=bind, tls=tls, token=token, report_interval_s=report_interval,
             checkpoint_interval_s=checkpoint_interval, linger_s=linger, actor_timeout_s=actor_timeout,
-            start_timeout_s=max(0.0, start_timeout - (time.monotonic() - started)),
+            start_timeout_s=start_timeout, start_deadline=deadline,
         )  # fmt: skip
-        learner = Learner(run, server)
+        learner = Learner(run, server, stop_event=stop)
         if port_file and server is None:
             _write_port_file(port_file, learner.port)
         summary = learner.run()
@@ -848,36 +858,42 @@ def learner_cmd(
         sys.exit(exit_code_if_stopped)
 
 
+def _run_config_alone(algo, env_id, preset, overrides, config_file) -> None:
+    """Exits with a message when options that --run-config replaces are given beside it."""
+    given = [n for n, v in (("--algo", algo), ("--env", env_id), ("--config", preset)) if v is not None]
+    given += ["--set"] * bool(overrides) + ["--config-file"] * bool(config_file)
+    if given:
+        _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(given))}.")
+
+
 def _write_port_file(path: str, port: int) -> None:
-    with open(path, "w") as f:
-        f.write(str(port))
+    """Writes the bound port into `path` atomically (readers never see it half written)."""
+    from rlfleet.deploy.files import atomic_write
+
+    atomic_write(path, str(port))
 
 
-def _wait_for_settings(path, bind, port, tls, token, port_file, timeout_s, exit_code_if_stopped):
-    """Serves status (phase waiting_for_settings) while it waits up to `timeout_s` seconds for the settings file
-    `path` to appear, with a line every few seconds; returns the bound `LearnerServer` for the learner to take
-    over. Exits (status 2) when the time is up, with `exit_code_if_stopped` on SIGTERM/SIGINT."""
-    import signal
-    import threading
-
-    from rlfleet.deploy.stopping import on_stop_signals
+def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, stop):
+    """Serves status (phase waiting_for_settings) while it waits for the settings file `path` to appear, until
+    `deadline` ((monotonic time, the --start-timeout it came from)), with a line every few seconds; returns the
+    bound `LearnerServer` for the learner to take over, also when `stop` (set by SIGTERM/SIGINT) ended the wait.
+    Exits (status 2) when the time is up."""
     from rlfleet.learner.errors import LearnerError
-    from rlfleet.learner.replay_feed import WAIT_REPORT_S
+    from rlfleet.learner.run_spec import WAIT_REPORT_S
     from rlfleet.learner.servicer import bind_learner_server
 
+    end, timeout_s = deadline
     try:
         server = bind_learner_server(None, bind, port, tls, token)
     except LearnerError as e:
         _fail(str(e))
+    server.serve_waiting("waiting_for_settings", path)
     if port_file:
         _write_port_file(port_file, server.port)
-    server.serve_waiting("waiting_for_settings", path)
-    stop = threading.Event()
-    on_stop_signals(stop.set)
     start = next_report = time.monotonic()
-    while not os.path.exists(path):
+    while not os.path.exists(path) and not stop.is_set():
         now = time.monotonic()
-        if now - start > timeout_s:
+        if now > end:
             server.stop()
             _fail(
                 f"--run-config {path} did not appear within {timeout_s:.0f} s (--start-timeout). It is written by "
@@ -887,16 +903,11 @@ def _wait_for_settings(path, bind, port, tls, token, port_file, timeout_s, exit_
         if now >= next_report:
             print(
                 f"rlfleet learner: waiting for the run's settings {path} ({now - start:.0f} s; gives up "
-                f"{timeout_s - (now - start):.0f} s from now)",
+                f"{end - now:.0f} s from now)",
                 flush=True,
             )
             next_report = now + WAIT_REPORT_S
-        if stop.wait(0.5):
-            server.stop()
-            print(f"rlfleet learner: stopped while waiting for the run's settings {path}.", flush=True)
-            sys.exit(exit_code_if_stopped)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the learner installs its own stop (a checkpoint first)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop.wait(0.5)
     server.waiting = ("starting", "")
     return server
 

@@ -15,10 +15,10 @@ import time
 import reverb
 
 from rlfleet.learner.errors import LearnerError, LearnerStopped
+from rlfleet.learner.run_spec import WAIT_REPORT_S
 from rlfleet.replay.server import table_status
 
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
-WAIT_REPORT_S = 5.0  # seconds between the log lines of a learner that waits to start (settings, replay server)
 
 
 class ReplayFeed:
@@ -39,19 +39,21 @@ class ReplayFeed:
         self._tables: list[dict] = []
         self.last_answer: float | None = None  # monotonic time the run's replay server last answered `refresh_status`
 
-    def check_tables(self, algo: str, env_id: str, envs_per_actor: int, timeout_s: float, waiting=None) -> None:
-        """Waits up to `timeout_s` seconds in all for the replay servers to answer (a line on stdout every
-        `WAIT_REPORT_S` seconds), then checks that each holds the agent's table with the agent's signature
-        (`algo` on `env_id` with `envs_per_actor` envs: for the message).
+    def check_tables(
+        self, algo: str, env_id: str, envs_per_actor: int, deadline: float, timeout_s: float, waiting=None
+    ) -> None:
+        """Waits until the monotonic time `deadline` (the end of a --start-timeout of `timeout_s` seconds) for the
+        replay servers to answer (a line on stdout every `WAIT_REPORT_S` seconds), then checks that each holds the
+        agent's table with the agent's signature (`algo` on `env_id` with `envs_per_actor` envs: for the message).
 
         Args:
             waiting: called with each server's host:port before it is waited for (status shows it).
         Raises:
+            LearnerStopped: `stop_event` was set while it waited.
             LearnerError: a server that did not answer in time, or without the table, or with a table of another
                 signature; the message says how to start it.
         """
         learner = f"the learner ({algo} on {env_id}, {envs_per_actor} envs per actor)"
-        deadline = time.monotonic() + timeout_s
         servers = [(self.address, f"rlfleet replay --algo {algo}", "the learner")]
         if self.teacher_address:
             servers.append((self.teacher_address, "rlfleet replay --teacher DIR", "the teacher's replay"))
@@ -81,19 +83,22 @@ class ReplayFeed:
             )
 
     def _server_info(self, address: str, start_hint: str, deadline: float, timeout_s: float) -> dict:
-        """The replay server's {table name: table info}, waiting for it until the monotonic `deadline` (the
-        start's `timeout_s` seconds in all), with a line every `WAIT_REPORT_S` seconds."""
+        """The replay server's {table name: table info}, waiting for it until the monotonic `deadline` (the end
+        of the --start-timeout of `timeout_s` seconds), with a line every `WAIT_REPORT_S` seconds."""
         start = next_report = time.monotonic()
         while True:
+            if self.stop_event.is_set():
+                raise LearnerStopped(f"stopped while waiting for the replay server {address}")
             try:
-                return reverb.Client(address).server_info(timeout=5)
+                return reverb.Client(address).server_info(timeout=max(1, min(5, int(deadline - time.monotonic()))))
             except Exception as e:
                 now = time.monotonic()
-                if now > deadline:
+                if now >= deadline:
+                    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                     raise LearnerError(
-                        f"the replay server {address} did not answer within {timeout_s:.0f} s of the learner's "
-                        f"start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); start it with "
-                        f"`{start_hint}`, or wait longer with --start-timeout."
+                        f"the replay server {address} did not answer within the learner's --start-timeout of "
+                        f"{timeout_s:.0f} s ({reason}); start it with `{start_hint}`, or allow more time with "
+                        "--start-timeout."
                     ) from e
                 if now >= next_report:
                     print(
@@ -102,8 +107,7 @@ class ReplayFeed:
                         flush=True,
                     )
                     next_report = now + WAIT_REPORT_S
-                if self.stop_event.wait(1.0):
-                    raise LearnerStopped(f"stopped while waiting for the replay server {address}") from None
+                self.stop_event.wait(min(1.0, max(0.0, deadline - now)))
 
     def start(self) -> None:
         """Starts the sampler thread (a daemon: it ends with `stop_event`, or when the server is lost for good)."""

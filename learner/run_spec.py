@@ -9,6 +9,7 @@ ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leav
 # Default: how long a starting learner waits for its settings file and the replay servers, in all (seconds). Under
 # an engine with no start order (Swarm, Kubernetes) the replay server may start after the learner.
 START_TIMEOUT_S = 300.0
+WAIT_REPORT_S = 5.0  # seconds between the log lines of a learner that waits to start (settings, replay server)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,9 @@ class RunSpec:
             actors and the replay server have stopped).
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
             steps stay counted; a heartbeat later re-admits it).
-        start_timeout_s: the most seconds the learner waits for the replay servers to answer before it gives up.
+        start_timeout_s / start_deadline: the learner waits for the replay servers to answer until the monotonic
+            time `start_deadline` (None: `start_timeout_s` seconds from when it starts to wait), the end of
+            its --start-timeout of `start_timeout_s` seconds, counted from the process's start.
     """
 
     algo: str
@@ -61,3 +64,4 @@ class RunSpec:
     linger_s: float = 0.0
     actor_timeout_s: float = ACTOR_TIMEOUT_S
     start_timeout_s: float = START_TIMEOUT_S
+    start_deadline: float | None = None

@@ -42,7 +42,7 @@ from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
-from rlfleet.learner.errors import LearnerError, NonFiniteError, check_finite
+from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
 from rlfleet.learner.networks import compute_device
 from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay
 from rlfleet.learner.replay_feed import ReplayFeed
@@ -83,14 +83,16 @@ class Learner:
         rlfleet.deploy.files.StorageError: the run directory cannot be written.
     """
 
-    def __init__(self, run: RunSpec, server: LearnerServer | None = None):
+    def __init__(self, run: RunSpec, server: LearnerServer | None = None, stop_event: threading.Event | None = None):
         """`server`: the learner's gRPC server when the caller bound it already (to answer status while it waited
-        for the settings: `LearnerServer.serve_waiting`); None: bound here, on `run.bind`:`run.port`."""
+        for the settings: `LearnerServer.serve_waiting`); None: bound here, on `run.bind`:`run.port`.
+        `stop_event`: the caller's stop (set by its SIGTERM/SIGINT handler before `run` installs the learner's own);
+        one set before the learner serves ends `run` with `LearnerStopped`."""
         self.run_spec = run
         identity = self._setup_algorithm(run)
         progress = self._setup_checkpoints(run)
         write_json(os.path.join(run.logdir, "run.json"), identity)
-        self._setup_state(run, progress)
+        self._setup_state(run, progress, stop_event)
         self.server = server or bind_learner_server(None, run.bind, run.port, run.tls, run.token)
         self.server.attach(self)  # status is this learner's from now on; actors' calls wait for `start`
         self.port = self.server.port
@@ -147,12 +149,12 @@ class Learner:
         self.count, progress = self.checkpoints.restore(run.resume, run.total_steps)
         return progress
 
-    def _setup_state(self, run: RunSpec, progress: dict) -> None:
+    def _setup_state(self, run: RunSpec, progress: dict, stop_event: threading.Event | None) -> None:
         """The service's state: locks, the run's status, the actors' book, the replay feed, the weights
         broadcast."""
         self.lock = threading.Lock()
         self._actor_ids_lock = threading.Lock()  # RUN/actor_ids.json
-        self.stop_event = threading.Event()  # SIGTERM/SIGINT or end of run
+        self.stop_event = stop_event or threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
         # Phase, fault, returns, rates; its wall-clock count continues the seconds this run trained in earlier
         # processes (up to the restored checkpoint).
@@ -336,9 +338,12 @@ class Learner:
         """
         run = self.run_spec
         on_stop_signals(self._request_stop)
+        if self.stop_event.is_set():  # a stop that came while the learner was built
+            raise LearnerStopped("stopped before it served")
         self.server.serve_waiting("waiting_for_replay")
+        deadline = run.start_deadline if run.start_deadline is not None else time.monotonic() + run.start_timeout_s
         self.feed.check_tables(
-            run.algo, run.env_id, self.config.envs_per_actor, run.start_timeout_s, waiting=self._waiting_for_replay
+            run.algo, run.env_id, self.config.envs_per_actor, deadline, run.start_timeout_s, self._waiting_for_replay
         )
         with self.lock:
             self.status.phase, self.status.waiting_for = "waiting_for_actors", ""

@@ -34,6 +34,8 @@ _SERVICE = "rlfleet.Learner"
 MAX_WRITES = 32
 SEND_BUDGET_BYTES = 64 * 2**20
 WRITE_TIMEOUT_S = 30.0  # a weights write that takes longer ends its stream (the reader stopped reading)
+# The details of the ABORTED status that ends the actors' calls held by a learner that stopped before it served.
+NOT_STARTED = "the learner stopped before it served its actors (it was still starting)"
 # HTTP/2 keepalive pings find connections to actors that vanished (a frozen host, a partition) and close them;
 # the clients' own pings (`rlfleet.proto.security.CLIENT_KEEPALIVE_TIME_MS`, every 10 s) are permitted down to
 # every 5 s, with or without calls, so that none is answered with GOAWAY too_many_pings.
@@ -138,7 +140,7 @@ def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
     status while no learner is attached."""
 
     async def register_actor(request, context):
-        learner = await server.ready_learner()
+        learner = await server.ready_learner(context)
         envs = learner.config.envs_per_actor
         if request.num_envs and request.num_envs != envs:
             await context.abort(
@@ -151,7 +153,7 @@ def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
 
     async def stream_weights(request, context):
-        learner = await server.ready_learner()
+        learner = await server.ready_learner(context)
         try:
             await learner.weights.serve(request.min_policy_version, context.write)
         except TimeoutError:  # the actor reconnects when it reads again (DEADLINE_EXCEEDED is retryable)
@@ -160,12 +162,12 @@ def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
             )
 
     async def heartbeat(request, context):
-        learner = await server.ready_learner()
+        learner = await server.ready_learner(context)
         stop = learner.record_heartbeat(request, peer_ip(context.peer()))
         return rlfleet_pb2.HeartbeatResponse(stop=stop)
 
     async def heartbeats(request_iterator, context):
-        learner = await server.ready_learner()
+        learner = await server.ready_learner(context)
         address = peer_ip(context.peer())
         async for request in request_iterator:
             yield rlfleet_pb2.HeartbeatResponse(stop=learner.record_heartbeat(request, address))
@@ -311,9 +313,13 @@ class LearnerServer:
         self._run(attach())
         self.learner = learner
 
-    async def ready_learner(self):
-        """The attached learner, once the server is ready (`start`): what the actors' calls wait for."""
+    async def ready_learner(self, context):
+        """The attached learner, once the server is ready (`start`): what the actors' calls wait for. A call
+        that waited while the learner stopped before it served ends with ABORTED (`NOT_STARTED`): actors
+        retry it, since a restarted learner may serve soon."""
         await self._ready.wait()
+        if self._stopped:
+            await context.abort(grpc.StatusCode.ABORTED, NOT_STARTED)
         return self.learner
 
     def waiting_status(self) -> rlfleet_pb2.Status:
@@ -363,6 +369,7 @@ class LearnerServer:
             self.learner.weights.close()
 
         async def stop():
+            self._ready.set()  # calls held for a learner that never served end now (`ready_learner`)
             await self.health.enter_graceful_shutdown()
             await self._server.stop(grace_s)
 

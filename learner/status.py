@@ -12,6 +12,8 @@ import numpy as np
 from rlfleet.proto import rlfleet_pb2
 
 RECENT_EPISODES = 100  # episode_return_mean is over this many recent training episodes
+# Phases of a learner that is still starting: it answers status but does not serve its actors yet.
+STARTING_PHASES = ("starting", "waiting_for_settings", "waiting_for_replay")
 
 
 class RunStatus:

@@ -172,6 +172,8 @@ def token_from_env(token: str | None) -> str:
                 f"{source}: cannot read the token file ({e.strerror}); mount the secret there or unset "
                 f"{TOKEN_FILE_ENV}."
             ) from None
+        if not value:  # a secret that is there must not turn the token check off
+            raise SecurityError(f"{source}: the token file is empty; put the token in it or unset {TOKEN_FILE_ENV}.")
     bad = sorted({c for c in value if not " " <= c <= "~"})
     if bad or value != value.strip(" "):
         what = f"the characters {', '.join(repr(c) for c in bad)}" if bad else "leading or trailing spaces"

@@ -73,22 +73,25 @@ def wait_for(predicate, timeout, what, procs=()):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def status_or_none(address, security=None):
+def status_or_none(address, security=None, ready=True):
     """The learner's status at `address` (`security`: a `rlfleet.proto.security.ClientSecurity`, e.g. its token),
-    or None while it does not answer (for `wait_for`)."""
+    or None while it does not answer, and with `ready` also while it is still starting (waiting for its settings
+    or the replay server, `rlfleet.learner.status.STARTING_PHASES`): for `wait_for`."""
     from rlfleet.deploy.status import StatusError, get_status
+    from rlfleet.learner.status import STARTING_PHASES
 
     try:
-        return get_status(address, 2, security)
+        st = get_status(address, 2, security)
     except StatusError:
         return None
+    return None if ready and st["phase"] in STARTING_PHASES else st
 
 
 def wait_for_status(read, pred, timeout, what, context=lambda: "", period=1.0):
     """Polls `read()` (a status dict, or None while the learner does not answer) until `pred(status)` holds, and
     returns that status; on timeout fails with the last status and `context()` (e.g. the engine's logs)."""
-    deadline, st = time.time() + timeout, None
-    while time.time() < deadline:
+    deadline, st = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
         st = read()
         if st is not None and pred(st):
             return st

@@ -205,7 +205,9 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port):
     settings_path = os.path.join(runs_dir, "compose-run", "settings.json")
     learner_address = f"127.0.0.1:{ports[LEARNER_PORT]}"
     security = ClientSecurity(token=TOKEN)
-    waiting = wait_for(lambda: status_or_none(learner_address, security), 120, "the waiting status", [learner])
+    waiting = wait_for(
+        lambda: status_or_none(learner_address, security, ready=False), 120, "the waiting status", [learner]
+    )
     assert (waiting["phase"], waiting["waiting_for"]) == ("waiting_for_settings", settings_path), waiting
     res = subprocess.run(
         [sys.executable, "-m", "rlfleet.deploy.cli", *_local_args(services["learner"]["healthcheck"]["test"][2:],

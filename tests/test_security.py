@@ -167,12 +167,14 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     assert st["actors"][0]["host"]
 
 
-def test_an_unreadable_token_file_is_refused_naming_it(tmp_path):
-    missing = tmp_path / "no-secret"
-    for command in (("status", "--learner", "127.0.0.1:1"), ("actor", "--learner", "127.0.0.1:1")):
-        out = rlfleet(*command, env=dict(ENV, RLFLEET_TOKEN_FILE=str(missing)), timeout=120)
-        assert out.returncode == 2, out.stderr[-2000:]
-        assert f"$RLFLEET_TOKEN_FILE ({missing}): cannot read the token file" in out.stderr, out.stderr[-2000:]
+def test_an_unreadable_or_empty_token_file_is_refused_naming_it(tmp_path):
+    missing, empty = tmp_path / "no-secret", tmp_path / "empty-secret"
+    empty.write_text("\n")
+    for path, said in ((missing, "cannot read the token file"), (empty, "the token file is empty")):
+        for command in (("status", "--learner", "127.0.0.1:1"), ("actor", "--learner", "127.0.0.1:1")):
+            out = rlfleet(*command, env=dict(ENV, RLFLEET_TOKEN_FILE=str(path)), timeout=120)
+            assert out.returncode == 2, out.stderr[-2000:]
+            assert f"$RLFLEET_TOKEN_FILE ({path}): {said}" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import socket
 import numpy as np
 import pytest
 import reverb
-from helpers import rlfleet, wait_for
+from helpers import rlfleet, status_or_none, wait_for
 
 from rlfleet.deploy.status import get_status
 
@@ -50,14 +50,7 @@ def start_replay_and_learner(procs, free_port, tmp_path, learner_extra=()):
     )
     address = f"127.0.0.1:{learner_port}"
 
-    def ready():  # past the start's waits: the replay tables are checked
-        try:
-            st = get_status(address, 1)
-        except Exception:
-            return None
-        return st if st["phase"] not in ("waiting_for_settings", "waiting_for_replay") else None
-
-    status = wait_for(ready, 120, "learner status", [replay, learner])
+    status = wait_for(lambda: status_or_none(address), 120, "learner status", [replay, learner])
     return replay, learner, address, replay_port, status
 
 

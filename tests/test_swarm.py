@@ -50,7 +50,7 @@ _run = run_checked
 
 
 def _log(t0: float, msg: str) -> None:
-    print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+    print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
 
 class Node:
@@ -76,10 +76,11 @@ class Node:
             env=dict(os.environ, DOCKER_SERVICE_PREFER_OFFLINE_IMAGE="1"),
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        deadline = time.time() + 60
+        deadline = time.monotonic() + 60
         while self.docker("info", check=False).returncode != 0:
-            assert self.proc.poll() is None, (self.folder / "log").read_text()[-3000:]
-            assert time.time() < deadline, f"dockerd of {name} did not answer:\n{(self.folder / 'log').read_text()}"
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"dockerd of {name} did not answer:\n{(self.folder / 'log').read_text()[-3000:]}")
             time.sleep(1)
 
     def docker(self, *args, **kwargs) -> subprocess.CompletedProcess:
@@ -89,6 +90,8 @@ class Node:
         return _run("nsenter", f"--net=/var/run/netns/{self.netns}", *cmd, **kwargs)
 
     def stop(self) -> None:
+        """Stops the engine, then unmounts what it left mounted under its folder (the network namespaces of
+        its containers and of Swarm's ingress: bind mounts that would keep them alive), deepest first."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -97,6 +100,16 @@ class Node:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+        for mount in sorted(_mounts_under(self.folder), reverse=True):
+            _run("umount", "-l", mount, check=False)
+
+
+def _mounts_under(folder) -> list[str]:
+    """Mount points at or under `folder` (/proc/self/mountinfo; octal escapes as the kernel writes them)."""
+    prefix = os.path.realpath(folder)
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p == prefix or p.startswith(prefix + os.sep)]
 
 
 @contextlib.contextmanager
@@ -123,11 +136,12 @@ def two_nodes(folder, tag: str):
         for ns in netns:
             _run("ip", "netns", "delete", ns, check=False)
         for node in nodes:  # the engines' files (image layers: several GB)
-            _run("rm", "-rf", node.folder / "data", node.folder / "exec", check=False)
+            _run("rm", "-rf", node.folder / "data", node.folder / "exec")
+        assert not _mounts_under(folder), _mounts_under(folder)
 
 
 def test_swarm_stack_on_two_nodes(tmp_path, rlfleet_image):
-    t0 = time.time()
+    t0 = time.monotonic()
     tag = f"rls{os.getpid() % 100000}"
     image_tar = tmp_path / "image.tar"
     _run(DOCKER, "save", "-o", image_tar, rlfleet_image, timeout=600)
@@ -203,16 +217,16 @@ def _deploy_scale_kill_finish(t0, node1, image: str) -> None:
     (learner,) = node1.docker(
         "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={STACK}_learner"
     ).stdout.split()
-    deadline = time.time() + 180
+    deadline = time.monotonic() + 180
     while node1.docker("exec", learner, "test", "-f", f"/runs/{RUN}/checkpoints/checkpoint", check=False).returncode:
-        assert time.time() < deadline, "no learner checkpoint within 180 s"
+        assert time.monotonic() < deadline, "no learner checkpoint within 180 s"
         time.sleep(2)
-    before = status()["env_steps"]
-    killed_at = time.time()
+    before = wait_status(lambda s: True, 60, "status")["env_steps"]
+    killed_at = time.monotonic()
     node1.docker("kill", learner)
     _log(t0, f"learner container killed at env steps {before}")
     st = wait_status(
-        lambda s: s["uptime_seconds"] < time.time() - killed_at and len(s["actors"]) == 3, 300, "the learner back"
+        lambda s: s["uptime_seconds"] < time.monotonic() - killed_at and len(s["actors"]) == 3, 300, "the learner back"
     )
     assert st["env_steps"] >= before, (st["env_steps"], before)
     assert st["env_steps"] < TOTAL_STEPS, "the run ended before the learner came back: raise TOTAL_STEPS"
@@ -220,10 +234,10 @@ def _deploy_scale_kill_finish(t0, node1, image: str) -> None:
 
     # 4. The run ends: every task ends by itself with exit status 0 (no restart of a finished run); the killed
     # learner's task is the only failed one.
-    deadline = time.time() + 600
+    deadline = time.monotonic() + 600
     while True:
         tasks = _tasks(node1)
-        if not [t for t in tasks if t["current"].split()[0] in RUNNING] or time.time() > deadline:
+        if not [t for t in tasks if t["current"].split()[0] in RUNNING] or time.monotonic() > deadline:
             break
         time.sleep(3)
     failed = [t for t in tasks if not t["current"].startswith("Complete")]
@@ -261,6 +275,6 @@ def _tasks(node) -> list[dict]:
 
 def _wait_empty(*nodes, timeout=120) -> None:
     """Waits until no container is left on any node (`stack rm` returns before they are gone)."""
-    deadline = time.time() + timeout
-    while any(n.docker("ps", "-aq").stdout.split() for n in nodes) and time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while any(n.docker("ps", "-aq").stdout.split() for n in nodes) and time.monotonic() < deadline:
         time.sleep(2)
