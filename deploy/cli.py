@@ -818,7 +818,7 @@ def learner_cmd(
     tls = (tls_cert, tls_key, tls_client_ca) if tls_cert else None
     server = None
     if run_config and not os.path.exists(run_config):
-        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, (deadline, start_timeout), stop)
+        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, deadline, start_timeout, stop)
         if stop.is_set():
             server.stop()
             print(f"rlfleet learner: stopped while waiting for the run's settings {run_config}.", flush=True)
@@ -873,16 +873,15 @@ def _write_port_file(path: str, port: int) -> None:
     atomic_write(path, str(port))
 
 
-def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, stop):
+def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, timeout_s, stop):
     """Serves status (phase waiting_for_settings) while it waits for the settings file `path` to appear, until
-    `deadline` ((monotonic time, the --start-timeout it came from)), with a line every few seconds; returns the
-    bound `LearnerServer` for the learner to take over, also when `stop` (set by SIGTERM/SIGINT) ended the wait.
-    Exits (status 2) when the time is up."""
+    the monotonic time `deadline` (the end of the --start-timeout of `timeout_s` seconds), with a line every few
+    seconds; returns the bound `LearnerServer` for the learner to take over, also when `stop` (set by
+    SIGTERM/SIGINT) ended the wait. Exits (status 2) when the time is up."""
     from rlfleet.learner.errors import LearnerError
     from rlfleet.learner.run_spec import WAIT_REPORT_S
     from rlfleet.learner.servicer import bind_learner_server
 
-    end, timeout_s = deadline
     try:
         server = bind_learner_server(None, bind, port, tls, token)
     except LearnerError as e:
@@ -893,7 +892,7 @@ def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, stop):
     start = next_report = time.monotonic()
     while not os.path.exists(path) and not stop.is_set():
         now = time.monotonic()
-        if now > end:
+        if now > deadline:
             server.stop()
             _fail(
                 f"--run-config {path} did not appear within {timeout_s:.0f} s (--start-timeout). It is written by "
@@ -903,7 +902,7 @@ def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, stop):
         if now >= next_report:
             print(
                 f"rlfleet learner: waiting for the run's settings {path} ({now - start:.0f} s; gives up "
-                f"{end - now:.0f} s from now)",
+                f"{deadline - now:.0f} s from now)",
                 flush=True,
             )
             next_report = now + WAIT_REPORT_S

@@ -175,6 +175,8 @@ def format_status(st: dict) -> str:
     for t in st.get("replay", []):
         lines.append(f"{t['table']:<20} {t['size']:>8} {t['max_size']:>8} {t['inserts']:>10} {t['samples']:>10}")
     if not st.get("replay"):
-        starting = st["phase"] in ("starting", "waiting_for_settings", "waiting_for_replay")
+        from rlfleet.learner.status import STARTING_PHASES
+
+        starting = st["phase"] in STARTING_PHASES
         lines.append("  (the learner is starting)" if starting else "  (the replay server does not answer the learner)")
     return "\n".join(lines)

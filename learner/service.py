@@ -340,7 +340,7 @@ class Learner:
         on_stop_signals(self._request_stop)
         if self.stop_event.is_set():  # a stop that came while the learner was built
             raise LearnerStopped("stopped before it served")
-        self.server.serve_waiting("waiting_for_replay")
+        self.server.serve_waiting()  # status is this learner's: phase waiting_for_replay
         deadline = run.start_deadline if run.start_deadline is not None else time.monotonic() + run.start_timeout_s
         self.feed.check_tables(
             run.algo, run.env_id, self.config.envs_per_actor, deadline, run.start_timeout_s, self._waiting_for_replay

@@ -337,10 +337,11 @@ class LearnerServer:
             random_eval_return_mean=nan,
         )
 
-    def serve_waiting(self, phase: str, waiting_for: str = "") -> None:
-        """Answers before the learner is ready: status (with `phase` and `waiting_for` while no learner is
-        attached), health NOT_SERVING; the actors' calls wait for `start`. Call again to change the phase."""
-        self.waiting = (phase, waiting_for)
+    def serve_waiting(self, phase: str | None = None, waiting_for: str = "") -> None:
+        """Answers before the learner is ready: status (the attached learner's, or else `phase` and
+        `waiting_for`), health NOT_SERVING; the actors' calls wait for `start`."""
+        if phase is not None:
+            self.waiting = (phase, waiting_for)
         self._run(self._serve(ready=False))
 
     def start(self) -> None:

@@ -182,14 +182,20 @@ class NsProc:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig=signal.SIGTERM):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, sig)
         self.log.close()
+
+
+def stop_group(proc: subprocess.Popen, sig=signal.SIGTERM, timeout=30) -> None:
+    """Sends `sig` to the process group `proc` leads (started with start_new_session), waits up to `timeout`
+    seconds, then kills the group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_checked(*cmd, env=None, timeout=300, check=True, stdin=None) -> subprocess.CompletedProcess:

@@ -15,17 +15,16 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers import docker_engine_problem, run_checked, wait_for_status
+from helpers import docker_engine_problem, run_checked, stop_group, wait_for_status
 
 DOCKER, DOCKERD = shutil.which("docker"), shutil.which("dockerd")
 TOKEN = "swarm-test-token"
-TOTAL_STEPS = 20000  # DQN on CartPole-v1: long enough to scale and kill the learner while it trains
+TOTAL_STEPS = 40000  # DQN on CartPole-v1: long enough to scale and kill the learner while it trains, unloaded too
 RUN = "swarm"
 STACK = "rlt"
 LEARNER_PORT = 8001
@@ -92,13 +91,7 @@ class Node:
     def stop(self) -> None:
         """Stops the engine, then unmounts what it left mounted under its folder (the network namespaces of
         its containers and of Swarm's ingress: bind mounts that would keep them alive), deepest first."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, timeout=60)
         self.log.close()
         for mount in sorted(_mounts_under(self.folder), reverse=True):
             _run("umount", "-l", mount, check=False)
