@@ -20,9 +20,9 @@ import typing
 
 import grpc
 import numpy as np
-import reverb
 
 from rlfleet import algorithms
+from rlfleet.actors import replay_client
 from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
@@ -402,7 +402,7 @@ class Actor:
             try:
                 writer.flush(block_until_num_items=in_flight, timeout_ms=500)
                 return True
-            except reverb.errors.DeadlineExceededError:
+            except replay_client.deadline_exceeded_errors():  # the writer's class, whichever Reverb made it
                 if self.stop.is_set():
                     return False
             if time.monotonic() - stalled_since >= REPLAY_STALL_S:
@@ -430,6 +430,7 @@ class Actor:
         """Collects until the learner says stop or SIGTERM/SIGINT; returns env steps taken."""
         cfg = self.config
         on_stop_signals(self.terminated.set, self.stop.set)
+        replay_client.load()  # before the threads below: see `replay_client.load`
         venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:

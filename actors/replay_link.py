@@ -4,16 +4,18 @@ its state, a frozen link), while the server itself is fine.
 Reverb's client sends no keepalive pings and takes no settings for them, so a writer on such a connection waits
 for TCP to give up (Linux's default `tcp_retries2` retransmissions, minutes). A writer that stops getting items
 confirmed may also just be held back by the table's rate limiter, which is no fault. The two are told apart by
-asking the server the same small question (Reverb's `ServerInfo` RPC) twice: through a new `reverb.Client`,
-whose channel shares the writers' connection (Reverb creates every channel to one address with the same
-arguments, so gRPC gives them one connection), and through a connection of its own (grpcio, a separate gRPC).
-A dead connection is one on which the first gets no answer while the second does.
+asking the server the same small question (Reverb's `ServerInfo` RPC) twice: through a new Reverb client
+(`rlfleet.actors.replay_client.Client`), whose channel shares the writers' connection (Reverb creates every
+channel to one address with the same arguments, so gRPC gives them one connection), and through a connection of
+its own (grpcio, a separate gRPC). A dead connection is one on which the first gets no answer while the second
+does.
 """
 
 from __future__ import annotations
 
 import grpc
-import reverb
+
+from rlfleet.actors.replay_client import Client
 
 
 def answers_on_new_connection(address: str, timeout_s: float = 3.0) -> bool:
@@ -35,11 +37,7 @@ def answers_on_new_connection(address: str, timeout_s: float = 3.0) -> bool:
 def answers_on_writers_connection(address: str, timeout_s: int = 3) -> bool:
     """Whether the replay server at `address` answers `ServerInfo` within `timeout_s` seconds through Reverb's
     client, i.e. on the connection this process's Reverb writers to `address` use."""
-    try:
-        reverb.Client(address).server_info(timeout=timeout_s)
-        return True
-    except Exception:  # Reverb raises its own errors, RuntimeError or ValueError depending on the version
-        return False
+    return Client(address).server_info_answered(timeout_s)
 
 
 def connection_died_silently(address: str, timeout_s: int = 3) -> bool:

@@ -2,10 +2,12 @@
 
 Starts `rlfleet up --actors N` (DQN on CartPole-v1 unless told otherwise), waits until every actor has sent env
 steps, and reads each actor process's /proc/PID/smaps_rollup: resident (RSS), proportional (PSS: shared pages
-split between the processes that map them) and private memory. Shared pages are mostly TensorFlow's libraries,
+split between the processes that map them) and private memory, and whether it maps TensorFlow's Python library
+(an actor should not: it writes through `rlfleet.actors.replay_client`). Shared pages are mostly the libraries,
 mapped from the same files by every actor on the machine, so N actors take about shared + N × private. In the same
 run, for a baseline, it measures Python processes that import only what an actor needs besides Reverb's client
-(numpy, grpc, gymnasium), then also TensorFlow, then Reverb.
+(numpy, grpc, gymnasium), then also Reverb's writer as an actor loads it, and, for comparison, TensorFlow and the
+whole `reverb` package, which is what an actor took when it imported Reverb's client through the package.
 
 Usage:
     python benchmarks/actor_memory.py --actors 4 --out benchmarks/results/actor-memory.json
@@ -23,12 +25,17 @@ import sys
 import tempfile
 import time
 
-# Imports measured for the baseline: what an actor needs besides Reverb's client, then TensorFlow, then Reverb.
+# Imports measured for the baseline: what an actor needs besides Reverb's client, then Reverb's writer as an actor
+# loads it; then TensorFlow and the whole reverb package instead.
 IMPORTS = {
     "numpy, grpc, gymnasium": "import numpy, grpc, gymnasium",
+    "+ Reverb's writer alone": "import numpy, grpc, gymnasium; from rlfleet.actors import replay_client; "
+    "replay_client.load()",
     "+ tensorflow": "import numpy, grpc, gymnasium, tensorflow",
     "+ reverb": "import numpy, grpc, gymnasium, tensorflow, reverb",
 }
+TF_PYTHON_LIBRARY = "_pywrap_tensorflow_internal.so"  # what `import tensorflow` maps
+REVERB_CLIENT_LIBRARY = "/reverb/libpybind.so"  # Reverb's compiled client
 _MEASURE = (
     "import json; r = open('/proc/self/smaps_rollup').read().splitlines()[1:]; "
     "print(json.dumps({l.split(':')[0]: int(l.split()[1]) for l in r}))"
@@ -44,6 +51,12 @@ def memory_mb(fields: dict) -> dict:
 def smaps(pid: int) -> dict:
     with open(f"/proc/{pid}/smaps_rollup") as f:
         return {line.split(":")[0]: int(line.split()[1]) for line in f.read().splitlines()[1:]}
+
+
+def maps_library(pid: int, name: str) -> bool:
+    """Whether process `pid` maps a file whose path ends with `name`."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any(line.rstrip().endswith(name) for line in f)
 
 
 def children(parent: int, marker: str) -> list[int]:
@@ -113,7 +126,15 @@ def measure_actors(num_actors: int, algo: str, env_id: str, settle_s: float) -> 
             time.sleep(1)
         time.sleep(settle_s)
         pids = children(up.pid, "rlfleet.deploy.cli actor")
-        return [dict(pid=pid, **memory_mb(smaps(pid))) for pid in pids]
+        return [
+            dict(
+                pid=pid,
+                tensorflow_python=maps_library(pid, TF_PYTHON_LIBRARY),
+                reverb_client=maps_library(pid, REVERB_CLIENT_LIBRARY),
+                **memory_mb(smaps(pid)),
+            )
+            for pid in pids
+        ]
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGINT)
@@ -143,7 +164,10 @@ def main() -> None:
         print(f"  {label:36s} {m['rss_mb']:7.0f} {m['pss_mb']:8.0f} {m['private_mb']:10.0f}")
     print(f"{len(actors)} actors of `rlfleet up --algo {args.algo} --env {args.env}`")
     for a in actors:
-        print(f"  actor pid {a['pid']:<28d} {a['rss_mb']:7.0f} {a['pss_mb']:8.0f} {a['private_mb']:10.0f}")
+        tf_python = "TensorFlow's Python loaded" if a["tensorflow_python"] else "no TensorFlow Python"
+        print(
+            f"  actor pid {a['pid']:<28d} {a['rss_mb']:7.0f} {a['pss_mb']:8.0f} {a['private_mb']:10.0f}   {tf_python}"
+        )
     print(
         f"per actor: {mean['rss_mb']:.0f} MB resident, {mean['private_mb']:.0f} MB its own; shared between them "
         f"about {shared:.0f} MB. {len(actors)} actors together: about {together:.0f} MB; each more: "

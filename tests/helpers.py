@@ -62,8 +62,8 @@ class Proc:
 
 
 def wait_for(predicate, timeout, what, procs=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         for p in procs:
             assert p.proc.poll() is None, f"{what}: a process died:\n{p.output()[-3000:]}"
         value = predicate()

@@ -190,3 +190,30 @@ def test_every_algorithms_parts_resolve_and_fit_together(name, tmp_path):
     assert dict(table.info.signature) == agent.signature()
     weights = agent.export_weights()
     assert weights and all(hasattr(v, "shape") for v in weights.values())
+
+
+def test_the_actor_and_the_builtin_writers_import_no_tensorflow():
+    """What an actor of a vector env imports (the actor process, each built-in algorithm's writer and policy,
+    Reverb's writer as `replay_client` loads it) leaves `tensorflow` and the `reverb` package unimported: they
+    are most of a process's memory, and an actor needs neither (the scaling guide)."""
+    import subprocess
+    import sys
+
+    modules = ["rlfleet.actors.actor", "rlfleet.deploy.cli"]
+    for name in ("ppo", "dqn", "qdagger"):
+        modules += [
+            m
+            for m in _modules()
+            if m.startswith(f"rlfleet.algorithms.{name}.") and m.split(".")[-1] in ("items", "policy", "config")
+        ]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "from rlfleet.actors import replay_client\n"
+        "assert not replay_client.load().whole_package\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'reverb', 'keras')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RLFLEET_PLUGINS"}  # built-ins only
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout

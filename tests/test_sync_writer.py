@@ -92,7 +92,7 @@ class _Actor:
 
 @pytest.mark.parametrize("num_actors,stagger", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.3)])
 def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monkeypatch, num_actors, stagger):
-    monkeypatch.setattr(ppo_items.reverb, "Client", _Client)
+    monkeypatch.setattr(ppo_items, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 16, "batch_env_steps": 128, "epochs": 1}
@@ -202,7 +202,7 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     """Actors much faster than the learner: with the credit, they run ahead (consumed data is off-policy) but
     no item reaches the learner older than `max_policy_lag`, so none is dropped; without it, items one batch
     long are dropped (the fault the credit removes)."""
-    monkeypatch.setattr(ppo_items.reverb, "Client", _Client)
+    monkeypatch.setattr(ppo_items, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"envs_per_actor": 2, "unroll_length": unroll_length, "batch_env_steps": 128, "epochs": 1}

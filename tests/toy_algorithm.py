@@ -19,6 +19,7 @@ import reverb
 import tensorflow as tf
 
 from rlfleet import algorithms
+from rlfleet.actors.replay_client import Client
 from rlfleet.algorithms.base import Agent, AlgorithmBuilder, StepResult
 
 TABLE = "toy_reinforce_items"
@@ -63,7 +64,7 @@ def toy_collect(actor, venv, weights, epoch: int) -> None:
     """One writer per actor; an item of the last T+1 batch steps every T steps."""
     t = actor.config.unroll_length
     rng, obs = actor.start_episodes(venv)
-    writer = reverb.Client(actor.replay_address).trajectory_writer(num_keep_alive_refs=t + 1)
+    writer = Client(actor.replay_address).trajectory_writer(num_keep_alive_refs=t + 1)
     appended = 0
     try:
         while not actor.stop.is_set():

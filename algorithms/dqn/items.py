@@ -1,6 +1,10 @@
 """DQN's replay item, end to end: the table (uniform or prioritized, with a `SampleToInsertRatio` rate limiter),
 the item's signature, the actor-side writer that makes items, and the learner-side decoding of sampled items.
 QDagger uses the same items.
+
+The table's and the learner's sides (`dqn_signature`, `dqn_tables`, `batches`) import TensorFlow or Reverb's
+Python package when called; the writer's side imports neither (it writes through
+`rlfleet.actors.replay_client`), so an actor running it never loads TensorFlow's Python.
 """
 
 from __future__ import annotations
@@ -8,9 +12,8 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import reverb
-import tensorflow as tf
 
+from rlfleet.actors.replay_client import Client
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q, q_values
 
 TABLE = "dqn_replay"
@@ -30,6 +33,8 @@ def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int =
     S − 1 older frames of each episode's first stack as padding steps (action
     0, reward 0, not done, version −1) that no item starts on.
     """
+    import tensorflow as tf
+
     lead = [n_step + 1]
     return {
         "observation": tf.TensorSpec([n_step + frame_stack] + list(frame_shape), obs_dtype),
@@ -62,6 +67,8 @@ def dqn_tables(
         raise ValueError("replay: n_step, replay_size, min_replay_size and samples_per_insert must be positive")
     if min_replay_size > replay_size:
         raise ValueError(f"replay: min_replay_size {min_replay_size} exceeds replay_size {replay_size}")
+    import reverb
+
     error_buffer = max(1.0, samples_per_insert, 0.1 * samples_per_insert * min_replay_size)
     sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
     return [
@@ -80,7 +87,7 @@ def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
     """DQN's (and QDagger's) table for an env spec and a `DQNConfig` (`queue_items` does not apply)."""
     return dqn_tables(
         spec.frame_shape,
-        tf.as_dtype(spec.obs_dtype),
+        np.dtype(spec.obs_dtype),
         config.n_step,
         config.replay_size,
         config.min_replay_size,
@@ -116,7 +123,7 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
     cfg = actor.config
     n, b, stack = cfg.unroll_length, cfg.num_envs, actor.frame_stack
     rng, obs = actor.start_episodes(venv)
-    client = reverb.Client(actor.replay_address)
+    client = Client(actor.replay_address)
     envs = [_EnvWriter(client, cfg.table, n, stack) for _ in range(b)]
     for i in range(b):
         envs[i].pad(obs[i])
@@ -215,6 +222,8 @@ def batches(replay_address: str, batch_size: int, table: str = TABLE, rate_limit
     still exits promptly (an indefinitely blocked request held the process
     for minutes at exit).
     """
+    import reverb
+
     while True:
         dataset = reverb.TrajectoryDataset.from_table_signature(
             server_address=replay_address,

@@ -2,13 +2,13 @@
 
 A vector env's MLP Q-network runs as plain numpy; the Nature CNN Q-network for Atari is one `tf.function` call
 (convolutions in numpy would cost far more). `nature_cnn_q` is the one definition of the CNN that both the
-learner (`rlfleet.algorithms.dqn.networks`) and the actors run.
+learner (`rlfleet.algorithms.dqn.networks`) and the actors run. TensorFlow is imported only when a CNN runs, so
+that an actor of a vector env never loads TensorFlow's Python.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 from rlfleet.actors.policy import mlp_forward
 
@@ -32,6 +32,8 @@ def nature_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
     Returns:
         float32 [B, num_actions].
     """
+    import tensorflow as tf
+
     x = tf.transpose(tf.cast(frames, conv_kernels[0].dtype) / 255.0, [0, 2, 3, 1])
     for w, b, stride in zip(conv_kernels, conv_biases, CONV_STRIDES):
         x = tf.nn.relu(tf.nn.conv2d(x, w, stride, "VALID") + b)
@@ -43,8 +45,9 @@ def nature_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
     return tf.cast(x, tf.float32)
 
 
-_nature_cnn_q = tf.function(nature_cnn_q)
-_cnn_weights: list = [None, None]  # (arrays dict it was made from, its tensors): converted once per version
+# The actors' compiled CNN, and (the arrays dict its weight tensors were made from, the tensors): converted once
+# per version.
+_cnn: dict = {"function": None, "weights": (None, None)}
 
 
 def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
@@ -56,15 +59,19 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
     """
     if conv_names(0)[0] not in arrays:
         return mlp_forward(arrays, np.asarray(obs, np.float32), "q")
-    if _cnn_weights[0] is not arrays:
+    import tensorflow as tf
+
+    if _cnn["function"] is None:
+        _cnn["function"] = tf.function(nature_cnn_q)
+    made_from, tensors = _cnn["weights"]
+    if made_from is not arrays:
         n_conv = len(CONV_STRIDES)
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
-        _cnn_weights[:] = (
-            arrays,
-            [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)]
-            + [[tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")],
-        )
-    return _nature_cnn_q(tf.constant(obs), *_cnn_weights[1]).numpy()
+        tensors = [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + [
+            [tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")
+        ]
+        _cnn["weights"] = (arrays, tensors)
+    return _cnn["function"](tf.constant(obs), *tensors).numpy()
 
 
 def epsilon_greedy(arrays: dict, obs: np.ndarray, rng: np.random.Generator, epsilon: float):

@@ -5,6 +5,10 @@ One FIFO queue table (`reverb.Table.queue`): every item is sampled exactly once,
 blocks actors' inserts while the table is full, so actors can run at most `queue_items` items ahead of the
 learner. The table signature makes Reverb reject items of the wrong shape or dtype at insert. The learner reads
 the items back in `rlfleet.algorithms.ppo.agent.PPOAgent`.
+
+The table's side (`ppo_signature`, `ppo_tables`) imports TensorFlow and Reverb's Python package when called; the
+writer's side imports neither (it writes through `rlfleet.actors.replay_client`), so an actor running it never
+loads TensorFlow's Python.
 """
 
 from __future__ import annotations
@@ -12,10 +16,9 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import reverb
-import tensorflow as tf
 
 from rlfleet.actors.envs import truncation_observations
+from rlfleet.actors.replay_client import Client
 from rlfleet.actors.writers import ItemCredit
 from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action
 
@@ -39,6 +42,8 @@ def ppo_signature(obs_dim: int, action_dim: int, num_envs: int, unroll_length: i
     discounted return so far in its episode, G_t = r_t + γ·G_{t−1} (γ the
     run's discount; what `reward_scale = "return"` scales rewards by).
     """
+    import tensorflow as tf
+
     lead = [unroll_length + 1, num_envs]
     f32 = tf.float32
     return {
@@ -71,6 +76,8 @@ def ppo_tables(obs_dim: int, action_dim: int, num_envs: int, unroll_length: int,
     ):
         if v <= 0:
             raise ValueError(f"replay: {name} must be positive, got {v}")
+    import reverb
+
     return [
         reverb.Table.queue(
             TABLE, max_size=queue_items, signature=ppo_signature(obs_dim, action_dim, num_envs, unroll_length)
@@ -164,7 +171,7 @@ class _ItemWriter:
     def __init__(self, actor, weights, epoch: int):
         self.actor, self.weights, self.epoch = actor, weights, epoch
         self.t = actor.config.unroll_length
-        self.client = reverb.Client(actor.replay_address)
+        self.client = Client(actor.replay_address)
         self.writer = self.client.trajectory_writer(num_keep_alive_refs=self.t + 1)
         self.appended = self.item_start = 0  # steps appended; where the next item starts
         self.item_version = None  # synchronous collection: the policy version of the item being collected
