@@ -155,7 +155,8 @@ _common = [
         "--env",
         "env_id",
         default=None,
-        help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5 (required, unless --run-config).",
+        help="gymnasium env id, e.g. HalfCheetah-v5, CartPole-v1 or ALE/Pong-v5 (required, unless --run-config or, "
+        "for up, --resume).",
     ),
     click.option(
         "--config",
@@ -201,6 +202,32 @@ class Settings:
     teacher: str | None = None  # recorded in the --run-config file
 
 
+def _recorded_run(resume: str, settings_given: bool) -> dict:
+    """What the run directory `resume` records in its run.json: all of `read_run_settings` where the command gives
+    no settings of its own (exits with a message on a damaged or missing file), else only its seed and budget
+    (the run directory check compares the rest)."""
+    from rlfleet.learner.run_dir import RunDirError, read_run_settings
+
+    path = os.path.join(resume, "run.json")  # read as a path, never globbed
+    if settings_given:
+        try:
+            with open(path) as f:
+                run = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return {k: run.get(k) for k in ("seed", "total_steps")} if isinstance(run, dict) else {}
+    if not os.path.exists(path):
+        _fail(
+            f"--resume {resume}: no run.json there, so the run's settings are unknown; pass the run directory "
+            "of an earlier run (it holds run.json and checkpoints/), or give --algo, --env and --set as the "
+            "run was started."
+        )
+    try:
+        return read_run_settings(path)
+    except RunDirError as e:
+        _fail(f"--resume {resume}: {e}")
+
+
 def _teacher(given: str | None, s: Settings) -> str | None:
     """--teacher, or the teacher the --run-config file records; exits when both are given and differ."""
     if given and s.teacher and os.path.abspath(given) != os.path.abspath(s.teacher):
@@ -217,7 +244,7 @@ def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Setti
         try:
             r = read_run_settings(run_config)
         except RunDirError as e:
-            _fail(str(e))
+            _fail(f"--run-config {e}")
         return Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
     if env_id is None:
         _fail("Missing option '--env' (a gymnasium env id; or give a whole configuration with --run-config).")
@@ -345,12 +372,18 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     "--total-steps",
     type=int,
     default=None,
-    help="Env steps to train for (agent steps: 4 frames each on Atari). Required, except with --show-config.",
+    help="Env steps to train for (agent steps: 4 frames each on Atari). Required, except with --show-config, "
+    "or with --resume (default: the run's budget).",
 )
 @_logdir_option("Run directory (required, except with --resume: then that directory).")
 @click.option("--actors", "num_actors", default=1, show_default=True, type=click.IntRange(1), help="Actor processes.")
 @click.option("--envs-per-actor", type=click.IntRange(1), default=None, help="Envs per actor (default: preset).")
-@_seed_option("Run seed (networks, env seeds derive from it).")
+@click.option(
+    "--seed",
+    default=None,
+    type=SEED,
+    help="Run seed (networks, env seeds derive from it). Default: 0; with --resume, the run's own.",
+)
 @click.option("--learner-port", type=click.IntRange(0, 65535), default=0, help="Learner port (default: a free one).")
 @click.option(
     "--bind",
@@ -364,7 +397,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
     "gymnasium's classic-control envs, envpool for Box-action envs it has, else async."
 )
-@_resume_option("Continue from the latest checkpoint of this run directory.")
+@_resume_option(
+    "Continue from the latest checkpoint of this run directory. Alone, it takes the algorithm, env, settings, "
+    "seed and budget from the run's run.json."
+)
 @_report_interval_option("Seconds between progress rows.")
 @_teacher_option("qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
 @_offline_steps_option
@@ -395,8 +431,15 @@ def up(
     show_config,
     run_config,
 ):
-    """Run replay, learner and actors as local processes until --total-steps env steps."""
+    """Run replay, learner and actors as local processes until --total-steps env steps.
+
+    `--resume DIR` alone continues a run with the algorithm, env, preset, settings, seed and budget its run.json
+    records; options given with it must match the run (--total-steps may change the budget)."""
     _quiet_tf()
+    settings_given = any((algo, env_id, preset, overrides, config_file, run_config))
+    recorded = _recorded_run(resume, settings_given) if resume else {}
+    if resume and not settings_given:
+        run_config = os.path.join(resume, "run.json")  # the run's own settings
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     if envs_per_actor is not None:
@@ -405,6 +448,10 @@ def up(
     if show_config:
         _show_config(algo, preset, env_id, overrides)
         return
+    if seed is None:
+        seed = recorded["seed"] if type(recorded.get("seed")) is int else 0
+    if total_steps is None and type(recorded.get("total_steps")) is int:
+        total_steps = recorded["total_steps"]
     if total_steps is None:
         _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
     from rlfleet.deploy.files import StorageError

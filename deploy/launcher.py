@@ -153,29 +153,13 @@ def _progress_values(st: dict) -> list[tuple[str, str]]:
     return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
 
 
-def resume_command(
-    algo: str,
-    env_id: str,
-    total_steps: int,
-    logdir: str,
-    num_actors: int,
-    seed: int,
-    preset: str,
-    overrides: dict,
-    teacher: str | None = None,
-    bind: str = LOOPBACK,
-    env_backend: str = "auto",
-) -> str:
-    """The `rlfleet up ... --resume LOGDIR` command line that continues a run started with these arguments,
-    shell-quoted (`shlex.join`): pasted into a POSIX shell it passes every path and `--set` value unchanged."""
-    argv = ["rlfleet", "up", "--algo", algo, "--env", env_id, "--total-steps", str(total_steps)]
-    argv += ["--logdir", str(logdir), "--resume", str(logdir), "--actors", str(num_actors), "--seed", str(seed)]
-    argv += ["--config", preset]
-    argv += ["--teacher", str(teacher)] if teacher else []
+def resume_command(logdir: str, num_actors: int, bind: str = LOOPBACK, env_backend: str = "auto") -> str:
+    """The `rlfleet up --resume LOGDIR` command line that continues a run (its algorithm, env, settings, seed and
+    budget come from LOGDIR/run.json) with the same actors, address and env backend, shell-quoted
+    (`shlex.join`): pasted into a POSIX shell it passes the path unchanged."""
+    argv = ["rlfleet", "up", "--resume", str(logdir), "--actors", str(num_actors)]
     argv += ["--bind", bind] if bind != LOOPBACK else []
     argv += ["--env-backend", env_backend] if env_backend != "auto" else []
-    for k, v in overrides.items():
-        argv += ["--set", f"{k}={json.dumps(v)}"]
     return shlex.join(argv)
 
 
@@ -217,14 +201,12 @@ def _plan(
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
             algorithm.check_teacher(teacher, spec)
-        run = run_identity(algo, env_id, preset, cfg.to_json(), teacher)
+        run = run_identity(algo, env_id, preset, cfg.to_json(), teacher, seed, total_steps)
         check_run_dir(logdir, resume, run)
         security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    resume_cmd = resume_command(
-        algo, env_id, total_steps, logdir, num_actors, seed, preset, overrides, teacher, bind, env_backend
-    )
+    resume_cmd = resume_command(logdir, num_actors, bind, env_backend)
     problem = bind_problem(bind, learner_port or 0)
     if problem:
         raise LaunchError(

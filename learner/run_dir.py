@@ -26,17 +26,31 @@ class RunDirError(ValueError):
     """--logdir / --resume do not fit the run; the message names the conflict and the fix."""
 
 
-def run_identity(algo: str, env_id: str, preset: str, config_json: str, teacher: str | None = None) -> dict:
-    """What `run.json` records of a run: algo, env id, preset, the full config (dict) and a QDagger teacher."""
+def run_identity(
+    algo: str,
+    env_id: str,
+    preset: str,
+    config_json: str,
+    teacher: str | None = None,
+    seed: int | None = None,
+    total_steps: int | None = None,
+) -> dict:
+    """What `run.json` records of a run: algo, env id, preset, the full config (dict), a QDagger teacher, and
+    where known the run seed and its env-step budget (`rlfleet up --resume DIR` alone takes all of them from
+    there)."""
     run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(config_json))
     if teacher:
         run["teacher"] = os.path.abspath(teacher)
+    if seed is not None:
+        run["seed"] = int(seed)
+    if total_steps is not None:
+        run["total_steps"] = int(total_steps)
     return run
 
 
 def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
-    """A used `logdir` needs `resume`; `resume` must hold a checkpoint, and its `run.json` the same algo, env
-    and config values as `run` (from `run_identity`).
+    """A used `logdir` needs `resume`; `resume` must hold a checkpoint, and its `run.json` the same algo, env,
+    config values and (where both record one) seed as `run` (from `run_identity`); the budget may change.
 
     Raises:
         RunDirError: naming the conflict and the fix.
@@ -52,6 +66,8 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         with open(os.path.join(resume, "run.json")) as f:
             before = json.load(f)
         diffs = [f"{k}: {before.get(k)!r} -> {run[k]!r}" for k in ("algo", "env_id") if before.get(k) != run[k]]
+        if "seed" in before and "seed" in run and before["seed"] != run["seed"]:
+            diffs.append(f"seed: {before['seed']!r} -> {run['seed']!r}")
         recorded = before.get("config", {})
         diffs += [
             f"{k}: {v!r} -> {run['config'].get(k)!r}"
@@ -61,8 +77,8 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         if diffs:
             raise RunDirError(
                 f"--resume {resume}: this run was started with other settings "
-                f"({'; '.join(diffs)}); resume it with the same --algo, --env, --config and --set "
-                "values."
+                f"({'; '.join(diffs)}); resume it with the same --algo, --env, --config, --set and --seed "
+                f"values, or with --resume {shlex.quote(str(resume))} alone (they are taken from the run)."
             )
     if not os.path.exists(os.path.join(resume, "checkpoints", "checkpoint")):
         raise RunDirError(
@@ -80,11 +96,13 @@ def read_run_settings(path: str) -> dict:
     value.
 
     Returns:
-        dict(algo, env_id, preset, overrides, teacher): `overrides` are the settings that differ from the
-        preset and its per-env overrides (what --set would give), so that
-        `make_algo_config(algo, preset, env_id, overrides)` rebuilds the recorded config.
+        dict(algo, env_id, preset, overrides, teacher, seed, total_steps): `overrides` are the settings that
+        differ from the preset and its per-env overrides (what --set would give), so that
+        `make_algo_config(algo, preset, env_id, overrides)` rebuilds the recorded config; `seed` and
+        `total_steps` are None where the file records none.
     Raises:
-        RunDirError: unreadable file, missing keys, unknown algorithm, or settings the algorithm refuses.
+        RunDirError: unreadable file, missing keys, unknown algorithm, settings the algorithm refuses, or a
+            seed or budget that is not a whole number ≥ 0 (the message starts with `path`).
     """
     from rlfleet.algorithms.settings import make_algo_config
 
@@ -92,11 +110,11 @@ def read_run_settings(path: str) -> dict:
         with open(path) as f:
             run = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise RunDirError(f"--run-config {path}: cannot read it ({e}); pass a run.json or a settings file.") from None
+        raise RunDirError(f"{path}: cannot read it ({e}); pass a run.json or a settings file.") from None
     missing = [k for k in ("algo", "env_id", "preset", "config") if not isinstance(run, dict) or k not in run]
     if missing:
         raise RunDirError(
-            f"--run-config {path}: no {', '.join(missing)}; a settings file holds algo, env_id, preset and "
+            f"{path}: no {', '.join(missing)}; a settings file holds algo, env_id, preset and "
             "config (write one with `rlfleet settings --out FILE`)."
         )
     try:
@@ -105,9 +123,19 @@ def read_run_settings(path: str) -> dict:
         overrides = {k: v for k, v in recorded.items() if base.get(k, object()) != _plain(v, base.get(k))}
         make_algo_config(run["algo"], run["preset"], run["env_id"], overrides)  # every value checked
     except ValueError as e:
-        raise RunDirError(f"--run-config {path}: {e}") from None
+        raise RunDirError(f"{path}: {e}") from None
+    seed, total_steps = run.get("seed"), run.get("total_steps")
+    for name, value in (("seed", seed), ("total_steps", total_steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise RunDirError(f"{path}: {name} must be a whole number ≥ 0, not {value!r}.")
     return dict(
-        algo=run["algo"], env_id=run["env_id"], preset=run["preset"], overrides=overrides, teacher=run.get("teacher")
+        algo=run["algo"],
+        env_id=run["env_id"],
+        preset=run["preset"],
+        overrides=overrides,
+        teacher=run.get("teacher"),
+        seed=seed,
+        total_steps=total_steps,
     )
 
 

@@ -113,7 +113,9 @@ class Learner:
             )
         # An algorithm without a teacher is given neither of the teacher's places.
         teacher, teacher_replay = (run.teacher, run.teacher_replay) if self.algorithm.uses_teacher else (None, None)
-        identity = run_identity(run.algo, run.env_id, run.preset, self.config.to_json(), teacher)
+        identity = run_identity(
+            run.algo, run.env_id, run.preset, self.config.to_json(), teacher, run.seed, run.total_steps
+        )
         check_run_dir(run.logdir, run.resume, identity)
         self.agent = self.algorithm.make_agent(
             self.spec, self.config, run.seed, run.total_steps, teacher=teacher, teacher_replay=teacher_replay

@@ -127,6 +127,32 @@ def test_up_resume_with_other_settings_fails_before_starting(tmp_path):
     assert not (run / "logs").exists()  # no process was started
 
 
+def test_up_resume_alone_takes_the_run_and_refuses_what_does_not_fit(tmp_path):
+    """`up --resume DIR` alone reads DIR/run.json; a seed other than the run's, no run.json, a damaged one, or a run
+    that records no budget are refused before anything starts, each naming the fix."""
+    import json
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    recorded = {"algo": "dqn", "env_id": "CartPole-v1", "preset": "default", "config": {}, "seed": 7}
+    (run / "run.json").write_text(json.dumps(recorded))
+    out = rlfleet("up", "--resume", run, timeout=120)  # this run.json records no budget
+    assert out.returncode == 2 and "Missing option '--total-steps'" in out.stderr, out.stderr
+    (run / "run.json").write_text(json.dumps(dict(recorded, total_steps=1000)))
+    out = rlfleet("up", "--resume", run, "--seed", "8", timeout=120)
+    assert out.returncode == 2 and "seed: 7 -> 8" in out.stderr and "--resume" in out.stderr, out.stderr
+    out = rlfleet("up", "--resume", run, "--show-config", timeout=120)  # the run's own settings
+    assert out.returncode == 0 and "dqn" in out.stdout and "CartPole-v1" in out.stdout, out.stdout + out.stderr
+    (run / "run.json").write_text('{"algo": "dqn", "env_id": ')
+    out = rlfleet("up", "--resume", run, timeout=120)
+    assert out.returncode == 2 and f"--resume {run}: {run / 'run.json'}: cannot read it" in out.stderr, out.stderr
+    (run / "run.json").unlink()
+    out = rlfleet("up", "--resume", run, timeout=120)
+    assert out.returncode == 2 and "no run.json there" in out.stderr, out.stderr
+    assert not (run / "logs").exists()  # no process was started
+
+
 def test_dqn_on_continuous_env_fails_fast(tmp_path):
     out = rlfleet(
         "up",

@@ -125,6 +125,8 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
         "InvertedPendulum-v5",
         "--total-steps",
         "1000000",
+        "--seed",
+        "3",
         "--logdir",
         logdir,
         "--envs-per-actor",
@@ -162,8 +164,9 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert pasted.returncode == 0, pasted.stderr
     resume_args = pasted.stdout.decode().split("\0")[:-1]
     assert resume_args[resume_args.index("--resume") + 1] == str(logdir), resume_args
-    assert "value_hidden=[64, 64]" in resume_args and "envs_per_actor=4" in resume_args, resume_args
-    resume_args[resume_args.index("--total-steps") + 1] = str(stopped["env_steps"] + 3000)
+    # The run directory alone says what the run is: no algorithm, env, setting or seed on the command line.
+    assert not {"--algo", "--env", "--set", "--seed", "--total-steps"} & set(resume_args), resume_args
+    resume_args += ["--total-steps", str(stopped["env_steps"] + 3000)]  # a larger budget than the recorded one
     # A newer checkpoint whose data file was cut short: the resume skips it and says so on `up`'s terminal.
     newest = max(int(p.name[len("ckpt-") : -len(".index")]) for p in (logdir / "checkpoints").glob("ckpt-*.index"))
     for suffix in (".index", ".data-00000-of-00001", ".progress.json"):
@@ -184,6 +187,9 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert f"resumed from {logdir / 'checkpoints' / f'ckpt-{newest}'}" in resumed.stdout, resumed.stdout
     final = json.loads((logdir / "summary.json").read_text())
     assert final["completed"] is True
+    run = json.loads((logdir / "run.json").read_text())  # the resumed learner's, with the run's settings
+    assert run["config"]["value_hidden"] == [64, 64] and run["config"]["envs_per_actor"] == 4, run
+    assert run["seed"] == 3 and run["total_steps"] == stopped["env_steps"] + 3000, run
     assert final["policy_version"] > stopped["policy_version"]
     assert final["learner_steps"] > stopped["learner_steps"]
     assert final["env_steps"] >= stopped["env_steps"] + 3000
