@@ -105,12 +105,25 @@ def _mounts_under(folder) -> list[str]:
     return [p for p in points if p == prefix or p.startswith(prefix + os.sep)]
 
 
+# Where Docker's network code writes the load balancers' files of a Swarm's overlay networks, whatever the engine's
+# --data-root: the test removes what its engines added there.
+LB_FILES = "/var/lib/docker/network/files"
+
+
+def _lb_files() -> set[str]:
+    try:
+        return {name for name in os.listdir(LB_FILES) if name.startswith("lb_")}
+    except FileNotFoundError:
+        return set()
+
+
 @contextlib.contextmanager
 def two_nodes(folder, tag: str):
     """Two engines (`Node`) in namespaces joined by a veth pair (10.213.0.1 and .2); everything removed after."""
     netns = [f"{tag}n1", f"{tag}n2"]
     addresses = ["10.213.0.1", "10.213.0.2"]
     nodes = []
+    lb_before = _lb_files()
     try:
         for ns in netns:
             _run("ip", "netns", "add", ns)
@@ -130,7 +143,10 @@ def two_nodes(folder, tag: str):
             _run("ip", "netns", "delete", ns, check=False)
         for node in nodes:  # the engines' files (image layers: several GB)
             _run("rm", "-rf", node.folder / "data", node.folder / "exec")
+        for name in sorted(_lb_files() - lb_before):
+            shutil.rmtree(os.path.join(LB_FILES, name), ignore_errors=True)
         assert not _mounts_under(folder), _mounts_under(folder)
+        assert not _lb_files() - lb_before, _lb_files() - lb_before
 
 
 def test_swarm_stack_on_two_nodes(tmp_path, rlfleet_image):
