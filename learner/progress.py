@@ -1,19 +1,28 @@
 """A run's progress in checkpoints: the agent's variables and the run's counters in RUN/checkpoints (written and
-read by `rlfleet.learner.checkpoints`), restored on --resume, and the replay server's checkpoint in RUN/replay at
-the end of a run that can teach."""
+read by `rlfleet.learner.checkpoints`), restored on --resume; the agent of the run's best evaluation so far in
+RUN/checkpoints/best; and the replay server's checkpoint in RUN/replay at the end of a run that can teach."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 
 import tensorflow as tf
 
 from rlfleet.deploy.files import StorageError
-from rlfleet.learner.checkpoints import CheckpointError, CheckpointStore, quarantine, restore_newest
+from rlfleet.learner.checkpoints import (
+    CheckpointError,
+    CheckpointStore,
+    checkpoint_numbers,
+    quarantine,
+    restore_newest,
+)
 from rlfleet.learner.errors import LearnerError
-from rlfleet.learner.run_dir import read_progress
+from rlfleet.learner.run_dir import progress_path, read_progress
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
+
+BEST_SUBDIR = "best"  # RUN/checkpoints/best: the checkpoint of the run's best evaluation so far
 
 # The learner's counters (`Learner.count`), each saved in checkpoints as an int64 variable.
 COUNTERS = ("learner_steps", "env_steps", "policy_version", "consumed_env_steps", "dropped_env_steps", "updates")
@@ -38,6 +47,7 @@ class ProgressCheckpoints:
         saved = {("weights_version" if k == "policy_version" else k): v for k, v in self.counters.items()}
         checkpoint = tf.train.Checkpoint(**agent.checkpoint_items(), **saved)
         self.store = CheckpointStore(os.path.join(logdir, "checkpoints"), checkpoint, keep=3)
+        self.best_store = CheckpointStore(os.path.join(logdir, "checkpoints", BEST_SUBDIR), checkpoint, keep=1)
 
     @property
     def latest(self) -> str | None:
@@ -90,15 +100,52 @@ class ProgressCheckpoints:
         Raises:
             rlfleet.deploy.files.StorageError: it could not be written (`CheckpointStore.save`).
         """
+        return self._save_to(self.store, count, actors, wall_seconds)
+
+    def save_best(self, count: dict, actors: dict, wall_seconds: float, eval_return_mean: float, eval_env_steps: int):
+        """Writes the checkpoint of a new best evaluation into RUN/checkpoints/best (only it is kept), as `save`
+        does, its record adding the evaluation's mean return and the env steps it was made at (`read_best`).
+
+        Returns:
+            its path prefix (RUN/checkpoints/best/ckpt-N).
+        Raises:
+            rlfleet.deploy.files.StorageError: it could not be written.
+        """
+        best = dict(eval_return_mean=float(eval_return_mean), eval_env_steps=int(eval_env_steps))
+        return self._save_to(self.best_store, count, actors, wall_seconds, **best)
+
+    def _save_to(self, store: CheckpointStore, count: dict, actors: dict, wall_seconds: float, **more) -> str:
         for name, variable in self.counters.items():
             variable.assign(count[name])
         progress = dict(
             next_actor_id=actors["next_actor_id"],
             wall_seconds=wall_seconds,
             actor_env_steps={str(i): n for i, n in actors["actor_env_steps"].items()},
+            **more,
         )
         self.agent.sync_to_checkpoint()
-        return self.store.save(progress)
+        return store.save(progress)
+
+
+def read_best(logdir: str) -> dict | None:
+    """The best evaluation that the run directory `logdir` kept (`ProgressCheckpoints.save_best`):
+    {"eval_return_mean": float, "eval_env_steps": int, "checkpoint": RUN/checkpoints/best/ckpt-N}, or None where
+    it kept none (or its record cannot be read: the next evaluation then becomes the best)."""
+    folder = os.path.join(logdir, "checkpoints", BEST_SUBDIR)
+    numbers = checkpoint_numbers(folder)
+    if not numbers:
+        return None
+    checkpoint = os.path.join(folder, f"ckpt-{numbers[0]}")
+    try:
+        with open(progress_path(checkpoint)) as f:
+            record = json.load(f)
+        return dict(
+            eval_return_mean=float(record["eval_return_mean"]),
+            eval_env_steps=int(record["eval_env_steps"]),
+            checkpoint=checkpoint,
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def checkpoint_run_replay(replay_address: str, logdir: str) -> str | None:

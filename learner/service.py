@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import numbers
 import os
 import queue
@@ -44,7 +45,7 @@ from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
 from rlfleet.learner.networks import compute_device
-from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay
+from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay, read_best
 from rlfleet.learner.replay_feed import ReplayFeed
 from rlfleet.learner.run_dir import (
     ACTOR_IDS_FILE,
@@ -145,6 +146,7 @@ class Learner:
         """The run's checkpoints (`ProgressCheckpoints`) and counters (`count`: {name: int}), with `resume`
         restored from its newest intact checkpoint; returns the restored progress record (`read_progress`)."""
         self.checkpoints = ProgressCheckpoints(self.agent, run.logdir)
+        self.best = read_best(run.resume) if run.resume else None  # the best evaluation so far, kept on disk
         if not run.resume:
             self.count = dict.fromkeys(COUNTERS, 0)
             return read_progress(None)
@@ -455,11 +457,25 @@ class Learner:
             self.status.eval_return_mean = float(np.mean(returns))
             self.status.eval_env_steps = env_steps
         self.agent.on_evaluation(returns, self._env_steps())
+        self._keep_best(float(np.mean(returns)), env_steps)
         return returns
 
-    def _save(self) -> str:
-        """Checkpoints the agent, the counters and the actors' book (`ProgressCheckpoints.save`); returns the
-        checkpoint's path prefix.
+    def _keep_best(self, mean: float, env_steps: int) -> None:
+        """Checkpoints the agent into RUN/checkpoints/best when the evaluation's `mean` return beats every earlier
+        one of the run (resumed runs included); the agent has not trained since that evaluation.
+
+        Raises:
+            NonFiniteError / StorageError: as `_save`.
+        """
+        if not math.isfinite(mean) or (self.best is not None and mean <= self.best["eval_return_mean"]):
+            return
+        path = self._save(best=(mean, env_steps))
+        self.best = dict(eval_return_mean=mean, eval_env_steps=env_steps, checkpoint=path)
+
+    def _save(self, best: tuple[float, int] | None = None) -> str:
+        """Checkpoints the agent, the counters and the actors' book (`ProgressCheckpoints.save`), or with `best`
+        (an evaluation's mean return and env steps) as the run's best (`save_best`); returns the checkpoint's
+        path prefix.
 
         Raises:
             NonFiniteError: a weight is NaN/inf (nothing is written); StorageError: it could not be written.
@@ -471,6 +487,8 @@ class Learner:
             actors = self.registry.progress()
             wall_seconds = self.status.wall_seconds(time.monotonic())
         self._check_finite(self.agent.export_weights(), "weights")  # a checkpoint is always a finite one
+        if best is not None:
+            return self.checkpoints.save_best(count, actors, wall_seconds, *best)
         return self.checkpoints.save(count, actors, wall_seconds)
 
     def _finish(self, completed: bool, metrics: MetricsLog, last: dict) -> dict:
@@ -493,7 +511,7 @@ class Learner:
         st = self.status_dict()
         wall_seconds = self.status.wall_seconds(time.monotonic())
         summary = end_summary(
-            run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, **more
+            run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, self.best, **more
         )
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         with self.lock:
@@ -532,7 +550,7 @@ class Learner:
         run = self.run_spec
         with self.lock:
             self.status.fault, self.status.phase, self.run_over = fault, "failed", True
-        summary = failure_summary(run, fault, self.status_dict(), self.checkpoints.latest, self.config)
+        summary = failure_summary(run, fault, self.status_dict(), self.checkpoints.latest, self.config, self.best)
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         with self.lock:
             self.status.finished = True

@@ -4,8 +4,9 @@ Its fields, in this order: algo, env_id, preset, seed, total_steps (the env-step
 then for a run that ended: status_address, the algorithm's status values (`Agent.status_extras`, after the
 final evaluation), final_eval_return_mean, final_eval_episodes and final_eval_returns (a completed run only),
 replay_checkpoint_dir (a completed run that can teach), or for a failed one: fault, final_eval_return_mean,
-final_eval_episodes; then the counters (`rlfleet.learner.status.counts`), for a run that ended also replay and
-wall_seconds, and last checkpoint and config.
+final_eval_episodes; then the run's best evaluation (best_eval_return_mean, best_eval_env_steps,
+best_checkpoint: null before the first); then the counters (`rlfleet.learner.status.counts`), for a run
+that ended also replay and wall_seconds, and last checkpoint and config.
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ def _head(run: RunSpec, completed: bool, **more) -> dict:
     )
 
 
+def _best_fields(best: dict | None) -> dict:
+    """summary.json's fields of the run's best evaluation (`rlfleet.learner.progress.read_best`; None: none yet)."""
+    best = best or {}
+    return dict(
+        best_eval_return_mean=best.get("eval_return_mean"),
+        best_eval_env_steps=best.get("eval_env_steps"),
+        best_checkpoint=best.get("checkpoint"),
+    )
+
+
 def end_summary(
     run: RunSpec,
     completed: bool,
@@ -41,6 +52,7 @@ def end_summary(
     wall_seconds: float,
     checkpoint: str,
     config,
+    best: dict | None = None,
     **more,
 ) -> dict:
     """The summary of a run that finished (`completed`) or was stopped early.
@@ -52,6 +64,7 @@ def end_summary(
         status: the learner's last status dict (`Learner.status_dict`, replay included).
         wall_seconds: seconds the run trained; checkpoint: the last checkpoint's path prefix.
         config: the algorithm's settings (a config dataclass with `to_json()`).
+        best: the run's best evaluation (`rlfleet.learner.progress.read_best`), or None.
         more: fields after the final evaluation's (replay_checkpoint_dir).
     """
     summary = _head(run, completed, status_address=status_address)
@@ -66,6 +79,7 @@ def end_summary(
         summary.update(final_eval_return_mean=None, final_eval_episodes=0)
     summary.update(
         **more,
+        **_best_fields(best),
         **counts(status),
         replay=status["replay"],
         wall_seconds=wall_seconds,
@@ -75,14 +89,18 @@ def end_summary(
     return summary
 
 
-def failure_summary(run: RunSpec, fault: str, status: dict, checkpoint: str | None, config) -> dict:
-    """The summary of a run whose training diverged: `fault` (what status showed), no final evaluation, the
-    counters of the status dict `status`, the last (finite) `checkpoint` and the `config` (with `to_json()`)."""
+def failure_summary(
+    run: RunSpec, fault: str, status: dict, checkpoint: str | None, config, best: dict | None = None
+) -> dict:
+    """The summary of a run whose training diverged: `fault` (what status showed), no final evaluation, the run's
+    `best` evaluation before it (or None), the counters of the status dict `status`, the last (finite)
+    `checkpoint` and the `config` (with `to_json()`)."""
     summary = _head(run, False)
     summary.update(
         fault=fault,
         final_eval_return_mean=None,
         final_eval_episodes=0,
+        **_best_fields(best),
         **counts(status),
         checkpoint=checkpoint,
         config=json.loads(config.to_json()),

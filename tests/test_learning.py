@@ -67,6 +67,14 @@ def test_up_learns_inverted_pendulum(tmp_path):
     assert len(rows) >= 3 and rows[-1]["env_steps"] >= 100000
     assert list((logdir / "tb").glob("events.out.tfevents.*"))
     assert list((logdir / "checkpoints").glob("ckpt-*.index"))
+    # The best evaluation's network is kept beside the last one, whichever evaluation it was.
+    best = summary["best_eval_return_mean"]
+    assert best >= max(evals + [summary["final_eval_return_mean"]]), (best, evals, summary)
+    assert 0 < summary["best_eval_env_steps"] <= summary["env_steps"], summary
+    record = json.loads(open(summary["best_checkpoint"] + ".progress.json").read())
+    assert record["eval_return_mean"] == best and os.path.dirname(summary["best_checkpoint"]) == str(
+        logdir / "checkpoints" / "best"
+    )
 
 
 def test_up_learns_hopper_default_preset(tmp_path):
@@ -191,6 +199,8 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     assert run["config"]["value_hidden"] == [64, 64] and run["config"]["envs_per_actor"] == 4, run
     assert run["seed"] == 3 and run["total_steps"] == stopped["env_steps"] + 3000, run
     assert final["policy_version"] > stopped["policy_version"]
+    # The best evaluation of both processes (the final one at least) is kept.
+    assert final["best_eval_return_mean"] >= max(final["final_eval_return_mean"], stopped["best_eval_return_mean"] or 0)
     assert final["learner_steps"] > stopped["learner_steps"]
     assert final["env_steps"] >= stopped["env_steps"] + 3000
     # Wall time continues too: metrics rows of both processes count the run's training time.

@@ -286,3 +286,45 @@ def test_an_unwritable_run_directory_is_refused_by_every_service(tmp_path):
             assert "Traceback" not in out.stderr, out.stderr
     finally:
         subprocess.run(["umount", "-l", str(read_only)], check=False)
+
+
+class _Agent:
+    """What `ProgressCheckpoints` uses of an agent: its variables and the sync hook."""
+
+    def __init__(self):
+        self.w = tf.Variable(np.zeros(8, np.float32))
+
+    def checkpoint_items(self):
+        return dict(w=self.w)
+
+    def sync_to_checkpoint(self):
+        pass
+
+
+def test_the_best_checkpoint_is_one_of_its_own_beside_the_run_checkpoints(tmp_path):
+    from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, read_best
+
+    logdir = str(tmp_path / "run [best] ü")
+    agent = _Agent()
+    checkpoints = ProgressCheckpoints(agent, logdir)
+    count = dict.fromkeys(COUNTERS, 0)
+    actors = dict(next_actor_id=1, actor_env_steps={0: 10})
+    assert read_best(logdir) is None
+    for i, mean in enumerate([5.0, 9.0, 7.0], start=1):
+        agent.w.assign(np.full(8, i, np.float32))
+        count["env_steps"] = 1000 * i
+        checkpoints.save(count, actors, float(i))
+        if mean == 9.0:
+            best_path = checkpoints.save_best(count, actors, float(i), mean, count["env_steps"])
+    best = read_best(logdir)
+    assert best == dict(eval_return_mean=9.0, eval_env_steps=2000, checkpoint=best_path), best
+    assert checkpoint_numbers(os.path.join(logdir, "checkpoints")) == [3, 2, 1]  # the run's own, untouched
+    restored = _Agent()  # the network of that evaluation, read back as a resume reads checkpoints
+    assert restore_newest(os.path.dirname(best_path), tf.train.Checkpoint(w=restored.w)) == (best_path, [])
+    assert restored.w.numpy()[0] == 2
+    # Only the newest best is kept; a record that cannot be read is no best (the next evaluation becomes it).
+    checkpoints.save_best(count, actors, 4.0, 11.0, 4000)
+    assert checkpoint_numbers(os.path.join(logdir, "checkpoints", "best")) == [2]
+    with open(read_best(logdir)["checkpoint"] + ".progress.json", "w") as f:
+        f.write("{")
+    assert read_best(logdir) is None
