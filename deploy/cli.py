@@ -438,9 +438,11 @@ def up(
     _quiet_tf()
     settings_given = any((algo, env_id, preset, overrides, config_file, run_config))
     recorded = _recorded_run(resume, settings_given) if resume else {}
-    if resume and not settings_given:
-        run_config = os.path.join(resume, "run.json")  # the run's own settings
-    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    if resume and not settings_given:  # the run's own settings, read once above
+        r = recorded
+        s = Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
+    else:
+        s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
