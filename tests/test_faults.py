@@ -135,6 +135,8 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
         [c["learner"], *c["actors"]],
     )
     ckpt_index = c["run"] / "checkpoints" / "checkpoint"
+    # Evaluations can reach the return before the first save has ended.
+    wait_for(ckpt_index.exists, 60, "a first checkpoint", [c["learner"]])
     # The index is rewritten when a save ends; a save that was under way at `before` took its counters
     # earlier, so wait for the index to change twice.
     for _ in range(2):
