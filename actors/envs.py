@@ -160,6 +160,66 @@ def make_atari_env(env_id: str, num_envs: int, num_threads: int = 0, batch_size:
     )
 
 
+def make_rendering_env(env_id: str) -> gym.Env:
+    """One env of `env_id` whose `render()` returns the current RGB frame, uint8 [H, W, 3], for videos.
+
+    Vector envs: `make_env` with render_mode "rgb_array" (MuJoCo renders offscreen through the OpenGL backend
+    that MUJOCO_GL names, see `rlfleet.learner.video.use_offscreen_rendering`). Atari ids: ale-py's single
+    `AtariEnv` with gymnasium's `AtariPreprocessing` and a zero-padded 4-frame stack, set to the `ATARI`
+    preprocessing, so that the policy sees what it saw in training (the same frames for the same emulator
+    states as `make_atari_env`, obs uint8 [4, 84, 84]; its sticky actions draw from another random stream), while
+    `render()` gives the full-colour screen [210, 160, 3].
+
+    Raises:
+        EnvError: unknown id; for Atari also opencv missing (gymnasium's preprocessing resizes with it).
+    """
+    if not is_atari(env_id):
+        env = make_env(env_id, render_mode="rgb_array")
+        _follow_with_track_camera(env)
+        return env
+    import ale_py
+
+    gym.register_envs(ale_py)
+    atari_game(env_id)  # EnvError for an id ale-py cannot play
+    env = gym.make(
+        env_id,
+        frameskip=1,
+        repeat_action_probability=ATARI["repeat_action_probability"],
+        full_action_space=False,
+        max_num_frames_per_episode=ATARI["max_num_frames_per_episode"],
+        render_mode="rgb_array",
+    )
+    try:
+        env = gym.wrappers.AtariPreprocessing(
+            env,
+            noop_max=ATARI["noop_max"],
+            frame_skip=ATARI["frameskip"],
+            screen_size=(ATARI["img_width"], ATARI["img_height"]),
+            terminal_on_life_loss=ATARI["episodic_life"],
+            grayscale_obs=ATARI["grayscale"],
+            scale_obs=False,
+        )
+    except gym.error.DependencyNotInstalled as e:
+        env.close()
+        raise EnvError(f"{env_id}: an Atari video needs opencv ({e}); pip install opencv-python-headless.") from None
+    return gym.wrappers.FrameStackObservation(env, ATARI["stack_num"], padding_type="zero")
+
+
+def _follow_with_track_camera(env: gym.Env) -> None:
+    """Renders a MuJoCo env through its model's camera named "track" where it has one (gymnasium's locomotion
+    models: a camera that follows the body's centre of mass), instead of the free camera gymnasium falls back on,
+    which some envs (HalfCheetah-v5) do not point at the body: it runs out of the picture."""
+    renderer = getattr(env.unwrapped, "mujoco_renderer", None)
+    model = getattr(env.unwrapped, "model", None)
+    if renderer is None or model is None:
+        return
+    import mujoco
+
+    camera = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, "track")
+    if camera >= 0:
+        renderer.camera_id = camera
+
+
 class _AtariVectorEnv(AtariVectorEnv):
     """`AtariVectorEnv` that also takes a list of per-env seeds, like gymnasium's vector envs."""
 
@@ -194,15 +254,16 @@ def quiet_settotalmass_warning() -> None:
     mujoco.set_mju_user_warning(handler)
 
 
-def make_env(env_id: str) -> gym.Env:
-    """One gymnasium env (`gym.make`), with MuJoCo's settotalmass warning dropped.
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """One gymnasium env (`gym.make`), with MuJoCo's settotalmass warning dropped; `render_mode` "rgb_array"
+    makes `render()` return the current frame.
 
     Raises:
         EnvError: unknown or unavailable id (the message says which ids work).
     """
     quiet_settotalmass_warning()
     try:
-        return gym.make(env_id)
+        return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         reason = str(e).strip()
         reason += "" if reason.endswith((".", "?", "!")) else "."  # gymnasium's "Did you mean: `X`?" keeps its "?"

@@ -178,6 +178,32 @@ class Agent(abc.ABC):
     def evaluate(self, episodes: int, seed: int) -> list[float]:
         """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
 
+    # How `evaluate` plays its episodes, which `rlfleet eval` repeats: all in one batch of envs (True), or one
+    # after another in one env (`rlfleet.learner.evaluation.evaluate_policy`).
+    evaluation_batched: ClassVar[bool] = False
+
+    def policy(self, stochastic: bool, seed: int):
+        """The current weights' policy as a function, observations [B, *obs_shape] -> env actions [B, ...] (what
+        `rlfleet eval` runs): `stochastic` False gives the evaluation policy `evaluate` runs (PPO: the mean
+        action; DQN: ε-greedy with the evaluation ε), True the behaviour policy the actors run (PPO: a sample
+        of the Gaussian; DQN: ε-greedy with the exploration ε of the weights). `seed` seeds its random draws.
+
+        Raises:
+            NotImplementedError: the algorithm does not give one (`rlfleet eval` then says so).
+        """
+        raise NotImplementedError(f"algorithm {self.algo} gives no policy() for rlfleet eval.")
+
+    def serving_module(self):
+        """The evaluation policy of the current weights as a `tf.Module` for `rlfleet export`: its `serve`
+        attribute is a `tf.function` with an input signature (one tensor, "observations" [None, *obs_shape])
+        that returns a dict of tensors with at least "actions" (env actions [B, ...]), computed as `policy(False,
+        ...)` computes them, and needs nothing outside the module.
+
+        Raises:
+            NotImplementedError: the algorithm gives none (`rlfleet export` then says so).
+        """
+        raise NotImplementedError(f"algorithm {self.algo} gives no serving_module() for rlfleet export.")
+
     def status_extras(self) -> dict:
         """The algorithm's own status values {name: float} (status `algorithm_values`, metrics.jsonl,
         summary.json; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
@@ -268,6 +294,12 @@ class AlgorithmBuilder(abc.ABC):
             teacher_replay: host:port of the replay server with its replay (with `uses_teacher` only; the
             learner refuses to start without both, so an algorithm that uses a teacher always gets them).
         """
+
+    def make_policy_agent(self, spec: EnvSpec, config, seed: int) -> Agent:
+        """An agent that only acts, for `rlfleet eval` and `rlfleet export`: a run's checkpoint is restored into
+        its `checkpoint_items()` (which must be among the run's), then it gives `policy()` and
+        `export_weights()`; it never trains. The default is `make_agent` with no teacher and no budget."""
+        return self.make_agent(spec, config, seed, 0)
 
     def check_teacher(self, directory: str, spec: EnvSpec) -> dict:
         """Checks that the run directory `directory` can teach this algorithm on `spec`; returns its run.json.

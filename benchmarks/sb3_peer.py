@@ -50,8 +50,8 @@ def evaluate(model, env_id: str, episodes: int, seed: int, normalizer=None) -> l
     observations with its statistics, which the evaluation does not update."""
     from rlfleet.learner.evaluation import run_episodes
 
-    prep = (lambda o: o[0]) if normalizer is None else (lambda o: normalizer.normalize_obs(o)[0])
-    return run_episodes(env_id, episodes, seed, lambda o: model.predict(prep(o), deterministic=True)[0])
+    prep = (lambda o: o) if normalizer is None else normalizer.normalize_obs
+    return run_episodes(env_id, episodes, seed, lambda o: model.predict(prep(o), deterministic=True)[0]).returns
 
 
 # SB3's PPO training diagnostics (its logger's keys) -> (rlfleet's metrics name, factor): rlfleet logs the entropy

@@ -1,5 +1,5 @@
 """The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `health`, `settings`,
-`replay-checkpoint`."""
+`replay-checkpoint`, and the commands used after a run (`rlfleet.deploy.run_tools`): `eval`, `export`."""
 
 from __future__ import annotations
 
@@ -14,42 +14,12 @@ import click
 
 from rlfleet import algorithms
 from rlfleet.actors import ENV_BACKENDS
+from rlfleet.deploy.cli_common import fail as _fail
+from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
-
-
-def _fail(message: str) -> None:
-    click.echo(f"rlfleet: error: {message}", err=True)
-    sys.exit(2)
-
-
-def _quiet_tf() -> None:
-    """Called first by every command that runs TensorFlow: checks that one TensorFlow build is installed (exits
-    with the fix otherwise) and quiets its C++ log."""
-    import importlib.metadata
-    import importlib.util
-
-    builds = []
-    for dist in ("tensorflow-cpu", "tensorflow"):
-        try:
-            builds.append(f"{dist} {importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    if importlib.util.find_spec("tensorflow") is None:
-        _fail(
-            "TensorFlow is not installed. Install rlfleet with one of its TensorFlow builds: "
-            'pip install "rlfleet[cpu]" (from a checkout: pip install -e ".[cpu]"), or "rlfleet[gpu]" for an '
-            "NVIDIA GPU."
-        )
-    if len(builds) > 1:
-        _fail(
-            f"two TensorFlow builds are installed ({', '.join(builds)}); they overwrite each other's files. "
-            "Uninstall both (pip uninstall tensorflow tensorflow-cpu), then install one: "
-            '"rlfleet[cpu]" or "rlfleet[gpu]".'
-        )
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _load_config_file(path: str | None) -> dict:
@@ -1030,6 +1000,16 @@ def health_cmd(learner_address, replay_address, timeout, security):
     click.echo(message, err=not ok)
     sys.exit(0 if ok else 1)
 
+
+def _add_run_tools() -> None:
+    """The commands used after a run (`rlfleet.deploy.run_tools`): eval, export."""
+    from rlfleet.deploy.run_tools import eval_cmd, export_cmd
+
+    main.add_command(eval_cmd)
+    main.add_command(export_cmd)
+
+
+_add_run_tools()
 
 if __name__ == "__main__":
     main()

@@ -97,22 +97,31 @@ def damage_in_words(error: BaseException) -> str:
     return f"it cannot be read [{detail}]"
 
 
-def restore_newest(folder: str, checkpoint: tf.train.Checkpoint, partial: bool = False) -> tuple[str, list[str]]:
+def restore_newest(
+    folder: str, checkpoint: tf.train.Checkpoint, partial: bool = False, number: int | None = None
+) -> tuple[str, list[str]]:
     """Restores into `checkpoint` the newest checkpoint of `folder` that reads whole.
 
     Args:
         folder: a checkpoints folder (RUN/checkpoints).
         checkpoint: the objects to restore; every object saved in the checkpoint must match one of them.
         partial: the checkpoint may hold objects that `checkpoint` does not (a teacher's optimizer).
+        number: restore ckpt-`number` only, not the newest.
     Returns:
         (the restored checkpoint's path prefix, e.g. RUN/checkpoints/ckpt-5; one line per newer checkpoint
         skipped, naming it and the error).
     Raises:
-        CheckpointError: `folder` holds no checkpoint, or none that reads; the message lists why each failed.
+        CheckpointError: `folder` holds no checkpoint (or no ckpt-`number`: the message lists those it holds),
+            or none that reads; the message lists why each failed.
     """
     skipped = []
     named = _named_in_index(folder)
     numbers = checkpoint_numbers(folder)
+    if number is not None:
+        if number not in numbers:
+            held = ", ".join(map(str, sorted(numbers))) or "none"
+            raise CheckpointError(f"no checkpoint ckpt-{number} in {folder} (it holds checkpoints {held})")
+        numbers, named = [number], []
     for name in named:
         m = re.fullmatch(r"ckpt-(\d+)", name)
         if m and int(m.group(1)) not in numbers:

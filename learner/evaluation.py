@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from rlfleet.actors.envs import env_seeds, make_batched_env, make_env, resolve_backend
+from rlfleet.actors.envs import env_seeds, make_batched_env, make_env, make_rendering_env, resolve_backend
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
 # EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
@@ -33,38 +34,97 @@ def _check_stop() -> None:
         raise EvaluationInterrupted()
 
 
-def run_episodes(env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], object]) -> list[float]:
-    """Runs `episodes` full episodes; `act` maps one observation [1, obs_dim] to one env action.
+@dataclasses.dataclass
+class Episodes:
+    """Evaluation episodes, in episode order: undiscounted returns, lengths in env steps, and the video of each
+    episode recorded (paths; empty without videos)."""
 
-    Returns the undiscounted return of each episode.
+    returns: list[float]
+    lengths: list[int]
+    videos: list[str] = dataclasses.field(default_factory=list)
+
+
+def run_episodes(
+    env_id: str,
+    episodes: int,
+    seed: int,
+    act: Callable[[np.ndarray], np.ndarray],
+    video_paths: Sequence[str] | None = None,
+) -> Episodes:
+    """Runs `episodes` full episodes one after another in one env (env seeds `seed`, `seed` + 1, ...).
+
+    Args:
+        act: the policy, observations [B, *obs_shape] -> env actions [B, ...] (called with B = 1).
+        video_paths: one .mp4 path per episode: each episode is rendered (`make_rendering_env`) and written there
+            (`rlfleet.learner.video.VideoWriter`) at the env's real-time frame rate, from the first observation's
+            frame to the last.
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every env step).
+        rlfleet.learner.video.VideoError: a frame could not be rendered or a video not written.
+        EnvError: the env cannot be made.
     """
-    env = make_env(env_id)
-    returns = []
+    from rlfleet.learner import video
+
+    env = make_rendering_env(env_id) if video_paths else make_env(env_id)
+    result = Episodes([], [])
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=env_seeds(seed + i, 1)[0])
-            total, done = 0.0, False
-            while not done:
-                _check_stop()
-                obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, np.float32)[None]))
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+            writer = None
+            if video_paths:
+                writer = video.VideoWriter(video_paths[i], env.metadata.get("render_fps") or 30)
+                _add_frame(env, env_id, writer)
+            total, length, done = 0.0, 0, False
+            try:
+                while not done:
+                    _check_stop()
+                    obs, reward, terminated, truncated, _ = env.step(act(_one(obs))[0])
+                    total, length = total + float(reward), length + 1
+                    done = terminated or truncated
+                    if writer:
+                        _add_frame(env, env_id, writer)
+            except BaseException:
+                if writer:
+                    writer.discard()
+                raise
+            if writer:
+                result.videos.append(writer.close())
+            result.returns.append(total)
+            result.lengths.append(length)
     finally:
         env.close()
-    return returns
+    return result
+
+
+def _one(obs) -> np.ndarray:
+    """One env's observation as a batch of one, [1, *obs_shape]: float32 where it is a float (what actors send)."""
+    obs = np.asarray(obs)
+    return (obs.astype(np.float32) if obs.dtype.kind == "f" else obs)[None]
+
+
+def _add_frame(env, env_id: str, writer) -> None:
+    """Renders the env's current frame into `writer`."""
+    from rlfleet.learner.video import VideoError, rendering_error
+
+    try:
+        frame = env.render()
+    except Exception as e:  # OpenGL, EGL and MuJoCo raise their own classes
+        writer.discard()
+        raise rendering_error(env_id, e) from None
+    if frame is None:
+        writer.discard()
+        raise VideoError(f"{env_id}: the env rendered no frame (its render_mode is not rgb_array).")
+    writer.add(frame)
 
 
 def run_batched_episodes(
     env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray], max_steps: int = 10**6
-) -> list[float]:
+) -> Episodes:
     """Runs one episode in each of `episodes` envs stepped as one batch (Atari: ale-py, else in-process).
 
     `act` maps observations [B, ...] to actions [B]. Episodes still running
     after `max_steps` batch steps are cut (their partial return counts).
-    Returns the undiscounted return of each episode, env order.
+    Returns the undiscounted return and the length of each episode, env order.
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every batch step).
     """
@@ -73,14 +133,36 @@ def run_batched_episodes(
     try:
         obs, _ = venv.reset(seed=env_seeds(seed, episodes))
         totals = np.zeros(episodes)
+        lengths = np.zeros(episodes, np.int64)
         running = np.ones(episodes, bool)
         for _ in range(max_steps):
             _check_stop()
             obs, reward, terminated, truncated, _ = venv.step(act(obs))
             totals += np.where(running, reward, 0.0)
+            lengths += running
             running &= ~(terminated | truncated)
             if not running.any():
                 break
     finally:
         venv.close()
-    return totals.tolist()
+    return Episodes(totals.tolist(), lengths.tolist())
+
+
+def evaluate_policy(
+    env_id: str,
+    act: Callable[[np.ndarray], np.ndarray],
+    episodes: int,
+    seed: int,
+    batched: bool,
+    video_paths: Sequence[str] | None = None,
+) -> Episodes:
+    """Evaluation episodes of the policy `act` (observations [B, *obs_shape] -> env actions [B, ...]) with episode
+    seeds `seed` + i: all at once in a batch of envs (`run_batched_episodes`) when `batched`, else one after
+    another (`run_episodes`); always one after another, rendered, with `video_paths`.
+
+    Raises:
+        EvaluationInterrupted, VideoError, EnvError: see `run_episodes`.
+    """
+    if batched and not video_paths:
+        return run_batched_episodes(env_id, episodes, seed, act)
+    return run_episodes(env_id, episodes, seed, act, video_paths)

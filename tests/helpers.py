@@ -13,6 +13,8 @@ import sys
 import time
 import types
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The environment of every rlfleet process a test starts, read-only: a test that needs more variables passes
 # its own copy, e.g. `env=dict(ENV, RLFLEET_TOKEN="s3cret")`. rlfleet.* resolves through the installed package.
@@ -222,3 +224,40 @@ def docker_engine_problem(tools) -> str | None:
     if res.returncode != 0:
         return f"no Docker engine answers ({res.stderr.strip()[:300]}); .ci/run starts a private dockerd as root"
     return None
+
+
+# Runs in a fresh process in which rlfleet cannot be imported: what an exported policy's user has.
+_LOAD_SAVEDMODEL = """
+import sys
+import numpy as np
+sys.modules["rlfleet"] = None
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+out = serve(observations=tf.constant(np.load(sys.argv[2])))
+np.savez(sys.argv[3], **{k: v.numpy() for k, v in out.items()})
+"""
+
+_LOAD_ONNX = """
+import sys
+import numpy as np
+sys.modules["rlfleet"] = sys.modules["tensorflow"] = None
+import onnxruntime
+session = onnxruntime.InferenceSession(sys.argv[1])
+names = [o.name for o in session.get_outputs()]
+out = session.run(names, {"observations": np.load(sys.argv[2])})
+np.savez(sys.argv[3], **dict(zip(names, out)))
+"""
+
+
+def run_exported(tmp_path, fmt: str, model: str, observations: np.ndarray) -> dict:
+    """The exported model's outputs on `observations`, computed by a fresh process without rlfleet (ONNX: nor
+    TensorFlow)."""
+    obs_path, out_path = tmp_path / "obs.npy", tmp_path / "out.npz"
+    np.save(obs_path, observations)
+    script = _LOAD_ONNX if fmt == "onnx" else _LOAD_SAVEDMODEL
+    done = subprocess.run(
+        [sys.executable, "-c", script, model, obs_path, out_path], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(out_path) as out:
+        return dict(out)

@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-from helpers import ENV, ROOT
+from helpers import ENV, ROOT, run_exported
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.agent import evaluate_dqn
 from rlfleet.algorithms.dqn.networks import export_q
+from rlfleet.algorithms.dqn.policy import q_values
 from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED
 from rlfleet.algorithms.qdagger.teacher import TeacherError, check_teacher_dir, load_teacher
 from rlfleet.learner.evaluation import evaluation_seed
+from rlfleet.learner.video import read_video
 from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
 
@@ -335,3 +337,83 @@ def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
     assert summary["algo"] == "qdagger" and summary["env_steps"] >= 500
     assert summary["learner_steps"] >= 20
     assert -21 <= summary["teacher_eval_return_mean"] <= 21
+    # `rlfleet eval` on the student: its Q-network without the teacher, on ale-py's batched envs as the learner
+    # evaluated, so its best checkpoint scores again what its evaluation scored.
+    got = _eval_json(student, "--checkpoint", "best")
+    assert got["return_mean"] == summary["best_eval_return_mean"] and got["episodes"] == 1, (got, summary)
+    # The teacher's Nature CNN exported to ONNX gives the actors' Q-values and greedy actions.
+    frames = np.random.default_rng(0).integers(0, 256, (32, 4, 84, 84), dtype=np.uint8)
+    exported = _exported(teacher, tmp_path / "onnx", "onnx", frames)
+    teacher_q = export_q(load_teacher(str(teacher), env_spec("ALE/Pong-v5")).q)
+    _assert_greedy_like_the_actors(exported, q_values(teacher_q, frames))
+    # A video of a teacher's episode, from the game's colour frames.
+    got = _eval_json(teacher, "--episodes", 1, "--video", tmp_path / "videos")
+    frames, _ = read_video(got["videos"][0])
+    assert frames.shape == (got["lengths"][0] + 1, 210, 160, 3)
+    assert frames.std(axis=0).max() > 0
+
+
+def _exported(run, out, fmt, observations):
+    """`rlfleet export RUN --out OUT --format FMT`, then the exported model's outputs on `observations` in a fresh
+    process without rlfleet."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "export", str(run), "--out", str(out), "--format", fmt],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    spec = json.loads((out / "policy.json").read_text())
+    assert spec["action"]["kind"] == "discrete" and set(spec["outputs"]) == {"actions", "q_values"}
+    return run_exported(out.parent, fmt, str(out / "policy.onnx") if fmt == "onnx" else str(out), observations)
+
+
+def _assert_greedy_like_the_actors(exported, q):
+    """The exported Q-values match the actors' `q` within float32 rounding, and the actions are their argmax
+    wherever the best action leads the next by more than that rounding."""
+    np.testing.assert_allclose(exported["q_values"], q, rtol=1e-4, atol=1e-4)
+    top2 = np.sort(q, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-3
+    assert clear.any()
+    assert np.array_equal(exported["actions"][clear], q.argmax(-1)[clear])
+
+
+def _eval_json(run, *args):
+    """`rlfleet eval RUN ARGS --json FILE`'s result."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "eval.json")
+        out = subprocess.run(
+            [sys.executable, "-m", "rlfleet.deploy.cli", "eval", str(run), *map(str, args), "--json", path],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        with open(path) as f:
+            return json.load(f)
+
+
+@pytest.mark.slow
+def test_eval_of_a_dqn_run_scores_its_best_again_and_renders_cartpole(cartpole_teacher, tmp_path):
+    summary = json.loads((cartpole_teacher / "summary.json").read_text())
+    got = _eval_json(cartpole_teacher, "--checkpoint", "best")
+    assert got["return_mean"] == summary["best_eval_return_mean"], (got, summary)
+    assert got["env_steps"] == summary["best_eval_env_steps"]
+    # ε-greedy with the checkpoint's exploration ε (the end of its decay: the run is over) acts, and is seeded.
+    first = _eval_json(cartpole_teacher, "--stochastic", "--episodes", 3, "--seed", 5)
+    assert first["policy"] == "stochastic" and first == _eval_json(
+        cartpole_teacher, "--stochastic", "--episodes", 3, "--seed", 5
+    )
+    # The Q-network exported as a SavedModel gives the actors' Q-values and greedy actions, on 1,000 states.
+    states = (np.random.default_rng(0).standard_normal((1000, 4)) * [1.0, 2.0, 0.2, 2.0]).astype(np.float32)
+    exported = _exported(cartpole_teacher, tmp_path / "savedmodel", "savedmodel", states)
+    q = q_values(export_q(load_teacher(str(cartpole_teacher), env_spec("CartPole-v1")).q), states)
+    _assert_greedy_like_the_actors(exported, q)
+    got = _eval_json(cartpole_teacher, "--episodes", 1, "--seed", 3, "--video", tmp_path / "videos")
+    frames, fps = read_video(got["videos"][0])
+    assert frames.shape[0] == got["lengths"][0] + 1 and fps == 50  # CartPole renders at 50 frames per second
+    assert frames.std(axis=0).max() > 0

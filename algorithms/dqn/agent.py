@@ -29,8 +29,14 @@ def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: f
     Raises:
         EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
     """
+    return run_batched_episodes(env_id, episodes, seed, dqn_policy(arrays, epsilon, seed)).returns
+
+
+def dqn_policy(arrays: dict, epsilon: float, seed: int):
+    """ε-greedy on the Q-network `arrays` (`export_q`), observations [B, ...] -> int32 actions [B], its random
+    draws seeded by `seed`."""
     rng = np.random.default_rng(seed)
-    return run_batched_episodes(env_id, episodes, seed, lambda o: epsilon_greedy(arrays, o, rng, epsilon))
+    return lambda obs: epsilon_greedy(arrays, obs, rng, epsilon)
 
 
 class DQNAgent(Agent):
@@ -129,6 +135,17 @@ class DQNAgent(Agent):
             updated=True,
             metrics={"td_loss": float(loss), "mean_q": float(mean_q), "epsilon": self.epsilon},
         )
+
+    evaluation_batched = True
+
+    def policy(self, stochastic: bool, seed: int):
+        epsilon = self.epsilon if stochastic else self.config.epsilon_eval
+        return dqn_policy(self.export_weights(), epsilon, seed)
+
+    def serving_module(self):
+        from rlfleet.algorithms.dqn.export import DQNServing
+
+        return DQNServing(self.export_weights(), self.spec)
 
     def evaluate(self, episodes: int, seed: int) -> list[float]:
         return evaluate_dqn(self.export_weights(), self.spec.env_id, episodes, seed, self.config.epsilon_eval)

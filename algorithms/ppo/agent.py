@@ -12,19 +12,20 @@ from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.algorithms.ppo.items import TABLE, ppo_queue_items, ppo_signature
 from rlfleet.algorithms.ppo.learning import BatchPPO
-from rlfleet.algorithms.ppo.policy import mean_env_action
-from rlfleet.learner.evaluation import run_episodes
+from rlfleet.algorithms.ppo.policy import mean_env_action, sample_actions, to_env_action
+from rlfleet.learner.evaluation import evaluate_policy
 
 
-def evaluate(arrays: dict, env_id: str, episodes: int, seed: int, action_low, action_high) -> list[float]:
-    """BatchPPO evaluation: the Gaussian policy's mean action (as the BatchPPO paper evaluates), mapped onto the
-    env's Box bounds; the undiscounted return of each of `episodes` episodes (env seeds `seed`, `seed` + 1, ...).
-
-    Raises:
-        EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
-    """
+def ppo_policy(arrays: dict, stochastic: bool, seed: int, action_low, action_high):
+    """BatchPPO's policy on the weights `arrays` (`PPOAgent.export_weights`), observations [B, obs_dim] -> env
+    actions float32 [B, action_dim] on the env's Box bounds: the Gaussian's mean action (as the BatchPPO paper
+    evaluates), or with `stochastic` a sample of it, clipped to the bounds as actors act (random draws seeded
+    by `seed`)."""
     low, high = np.asarray(action_low, np.float32), np.asarray(action_high, np.float32)
-    return run_episodes(env_id, episodes, seed, lambda o: mean_env_action(arrays, o, low, high)[0])
+    if not stochastic:
+        return lambda obs: mean_env_action(arrays, obs, low, high)
+    rng = np.random.default_rng(seed)
+    return lambda obs: to_env_action(sample_actions(arrays, obs, rng)[0], low, high)
 
 
 class PPOAgent(Agent):
@@ -171,10 +172,21 @@ class PPOAgent(Agent):
         self._items, self._steps, self._episodes = [], 0, 0
         return result
 
+    def policy(self, stochastic: bool, seed: int):
+        return ppo_policy(self.export_weights(), stochastic, seed, self.spec.action_low, self.spec.action_high)
+
+    def serving_module(self):
+        from rlfleet.algorithms.ppo.export import PPOServing
+
+        return PPOServing(self.export_weights(), self.spec)
+
     def evaluate(self, episodes: int, seed: int) -> list[float]:
-        return evaluate(
-            self.export_weights(), self.spec.env_id, episodes, seed, self.spec.action_low, self.spec.action_high
-        )
+        """The mean action's returns over `episodes` episodes, one after another (env seeds `seed` + i).
+
+        Raises:
+            EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
+        """
+        return evaluate_policy(self.spec.env_id, self.policy(False, seed), episodes, seed, batched=False).returns
 
     def status_extras(self) -> dict:
         # β is a KL-penalty setting: under the clip objective there is none (status kl_beta stays 0).

@@ -51,6 +51,12 @@ class QDagger(DQN):
 
         return make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)
 
+    def make_policy_agent(self, spec, config, seed):
+        # The student acts as a DQN agent does: its Q-network, without the teacher it learned from.
+        from rlfleet.algorithms.dqn.agent import DQNAgent
+
+        return DQNAgent(spec, config, seed)
+
     def check_teacher(self, directory, spec):
         from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
 

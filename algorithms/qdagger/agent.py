@@ -119,7 +119,7 @@ class QDaggerAgent(DQNAgent):
                     c.random_eval_episodes,
                     seeds[1],
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
-                )
+                ).returns
             )
         )
         if not self.teacher_return > self.random_return:

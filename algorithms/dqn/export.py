@@ -1,0 +1,51 @@
+"""DQN's greedy policy as a standalone TensorFlow module for `rlfleet export`: observations in, the greedy action
+and the Q-values out, computed as the actors compute them (`rlfleet.algorithms.dqn.policy.q_values`) from the
+same weights (QDagger students export the same way)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from rlfleet.actors.envs import EnvSpec
+from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+
+
+class DQNServing(tf.Module):
+    """The greedy policy of a Q-network.
+
+    `serve(observations)` -> {"actions": int32 [B] (argmax of the Q-values), "q_values": float32 [B, actions]};
+    observations are float32 [B, obs_dim] vectors, or for Atari uint8 [B, 4, 84, 84] stacks of preprocessed
+    frames (oldest first). The weights are variables of the module (saved with it).
+
+    Args:
+        arrays: the learner's exported weights (`DQNAgent.export_weights`).
+        spec: the env's spaces.
+    """
+
+    def __init__(self, arrays: dict, spec: EnvSpec):
+        super().__init__(name="dqn_policy")
+        f32 = lambda name: tf.Variable(np.asarray(arrays[name], np.float32), trainable=False)  # noqa: E731
+        n_dense = sum(1 for k in arrays if k.startswith("q/w"))
+        self.kernels = [f32(f"q/w{i}") for i in range(n_dense)]
+        self.biases = [f32(f"q/b{i}") for i in range(n_dense)]
+        self.cnn = conv_names(0)[0] in arrays
+        if self.cnn:
+            self.conv_kernels = [f32(conv_names(i)[0]) for i in range(len(CONV_STRIDES))]
+            self.conv_biases = [f32(conv_names(i)[1]) for i in range(len(CONV_STRIDES))]
+            signature = [tf.TensorSpec([None, *spec.obs_shape], tf.uint8, name="observations")]
+        else:
+            signature = [tf.TensorSpec([None, spec.obs_shape[0]], tf.float32, name="observations")]
+        self.serve = tf.function(self._serve, input_signature=signature)
+
+    def _serve(self, observations):
+        if self.cnn:
+            q = nature_cnn_q(observations, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
+        else:
+            x = observations
+            for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
+                x = tf.matmul(x, w) + b
+                if i < len(self.kernels) - 1:
+                    x = tf.nn.relu(x)
+            q = x
+        return {"actions": tf.argmax(q, axis=-1, output_type=tf.int32), "q_values": q}

@@ -1,0 +1,41 @@
+"""What every `rlfleet` command shares: its error exit and the TensorFlow check of commands that run it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+def fail(message: str) -> None:
+    """Prints `rlfleet: error: MESSAGE` on stderr and exits with status 2 (bad input: nothing was started)."""
+    click.echo(f"rlfleet: error: {message}", err=True)
+    sys.exit(2)
+
+
+def quiet_tf() -> None:
+    """Called first by every command that runs TensorFlow: checks that one TensorFlow build is installed (exits
+    with the fix otherwise) and quiets its C++ log."""
+    import importlib.metadata
+    import importlib.util
+
+    builds = []
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            builds.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if importlib.util.find_spec("tensorflow") is None:
+        fail(
+            "TensorFlow is not installed. Install rlfleet with one of its TensorFlow builds: "
+            'pip install "rlfleet[cpu]" (from a checkout: pip install -e ".[cpu]"), or "rlfleet[gpu]" for an '
+            "NVIDIA GPU."
+        )
+    if len(builds) > 1:
+        fail(
+            f"two TensorFlow builds are installed ({', '.join(builds)}); they overwrite each other's files. "
+            "Uninstall both (pip uninstall tensorflow tensorflow-cpu), then install one: "
+            '"rlfleet[cpu]" or "rlfleet[gpu]".'
+        )
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

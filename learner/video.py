@@ -1,0 +1,132 @@
+"""Videos of evaluation episodes: H.264 MP4 files written with PyAV (FFmpeg's libx264), and the offscreen OpenGL
+backend that MuJoCo renders them with on a machine with no display and no GPU.
+
+MuJoCo picks its OpenGL backend from the MUJOCO_GL environment variable when it is first imported. rlfleet sets
+it to "egl" where it is unset: EGL with Mesa's software rasteriser (llvmpipe) needs no display and no GPU (Debian
+packages libegl1, libegl-mesa0 and libgl1-mesa-dri), and uses the GPU's EGL where a driver provides one. A user's
+own MUJOCO_GL ("osmesa" with libosmesa6, "glfw" on a desktop) is kept.
+"""
+
+from __future__ import annotations
+
+import fractions
+import os
+import sys
+
+import numpy as np
+
+from rlfleet.deploy.files import fsync_path
+
+OFFSCREEN_GL = "egl"
+
+
+def use_offscreen_rendering() -> None:
+    """Sets MUJOCO_GL to "egl" (and PYOPENGL_PLATFORM to match) unless the user set it; call it before anything
+    imports `mujoco`. Does nothing (MuJoCo keeps the backend it chose) once `mujoco` is imported."""
+    if "mujoco" in sys.modules:
+        return
+    backend = os.environ.setdefault("MUJOCO_GL", OFFSCREEN_GL)
+    if backend in ("egl", "osmesa"):
+        os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+
+
+class VideoError(RuntimeError):
+    """A frame could not be rendered or a video not written; the message names the cause and the fix."""
+
+
+def rendering_error(env_id: str, error: BaseException) -> VideoError:
+    """The `VideoError` for an env whose `render()` failed with `error`, naming the backend and what to install."""
+    import gymnasium
+
+    if isinstance(error, gymnasium.error.DependencyNotInstalled):
+        return VideoError(f"{env_id}: its renderer needs a package that is not installed: {error}")
+    backend = os.environ.get("MUJOCO_GL", "(unset)")
+    return VideoError(
+        f"{env_id}: rendering a frame failed with MUJOCO_GL={backend} ({type(error).__name__}: {error}). Offscreen "
+        "rendering needs EGL: on Debian or Ubuntu, apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri; or "
+        "OSMesa: apt-get install libosmesa6 and set MUJOCO_GL=osmesa."
+    )
+
+
+class VideoWriter:
+    """Encodes RGB frames into an H.264 MP4 file as they come (no frame is held in memory), written to a
+    temporary file beside `path` and renamed onto it by `close()`, so that `path` is only ever a whole video.
+
+    Args:
+        path: the .mp4 file to write.
+        fps: frames per second of playback (the env's `metadata["render_fps"]`: real time).
+    Raises:
+        VideoError: PyAV is missing, or the file cannot be written (from `add` and `close` too).
+    """
+
+    def __init__(self, path: str, fps: float):
+        try:
+            import av
+        except ImportError as e:
+            raise VideoError(f"writing {path} needs PyAV ({e}); pip install av.") from None
+        self.path, self.frames = path, 0
+        self._temporary = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.partial")
+        self._rate = fractions.Fraction(fps).limit_denominator(1001)
+        self._av = av
+        try:
+            # A file object, not the path: FFmpeg would read a path's "name:" prefix as a protocol.
+            self._file = open(self._temporary, "wb")
+            self._container = av.open(self._file, mode="w", format="mp4")
+        except (OSError, av.FFmpegError) as e:
+            raise VideoError(f"cannot write the video {path}: {e}") from None
+        self._stream = None
+
+    def add(self, frame: np.ndarray) -> None:
+        """Encodes one frame, uint8 [H, W, 3] RGB; every frame must have the first one's size (odd sizes are cut
+        by one row or column: H.264's 4:2:0 needs even ones)."""
+        frame = np.ascontiguousarray(np.asarray(frame, np.uint8)[: frame.shape[0] // 2 * 2, : frame.shape[1] // 2 * 2])
+        if self._stream is None:
+            self._stream = self._container.add_stream("libx264", rate=self._rate)
+            self._stream.height, self._stream.width = frame.shape[:2]
+            self._stream.pix_fmt = "yuv420p"
+        self._mux(self._stream.encode(self._av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        self.frames += 1
+
+    def _mux(self, packets) -> None:
+        try:
+            for packet in packets:
+                self._container.mux(packet)
+        except (OSError, self._av.FFmpegError) as e:
+            self.discard()
+            raise VideoError(f"cannot write the video {self.path}: {e}") from None
+
+    def close(self) -> str:
+        """Ends the video and moves it onto `path`; returns `path`. A video with no frame is not written."""
+        if self._stream is None:
+            self.discard()
+            raise VideoError(f"no frame was rendered for {self.path}.")
+        self._mux(self._stream.encode())
+        self._container.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._temporary, self.path)
+        fsync_path(os.path.dirname(os.path.abspath(self.path)))
+        return self.path
+
+    def discard(self) -> None:
+        """Abandons the video: nothing is left of it."""
+        try:
+            self._container.close()
+        except Exception:  # a container that failed mid-write may not close cleanly; it is removed either way
+            pass
+        self._file.close()
+        try:
+            os.remove(self._temporary)
+        except FileNotFoundError:
+            pass
+
+
+def read_video(path: str) -> tuple[np.ndarray, float]:
+    """Decodes an MP4 file: (frames uint8 [N, H, W, 3], frames per second)."""
+    import av
+
+    with open(path, "rb") as f, av.open(f) as container:
+        stream = container.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        return np.stack(frames), float(stream.average_rate)
