@@ -252,6 +252,19 @@ def _report_interval_option(help_text: str):
     )
 
 
+def _video_every_option(f):
+    return click.option(
+        "--video-every",
+        type=click.IntRange(0),
+        default=0,
+        show_default=True,
+        metavar="N",
+        help="After every N-th evaluation, play its first episode again as a video: RUN/videos/env-steps-*.mp4 and "
+        "TensorBoard (eval/video). Rendered on a thread of the learner while training goes on (0: none; docs: "
+        "After a run).",
+    )(f)
+
+
 def _teacher_option(help_text: str):
     return click.option("--teacher", type=click.Path(file_okay=False), default=None, help=help_text)
 
@@ -372,6 +385,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     "seed and budget from the run's run.json."
 )
 @_report_interval_option("Seconds between progress rows.")
+@_video_every_option
 @_teacher_option("qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
 @_offline_steps_option
 @click.option(
@@ -396,6 +410,7 @@ def up(
     env_backend,
     resume,
     report_interval,
+    video_every,
     teacher,
     offline_steps,
     show_config,
@@ -448,6 +463,7 @@ def up(
             report_interval=report_interval,
             teacher=teacher,
             bind=bind,
+            video_every=video_every,
         )
     except (LaunchError, StorageError) as e:
         _fail(str(e))
@@ -711,6 +727,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @_env_backend_option("Env backend actors use (see `up`).")
 @_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).")
+@_video_every_option
 @click.option(
     "--checkpoint-interval",
     default=120.0,
@@ -796,6 +813,7 @@ def learner_cmd(
     resume,
     env_backend,
     report_interval,
+    video_every,
     checkpoint_interval,
     linger,
     exit_code_if_stopped,
@@ -817,6 +835,9 @@ def learner_cmd(
     from rlfleet.deploy.stopping import on_stop_signals
 
     _quiet_tf()
+    from rlfleet.learner.video import use_offscreen_rendering
+
+    use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
     deadline = time.monotonic() + start_timeout
     # A stop before the learner serves (while it waits, or while it is built) ends it with --exit-code-if-stopped.
     stop = threading.Event()
@@ -860,7 +881,7 @@ def learner_cmd(
             teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
             bind=bind, tls=tls, token=token, report_interval_s=report_interval,
             checkpoint_interval_s=checkpoint_interval, linger_s=linger, actor_timeout_s=actor_timeout,
-            start_timeout_s=start_timeout, start_deadline=deadline,
+            start_timeout_s=start_timeout, start_deadline=deadline, video_every=video_every,
         )  # fmt: skip
         learner = Learner(run, server, stop_event=stop)
         if port_file and server is None:

@@ -272,13 +272,16 @@ class _Cluster:
             ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
             _wait_until(ready, self.children, "the teacher's replay server", 300)
 
-    def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str) -> None:
-        """The learner, on the plan's settings and replay server; waits until it answers."""
+    def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str, video_every: int = 0) -> None:
+        """The learner, on the plan's settings and replay server (with `video_every`: its `--video-every`); waits
+        until it answers."""
         p = self.plan
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
         args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
         args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
         args += ["--linger", "3"]
+        if video_every:
+            args += ["--video-every", str(video_every)]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
             args += ["--replay-for-actors", host_port(bind, p.replay_address.rsplit(":", 1)[1])]
         if resume:
@@ -384,6 +387,7 @@ def launch(
     report_interval: float = 5.0,
     teacher: str | None = None,
     bind: str = LOOPBACK,
+    video_every: int = 0,
 ) -> int:
     """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
 
@@ -394,7 +398,7 @@ def launch(
     The replay server of an algorithm that keeps its replay (`AlgorithmBuilder.keeps_replay`: DQN, QDagger)
     keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
     restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
-    the teacher's replay, restored read-only.
+    the teacher's replay, restored read-only. `video_every`: the learner's `--video-every` (0: no videos).
     Raises:
         LaunchError: bad env/preset/teacher (before anything starts), or a child died.
     """
@@ -411,7 +415,7 @@ def launch(
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         cluster.start_replay(teacher)
-        cluster.start_learner(seed, env_backend, resume, teacher, bind)
+        cluster.start_learner(seed, env_backend, resume, teacher, bind, video_every)
         print(
             f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
             f"{plan.learner_address})",

@@ -98,6 +98,10 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     from rlfleet.learner.video import use_offscreen_rendering
 
     use_offscreen_rendering()  # before anything imports MuJoCo
+    if json_path:  # checked before the episodes, not after them
+        folder = os.path.dirname(os.path.abspath(json_path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            fail(f"--json {json_path}: its folder {folder} does not exist or cannot be written; give another path.")
     restored = _restore(run_dir, choice)
     from rlfleet.learner import evaluation
     from rlfleet.learner.video import VideoError

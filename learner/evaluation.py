@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Callable, Sequence
 
@@ -166,3 +167,80 @@ def evaluate_policy(
     if batched and not video_paths:
         return run_batched_episodes(env_id, episodes, seed, act)
     return run_episodes(env_id, episodes, seed, act, video_paths)
+
+
+class EvaluationVideos:
+    """The learner's videos (`--video-every N`): after every N-th evaluation, one more episode of the evaluated
+    policy is played and rendered, on a thread of its own so that training goes on meanwhile, into
+    RUN/videos/env-steps-<env steps>.mp4 and into TensorBoard (RUN/tb/videos, tag `eval/video`: an animated GIF,
+    as TensorBoard's image dashboard shows them). One video at a time: an evaluation due while the previous
+    video still renders gets none. A video that cannot be made is reported once and turns videos off; it never
+    stops the run.
+
+    Args:
+        logdir: the run directory.
+        env_id: the env to render.
+        every: record after every `every`-th evaluation of this process (0: never).
+    """
+
+    def __init__(self, logdir: str, env_id: str, every: int):
+        self.folder, self.env_id, self.every = os.path.join(logdir, "videos"), env_id, every
+        self._tb_dir = os.path.join(logdir, "tb", "videos")
+        self.evaluations = 0
+        self.thread = None
+
+    def after_evaluation(self, policy, seed: int, env_steps: int) -> None:
+        """Counts one evaluation; when a video is due, starts recording one episode of `policy` (observations
+        [B, ...] -> actions [B, ...], a snapshot of the evaluated weights) on env seed `seed`."""
+        self.evaluations += 1
+        if not self.every or self.evaluations % self.every:
+            return
+        if self.thread is not None and self.thread.is_alive():
+            print(
+                f"rlfleet learner: no video at env steps {env_steps:,}: the previous one is still rendering", flush=True
+            )
+            return
+        self.thread = threading.Thread(
+            target=self._record, args=(policy, seed, env_steps), name="evaluation-video", daemon=True
+        )
+        self.thread.start()
+
+    def _record(self, policy, seed: int, env_steps: int) -> None:
+        from rlfleet.actors.envs import EnvError
+        from rlfleet.learner.video import VideoError
+
+        path = os.path.join(self.folder, f"env-steps-{env_steps:09d}.mp4")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            episode = run_episodes(self.env_id, 1, seed, policy, [path])
+            self._to_tensorboard(path, env_steps)
+        except EvaluationInterrupted:
+            return
+        except (VideoError, EnvError, OSError) as e:
+            self.every = 0
+            print(f"rlfleet learner: warning: no more videos this run: {e}", flush=True)
+            return
+        print(
+            f"rlfleet learner: video of an evaluation episode at env steps {env_steps:,} (return "
+            f"{episode.returns[0]:,.1f}, {episode.lengths[0]} env steps): {path}",
+            flush=True,
+        )
+
+    def _to_tensorboard(self, path: str, env_steps: int) -> None:
+        import tensorflow as tf
+        from tensorboard.compat.proto import summary_pb2
+
+        from rlfleet.learner.video import gif_of_video
+
+        data, height, width = gif_of_video(path)
+        image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="eval/video", image=image)])
+        writer = tf.summary.create_file_writer(self._tb_dir)
+        with writer.as_default():
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=env_steps)
+        writer.close()
+
+    def close(self) -> None:
+        """Waits for a video being recorded to be written (or, with the evaluation stop set, abandoned)."""
+        if self.thread is not None:
+            self.thread.join()

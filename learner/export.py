@@ -51,7 +51,7 @@ def describe(restored, module: tf.Module, fmt: str) -> dict:
     return dict(
         format=fmt,
         file=ONNX_FILE if fmt == "onnx" else ".",
-        signature="serving_default",
+        signature=None if fmt == "onnx" else "serving_default",
         inputs=inputs,
         outputs=outputs,
         algo=restored.algo,

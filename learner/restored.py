@@ -109,7 +109,8 @@ def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
         number = None if choice in (LATEST, BEST) else int(choice)
         path, skipped = restore_newest(folder, checkpoint, partial=True, number=number)
     except CheckpointError as e:
-        raise RestoreError(f"{where}: {e}") from None
+        hint = " (the best evaluation's checkpoint: --checkpoint best)" if choice not in (LATEST, BEST) else ""
+        raise RestoreError(f"{where}: {e}{hint}") from None
     for line in skipped:
         print(f"rlfleet: warning: {where}: skipped the damaged checkpoint {line}", flush=True)
     agent.sync_from_checkpoint()

@@ -40,6 +40,8 @@ class RunSpec:
         start_timeout_s / start_deadline: the learner waits for the replay servers to answer until the monotonic
             time `start_deadline` (None: `start_timeout_s` seconds from when it starts to wait), the end of
             its --start-timeout of `start_timeout_s` seconds, counted from the process's start.
+        video_every: after every this many evaluations, one evaluation episode again as a video in RUN/videos and
+            TensorBoard (`rlfleet.learner.evaluation.EvaluationVideos`; 0: none).
     """
 
     algo: str
@@ -65,3 +67,4 @@ class RunSpec:
     actor_timeout_s: float = ACTOR_TIMEOUT_S
     start_timeout_s: float = START_TIMEOUT_S
     start_deadline: float | None = None
+    video_every: int = 0

@@ -177,6 +177,12 @@ class Learner:
             # rejoin with them (ActorRegistry.heartbeat) and a newcomer must not share one.
             self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(run.resume))
         self.last_metrics: dict = {}
+        self.videos = evaluation.EvaluationVideos(run.logdir, run.env_id, run.video_every)
+        if run.video_every:
+            try:
+                self.agent.policy(False, 0)
+            except NotImplementedError as e:
+                raise LearnerError(f"--video-every: {e}") from None
         self.weights = WeightsBroadcast()
         self.feed = ReplayFeed(self.agent, run.replay_address, run.teacher_replay, self.stop_event)
 
@@ -449,8 +455,9 @@ class Learner:
         """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
         interrupted it."""
         env_steps = self._env_steps()  # actors collect on while it runs: the weights are of this point
+        seed = evaluation.evaluation_seed(self.run_spec.seed)
         try:
-            returns = self.agent.evaluate(episodes, evaluation.evaluation_seed(self.run_spec.seed))
+            returns = self.agent.evaluate(episodes, seed)
         except evaluation.EvaluationInterrupted:
             return None
         with self.lock:
@@ -458,6 +465,8 @@ class Learner:
             self.status.eval_env_steps = env_steps
         self.agent.on_evaluation(returns, self._env_steps())
         self._keep_best(float(np.mean(returns)), env_steps)
+        if self.run_spec.video_every:  # the first evaluation episode again, rendered (a snapshot of the weights)
+            self.videos.after_evaluation(self.agent.policy(False, seed), seed, env_steps)
         return returns
 
     def _keep_best(self, mean: float, env_steps: int) -> None:
@@ -499,6 +508,7 @@ class Learner:
             self.run_over = completed
             self.status.phase = "evaluating" if completed else "stopping"
         returns = self._evaluate(self.config.eval_episodes) if completed else None
+        self.videos.close()  # a video being rendered is written (or, on a stop, abandoned) before the run ends
         # After the final evaluation, which the algorithm sees too (QDagger's λ may move with it).
         extras = self.agent.status_extras()
         completed = completed and returns is not None  # SIGTERM/SIGINT during the final evaluation: --resume runs it

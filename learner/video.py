@@ -130,3 +130,33 @@ def read_video(path: str) -> tuple[np.ndarray, float]:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         return np.stack(frames), float(stream.average_rate)
+
+
+def gif_of_video(path: str, max_frames: int = 100, width: int = 160) -> tuple[bytes, int, int]:
+    """A small animated GIF of the MP4 at `path`, for TensorBoard: at most `max_frames` frames taken evenly over it,
+    scaled to `width` pixels wide, in GIF's 256 colours. Returns (the GIF's bytes, height, width)."""
+    import io
+
+    import av
+    import cv2
+
+    with open(path, "rb") as f, av.open(f) as container:
+        stream = container.streams.video[0]
+        total = stream.frames or 0
+        step = max(1, -(-total // max_frames)) if total else 1
+        frames = [
+            frame.to_ndarray(format="rgb24") for i, frame in enumerate(container.decode(stream)) if i % step == 0
+        ][:max_frames]
+        rate = float(stream.average_rate or 30) / step
+    height = int(round(frames[0].shape[0] * width / frames[0].shape[1])) // 2 * 2
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="gif") as gif:
+        out = gif.add_stream("gif", rate=fractions.Fraction(rate).limit_denominator(100))
+        out.width, out.height, out.pix_fmt = width, height, "rgb8"
+        for frame in frames:
+            small = cv2.resize(frame, (width, height), interpolation=cv2.INTER_AREA)
+            for packet in out.encode(av.VideoFrame.from_ndarray(small, format="rgb24")):
+                gif.mux(packet)
+        for packet in out.encode():
+            gif.mux(packet)
+    return buffer.getvalue(), height, width

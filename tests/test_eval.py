@@ -36,10 +36,43 @@ def pendulum_run(tmp_path_factory):
         "eval_every_updates=2",
         "--set",
         "eval_episodes=3",
+        "--video-every",
+        3,
         timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return logdir
+
+
+def test_up_video_every_records_evaluation_episodes(pendulum_run):
+    """`up --video-every 3`: the learner renders an evaluation episode after every third evaluation into
+    RUN/videos and TensorBoard, while it trains."""
+    import re
+
+    import tensorflow as tf
+
+    videos = sorted((pendulum_run / "videos").glob("env-steps-*.mp4"))
+    assert videos, os.listdir(pendulum_run)
+    assert not list((pendulum_run / "videos").glob(".*"))  # no partial file left
+    log = (pendulum_run / "logs" / "learner.log").read_text()
+    said = {
+        int(steps.replace(",", "")): int(length)
+        for steps, length in re.findall(
+            r"video of an evaluation episode at env steps ([\d,]+) \(return [-\d.,]+, (\d+) env", log
+        )
+    }
+    assert len(said) == len(videos), log[-3000:]
+    for path in videos:
+        frames, _ = read_video(str(path))
+        steps = int(path.stem.split("-")[-1])
+        assert frames.shape[0] == said[steps] + 1 and frames.std(axis=0).max() > 0
+    # TensorBoard: one animated GIF per video under the tag eval/video, at the video's env steps.
+    images = []
+    for events in (pendulum_run / "tb" / "videos").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            images += [(event.step, v.image) for v in event.summary.value if v.tag == "eval/video"]
+    assert sorted(step for step, _ in images) == sorted(said)
+    assert all(image.encoded_image_string[:6] == b"GIF89a" and image.width == 160 for _, image in images)
 
 
 def _eval_cli(*args, expect=0):
@@ -89,6 +122,9 @@ def test_latest_numbered_seeded_and_stochastic(pendulum_run, tmp_path):
 def test_bad_input_names_the_problem(pendulum_run, tmp_path):
     out = _eval(pendulum_run, "--checkpoint", 999, expect=2)
     assert "no checkpoint ckpt-999" in out.stderr and "it holds checkpoints" in out.stderr
+    assert "--checkpoint best" in out.stderr
+    out = _eval(pendulum_run, "--json", tmp_path / "missing" / "e.json", expect=2)
+    assert "does not exist or cannot be written" in out.stderr and "rlfleet eval:" not in out.stdout
     out = _eval(pendulum_run, "--checkpoint", "newest", expect=2)
     assert "give latest, best or a checkpoint number" in out.stderr
     out = _eval(tmp_path / "nowhere", expect=2)
