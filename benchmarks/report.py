@@ -22,6 +22,15 @@ import os
 
 import numpy as np
 
+from rlfleet.deploy.runs_report import (  # noqa: F401  (the benchmarks import them from here too)
+    MIN_COMPARED_RUNS,
+    compare_with_ci,
+    eval_points,
+    eval_rows,
+    iqm_with_ci,
+    return_at,
+)
+
 # env id -> (random policy score, human score).
 REFERENCE_SCORES = {
     "ALE/Alien-v5": (227.8, 7127.7),
@@ -105,61 +114,6 @@ def save_record(run: dict, path: str, **extra) -> None:
         json.dump(dict(run=run_name(run["dir"]), **kept, summary=run["summary"], rows=rows), f, indent=1)
 
 
-def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:
-    """IQM of a [num_runs, num_games] score matrix and its stratified-bootstrap 95% CI (rliable)."""
-    from rliable import metrics
-
-    return tuple(_estimate(scores, lambda s: np.array([metrics.aggregate_iqm(s)]), reps))
-
-
-def _estimate(scores, func, reps: int) -> list[float]:
-    """[point, low, high] of `func` over `scores` (a score matrix, or a list of two for a comparison, which `func`
-    takes as two arguments) with rliable's stratified-bootstrap 95% CI, seeded so that a report repeats."""
-    from rliable import library
-
-    point, interval = library.get_interval_estimates(
-        {"x": scores}, func, reps=reps, random_state=np.random.RandomState(0)
-    )
-    return [float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])]
-
-
-MIN_COMPARED_RUNS = 3  # runs a side below which compare_with_ci's bootstrap CIs say nothing
-
-
-def compare_with_ci(scores_x: np.ndarray, scores_y: np.ndarray, reps: int = 2000) -> dict:
-    """How runs X compare with runs Y on one task, each a 1-D array of final returns (any number of runs each),
-    with stratified-bootstrap 95% CIs (rliable, Agarwal et al. 2021, Sec. 4):
-    `probability_of_improvement`: [P(X > Y), low, high], the chance that a run of X beats a run of Y (0.5: no
-    difference; scale-free); `iqm_difference`: [IQM(X) − IQM(Y), low, high] in return units; `iqm_ratio`:
-    [IQM(X) / IQM(Y), low, high], or None where a run of Y returned ≤ 0 (a bootstrap IQM of Y could be 0).
-    A CI that excludes 0.5 (difference: 0; ratio: 1) is a difference the runs establish, given enough runs: with
-    few a side the bootstrap CI is coarse (three runs of X all above three of Y give [1, 1, 1], where the exact
-    Mann-Whitney p is 0.05), so callers compare at least `MIN_COMPARED_RUNS` a side and CIs from fewer than five
-    a side are rough. The bootstrap is seeded: a report gives the same CIs every time."""
-    from rliable import metrics
-
-    x = np.asarray(scores_x, dtype=float).reshape(-1, 1)
-    y = np.asarray(scores_y, dtype=float).reshape(-1, 1)
-    funcs = {
-        "probability_of_improvement": lambda a, b: np.array([metrics.probability_of_improvement(a, b)]),
-        "iqm_difference": lambda a, b: np.array([metrics.aggregate_iqm(a) - metrics.aggregate_iqm(b)]),
-    }
-    if (y > 0).all():
-        funcs["iqm_ratio"] = lambda a, b: np.array([metrics.aggregate_iqm(a) / metrics.aggregate_iqm(b)])
-    out = {"iqm_ratio": None}
-    for name, func in funcs.items():
-        out[name] = _estimate([x, y], func, reps)
-    return out
-
-
-def return_at(rows: list[dict], env_steps: int) -> float | None:
-    """The latest evaluation return in metrics rows at or before `env_steps` env steps (None: none yet)."""
-    values = [
-        r["eval_return_mean"] for r in rows if r["env_steps"] <= env_steps and r.get("eval_return_mean") is not None
-    ]
-    return values[-1] if values else None
-
-
 def run_score(run: dict, at_env_steps: int | None = None, budget: int | None = None) -> float:
     """A run's score: its final evaluation return, or (`at_env_steps`) its latest evaluation at or before that
     many env steps. A run whose budget (`budget`, else summary.json's `total_steps`, else its env steps) is at
@@ -221,26 +175,6 @@ def report(runs: list[dict], at_env_steps: int | None = None, budgets: dict | No
             scale="human_normalized" if normalized else "return",
         )
     return dict(per_game=per_game, iqm=aggregates, at_env_steps=at_env_steps)
-
-
-def eval_rows(rows: list[dict]) -> list[dict]:
-    """The metrics rows that report a new evaluation: rows repeat the latest evaluation until the next, so
-    each value is placed at the first row that reports it (a repeat of the same value is not told apart)."""
-    out = []
-    for row in rows:
-        value = row.get("eval_return_mean")
-        if value is not None and (not out or out[-1]["eval_return_mean"] != value):
-            out.append(row)
-    return out
-
-
-def eval_points(rows: list[dict], max_env_steps: int | None = None) -> list[tuple[int, float]]:
-    """(env steps, evaluation return) per evaluation (`eval_rows`), up to `max_env_steps` when given."""
-    return [
-        (r["env_steps"], r["eval_return_mean"])
-        for r in eval_rows(rows)
-        if max_env_steps is None or r["env_steps"] <= max_env_steps
-    ]
 
 
 def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_steps: int | None = None) -> None:

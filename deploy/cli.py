@@ -1,5 +1,5 @@
 """The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `health`, `settings`,
-`replay-checkpoint`, and the commands used after a run (`rlfleet.deploy.run_tools`): `eval`, `export`."""
+`replay-checkpoint`, and the commands used after a run (`rlfleet.deploy.run_tools`): `eval`, `export`, `report`."""
 
 from __future__ import annotations
 
@@ -170,6 +170,21 @@ class Settings:
     preset: str
     overrides: dict
     teacher: str | None = None  # recorded in the --run-config file
+
+
+def _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel) -> None:
+    """Exits with the reason where `up`'s --seeds/--parallel do not fit the other options."""
+    if not seeds:
+        _fail("--parallel goes with --seeds (several runs at a time).")
+    if seed is not None:
+        _fail("--seed and --seeds: give one of them (--seeds 3 runs seed 3 alone).")
+    if resume:
+        _fail("--seeds and --resume: to continue the runs of --seeds, give the same command again (finished seeds "
+              "are kept, the others continue from their checkpoints).")  # fmt: skip
+    if not logdir:
+        _fail("--seeds needs --logdir DIR: the folder of the runs (DIR/seed-S).")
+    if learner_port and parallel > 1:
+        _fail("--learner-port with --parallel > 1: the runs at a time would share the port; leave --learner-port out.")
 
 
 def _recorded_run(resume: str, settings_given: bool) -> dict:
@@ -367,6 +382,20 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     type=SEED,
     help="Run seed (networks, env seeds derive from it). Default: 0; with --resume, the run's own.",
 )
+@click.option(
+    "--seeds",
+    multiple=True,
+    metavar="S,S-S",
+    help="One run per seed, e.g. --seeds 0,1,2 or 0-4: each in LOGDIR/seed-S, one after another (or --parallel "
+    "K at a time), then their report; the same command again continues them. In place of --seed.",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="With --seeds: runs at a time (each with its own replay, learner and --actors actors).",
+)
 @click.option("--learner-port", type=click.IntRange(0, 65535), default=0, help="Learner port (default: a free one).")
 @click.option(
     "--bind",
@@ -405,6 +434,8 @@ def up(
     num_actors,
     envs_per_actor,
     seed,
+    seeds,
+    parallel,
     learner_port,
     bind,
     env_backend,
@@ -435,6 +466,8 @@ def up(
     if show_config:
         _show_config(algo, preset, env_id, overrides)
         return
+    if seeds or parallel > 1:
+        _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel)
     if seed is None:
         seed = recorded["seed"] if type(recorded.get("seed")) is int else 0
     if total_steps is None and type(recorded.get("total_steps")) is int:
@@ -447,6 +480,19 @@ def up(
     logdir = _logdir(logdir, resume)
     if total_steps <= 0 or num_actors <= 0:
         _fail("--total-steps and --actors must be positive.")
+    if seeds:
+        from rlfleet.deploy.seeds import parse_seeds, run_seeds
+
+        try:
+            seed_list = parse_seeds(seeds, 2**31 - 1)
+        except ValueError as e:
+            _fail(str(e))
+        settings_path = os.path.join(logdir, "settings.json")
+        _write_settings(s, settings_path, "rlfleet up")
+        up_args = ["--actors", str(num_actors), "--env-backend", env_backend, "--bind", bind]
+        up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
+        up_args += ["--learner-port", str(learner_port)] if learner_port else []
+        sys.exit(run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args))
     try:
         code = launch(
             algo=algo,
@@ -1023,11 +1069,12 @@ def health_cmd(learner_address, replay_address, timeout, security):
 
 
 def _add_run_tools() -> None:
-    """The commands used after a run (`rlfleet.deploy.run_tools`): eval, export."""
-    from rlfleet.deploy.run_tools import eval_cmd, export_cmd
+    """The commands used after a run (`rlfleet.deploy.run_tools`): eval, export, report."""
+    from rlfleet.deploy.run_tools import eval_cmd, export_cmd, report_cmd
 
     main.add_command(eval_cmd)
     main.add_command(export_cmd)
+    main.add_command(report_cmd)
 
 
 _add_run_tools()

@@ -1,4 +1,5 @@
-"""The commands used after a run, on its run directory alone: `rlfleet eval` (and its videos), `rlfleet export`."""
+"""The commands used after a run, on its run directory alone: `rlfleet eval` (and its videos), `rlfleet export`,
+`rlfleet report` (seeds compared)."""
 
 from __future__ import annotations
 
@@ -228,3 +229,50 @@ def export_cmd(run_dir, out, choice, fmt):
             "a link whose path holds none of them.",
             err=True,
         )
+
+
+@click.command("report")
+@click.argument("paths", metavar="RUN_OR_FOLDER...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the learning curves (IQM over seeds, 95% CI bands) here as a PNG (default: learning-curves.png "
+    "in the first folder given).",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
+def report_cmd(paths, plot_path, json_path):
+    """Compare seeds: per-seed final and best returns, median and IQM with 95% CIs, and learning curves.
+
+    Each RUN_OR_FOLDER is a run directory or a folder of them (`rlfleet up --seeds ... --logdir FOLDER`); runs
+    are grouped by what they ran (algorithm, env, preset and settings). IQMs, CIs and the plot need the report
+    extra (rliable, matplotlib). IQM and CIs: rliable's stratified bootstrap (Agarwal et al. 2021).
+    """
+    from rlfleet.deploy.runs_report import format_seeds_report, plot_seeds_report, seeds_report
+
+    try:
+        report = seeds_report(list(paths))
+    except ValueError as e:
+        fail(str(e))
+    click.echo(format_seeds_report(report))
+    if json_path:
+        from rlfleet.deploy.files import StorageError
+        from rlfleet.learner.run_dir import write_json
+
+        try:
+            write_json(json_path, dict(groups=report))
+        except StorageError as e:
+            fail(f"--json {json_path}: {e}")
+        click.echo(f"report: {json_path}")
+    if not any(g["curve"] for g in report):
+        return
+    plot_path = plot_path or os.path.join(paths[0], "learning-curves.png")
+    try:
+        plot_seeds_report(report, plot_path)
+    except ImportError as e:
+        click.echo(f'rlfleet report: no plot: it needs matplotlib ({e}); pip install -e ".[cpu,report]"', err=True)
+        return
+    except OSError as e:
+        fail(f"--plot {plot_path}: {e.strerror or e}")
+    click.echo(f"learning curves: {plot_path}")

@@ -1,0 +1,188 @@
+"""`rlfleet up --seeds 0,1,2 --logdir DIR`: one run per seed, each an `rlfleet up` of its own in DIR/seed-S, one
+after another or `--parallel K` at a time; the same command again continues where they stopped. At the end, the
+seeds' report (`rlfleet.deploy.runs_report`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from rlfleet.deploy.files import atomic_write
+
+SEEDS_FILE = "seeds.json"  # DIR/seeds.json: the seeds, the settings file and the command
+
+
+def parse_seeds(items: tuple[str, ...], limit: int) -> list[int]:
+    """`--seeds` values as given: comma-separated seeds and ranges ("0,1,2", "0-4", "0-2,7"; the option may also
+    be repeated), each in [0, `limit`]; duplicates are dropped, order kept.
+
+    Raises:
+        ValueError: something else (the message shows what is taken).
+    """
+    seeds: list[int] = []
+    for item in items:
+        for part in str(item).replace(" ", ",").split(","):
+            if not part:
+                continue
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                raise ValueError(f"--seeds {item!r}: give seeds as 0,1,2 or a range 0-4 (or both: 0-2,7).")
+            first, last = int(low), int(high or low)
+            if first > last or last > limit:
+                raise ValueError(f"--seeds {item!r}: a range goes up (0-4), and seeds go from 0 to {limit}.")
+            seeds += [s for s in range(first, last + 1) if s not in seeds]
+    if not seeds:
+        raise ValueError("--seeds: no seed given; e.g. --seeds 0,1,2.")
+    return seeds
+
+
+def seed_dir(logdir: str, seed: int) -> str:
+    """The run directory of `seed` in a `--seeds` folder: DIR/seed-S."""
+    return os.path.join(logdir, f"seed-{seed}")
+
+
+def _state(run_dir: str, total_steps: int) -> str:
+    """ "done" (finished its budget), "resume" (it has a checkpoint) or "new"."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if summary.get("completed") and int(summary.get("env_steps", 0)) >= total_steps:
+            return "done"
+    except (OSError, ValueError, TypeError):
+        pass
+    return "resume" if os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint")) else "new"
+
+
+class _Run:
+    """One seed's `rlfleet up`, in a session of its own (a Ctrl-C reaches this process, which passes it on)."""
+
+    def __init__(self, seed: int, args: list[str], log_path: str | None):
+        self.seed = seed
+        self.log = open(log_path, "ab") if log_path else None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT if self.log else None,
+            start_new_session=True,
+        )
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        if self.log:
+            self.log.close()
+
+
+def run_seeds(
+    seeds: list[int], logdir: str, settings_path: str, total_steps: int, parallel: int, up_args: list[str]
+) -> int:
+    """Runs `rlfleet up --run-config SETTINGS --seed S --logdir DIR/seed-S UP_ARGS` for each seed not finished
+    yet (`--resume DIR/seed-S` where it has a checkpoint), `parallel` at a time; with one at a time its output
+    is this process's, else each writes DIR/seed-S/logs/up.log. SIGINT/SIGTERM are passed to the runs under way
+    (each checkpoints and stops), and no new one starts. Prints the seeds' report at the end.
+
+    Returns:
+        0 when every seed finished its budget, 130 when stopped, else the first failed run's exit status.
+    """
+    command = shlex.join(["rlfleet", *sys.argv[1:]])
+    atomic_write(
+        os.path.join(logdir, SEEDS_FILE),
+        json.dumps(dict(seeds=seeds, settings=os.path.abspath(settings_path), command=command), indent=2),
+    )
+    pending = []
+    for seed in seeds:
+        state = _state(seed_dir(logdir, seed), total_steps)
+        if state == "done":
+            print(f"rlfleet up: seed {seed}: finished earlier ({seed_dir(logdir, seed)})", flush=True)
+        else:
+            pending.append((seed, state))
+    stopping: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    running: list[_Run] = []
+    failed = 0
+    try:
+        while pending or running:
+            for run in [r for r in running if r.proc.poll() is not None]:
+                running.remove(run)
+                run.close()
+                code = run.proc.returncode
+                print(
+                    f"rlfleet up: seed {run.seed}: {'finished' if code == 0 else f'ended with exit status {code}'}",
+                    flush=True,
+                )
+                if code not in (0, 130) and not failed:
+                    failed = code
+            if stopping:
+                for run in running:
+                    run.signal(signal.SIGINT)
+                pending = []
+            while pending and len(running) < parallel and not stopping:
+                seed, state = pending.pop(0)
+                run_dir = seed_dir(logdir, seed)
+                where = ["--resume", run_dir] if state == "resume" else ["--logdir", run_dir]
+                args = [
+                    "--run-config",
+                    settings_path,
+                    "--seed",
+                    str(seed),
+                    "--total-steps",
+                    str(total_steps),
+                    *where,
+                    *up_args,
+                ]
+                log_path = None
+                if parallel > 1:
+                    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+                    log_path = os.path.join(run_dir, "logs", "up.log")
+                print(
+                    f"rlfleet up: seed {seed}: {'resumed' if state == 'resume' else 'started'} in {run_dir}"
+                    + (f" (its output: {log_path})" if log_path else ""),
+                    flush=True,
+                )
+                running.append(_Run(seed, args, log_path))
+            time.sleep(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for run in running:  # only after an error here: stop what still runs, and wait for it
+            run.signal(signal.SIGTERM)
+            run.proc.wait()
+            run.close()
+    if stopping:
+        print(f"rlfleet up: stopped; continue these seeds (finished ones are kept) with:\n  {command}", flush=True)
+        return 130
+    if failed:
+        print(
+            f"rlfleet up: a seed failed; the others are kept. After fixing it, continue with:\n  {command}", flush=True
+        )
+        return failed
+    _report(logdir)
+    return 0
+
+
+def _report(logdir: str) -> None:
+    """Prints the seeds' report and writes DIR/learning-curves.png where the report extra is installed."""
+    from rlfleet.deploy.runs_report import format_seeds_report, plot_seeds_report, seeds_report
+
+    report = seeds_report([logdir])
+    print(format_seeds_report(report), flush=True)
+    if any(g["curve"] for g in report):
+        path = os.path.join(logdir, "learning-curves.png")
+        try:
+            plot_seeds_report(report, path)
+            print(f"rlfleet up: learning curves: {path}", flush=True)
+        except ImportError:
+            pass
