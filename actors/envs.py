@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import re
 
 import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-from rlfleet.actors import ENV_BACKENDS
+from rlfleet.actors import ENV_BACKENDS, ENV_KWARGS_MARK
 
 BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
@@ -96,6 +97,43 @@ class EnvSpec:
     def frame_shape(self) -> tuple:
         """Shape of one stored frame: obs_shape without the stack axis (obs_shape when frame_stack is 1)."""
         return self.obs_shape[1:] if self.frame_stack > 1 else self.obs_shape
+
+
+def env_with_kwargs(env_id: str, kwargs: dict | None) -> str:
+    """The env id every process makes the env from, carrying the constructor arguments `kwargs` (`--env-kwargs`)
+    as JSON with sorted keys: `Corridor-v0?{"length":12}`; `env_id` itself when there are none. One string, so
+    that the learner, the actors (through RunConfig), evaluation, run.json and settings.json hold the same ones,
+    and a resumed run with other arguments is refused as a run on another env.
+
+    Raises:
+        EnvError: a value JSON cannot hold, or `env_id` already carries arguments.
+    """
+    if not kwargs:
+        return env_id
+    if ENV_KWARGS_MARK in env_id:
+        raise EnvError(f"{env_id}: give its constructor arguments once, with --env-kwargs.")
+    try:
+        return env_id + ENV_KWARGS_MARK + json.dumps(kwargs, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise EnvError(f"--env-kwargs {kwargs}: {e}; give numbers, strings, booleans or lists.") from None
+
+
+def split_env_id(env_id: str) -> tuple[str, dict]:
+    """(the gymnasium id, its constructor arguments) of an id from `env_with_kwargs`.
+
+    Raises:
+        EnvError: arguments that do not parse.
+    """
+    base, mark, text = env_id.partition(ENV_KWARGS_MARK)
+    if not mark:
+        return env_id, {}
+    try:
+        kwargs = json.loads(text)
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise EnvError(f"{env_id}: the constructor arguments after {ENV_KWARGS_MARK!r} are not a JSON object.")
+    return base, kwargs
 
 
 def is_atari(env_id: str) -> bool:
@@ -262,8 +300,20 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         EnvError: unknown or unavailable id (the message says which ids work).
     """
     quiet_settotalmass_warning()
+    base, kwargs = split_env_id(env_id)
+    if render_mode:
+        kwargs = dict(kwargs, render_mode=render_mode)
     try:
-        return gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+        return gym.make(base, **kwargs)
+    except ModuleNotFoundError as e:  # "package.module:Env-v0": gymnasium imports the module, which registers it
+        module = base.split(":", 1)[0]
+        raise EnvError(
+            f"{base}: the module {module!r} that registers this env cannot be imported on this machine ({e}). "
+            "Install the package that provides it on every machine of the cluster (the learner's, the replay "
+            "server's and each actor's), e.g. pip install it into the same environment as rlfleet."
+        ) from None
+    except TypeError as e:  # a constructor argument the env does not take
+        raise EnvError(f"{base}: {e}; check --env-kwargs against the env's constructor.") from None
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         reason = str(e).strip()
         reason += "" if reason.endswith((".", "?", "!")) else "."  # gymnasium's "Did you mean: `X`?" keeps its "?"
@@ -281,6 +331,8 @@ def env_spec(env_id: str) -> EnvSpec:
             (Atari frames excepted).
     """
     if is_atari(env_id):
+        if split_env_id(env_id)[1]:
+            raise EnvError(f"{env_id}: Atari envs take no --env-kwargs (their preprocessing is fixed: see ATARI).")
         return _atari_spec(env_id)
     env = make_env(env_id)
     try:
@@ -352,8 +404,8 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
 def _is_classic_control(env_id: str) -> bool:
     """True for gymnasium's classic-control envs (CartPole, Acrobot, MountainCar, Pendulum, ...)."""
     try:
-        entry = gym.spec(env_id).entry_point
-    except gym.error.Error:
+        entry = gym.spec(split_env_id(env_id)[0]).entry_point
+    except (gym.error.Error, ModuleNotFoundError):
         return False
     return isinstance(entry, str) and entry.startswith("gymnasium.envs.classic_control")
 
@@ -382,7 +434,7 @@ def resolve_backend(env_id: str, backend: str) -> str:
     except ImportError:
         return "async"
     if env_id not in envpool.list_all_envs() or env_spec(env_id).action_kind != "continuous":
-        return "async"  # the envpool wrapper here covers Box-action envs
+        return "async"  # the envpool wrapper here covers Box-action envs (and takes no --env-kwargs)
     return "envpool"
 
 

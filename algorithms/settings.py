@@ -14,6 +14,7 @@ import textwrap
 import tokenize
 import typing
 
+from rlfleet.actors import gym_id
 from rlfleet.algorithms.base import Choice, Range
 
 # Settings the learner service reads from every algorithm's config: their ranges hold for a config class that
@@ -58,6 +59,7 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
     presets, env_overrides = algorithm.presets(), algorithm.env_overrides()
     if preset not in presets:
         raise ValueError(f"unknown --config preset {preset!r} for {name}; choose one of {sorted(presets)}.")
+    env_id = gym_id(env_id)  # per-env overrides name the gymnasium id, whatever its --env-kwargs
     per_env = env_overrides.get((preset, env_id))
     if per_env is None and env_id.startswith("ALE/"):
         per_env = env_overrides.get((preset, "ALE/*"))

@@ -129,6 +129,16 @@ _common = [
         "for up, --resume).",
     ),
     click.option(
+        "--env-kwargs",
+        multiple=True,
+        metavar="KEY=VALUE",
+        expose_value=False,
+        callback=lambda ctx, param, value: ctx.meta.__setitem__("env_kwargs", value),
+        help="A constructor argument of the env (repeatable), passed to gymnasium.make in every process, e.g. "
+        "--env-kwargs length=12; the value is read as JSON, else kept as a string. Recorded with the env in "
+        "run.json and settings.json.",
+    ),
+    click.option(
         "--config",
         "preset",
         default=None,
@@ -235,7 +245,29 @@ def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Setti
         _fail("Missing option '--env' (a gymnasium env id; or give a whole configuration with --run-config).")
     algo = algo or "ppo"
     _check_algo(algo)
-    return Settings(algo, env_id, preset or "default", _parse_overrides(overrides, config_file))
+    return Settings(algo, _env_with_kwargs(env_id), preset or "default", _parse_overrides(overrides, config_file))
+
+
+def _env_kwargs_given() -> tuple[str, ...]:
+    """The command's --env-kwargs values (KEY=VALUE strings)."""
+    return click.get_current_context().meta.get("env_kwargs", ())
+
+
+def _env_with_kwargs(env_id: str) -> str:
+    """`env_id` with the command's --env-kwargs (`rlfleet.actors.envs.env_with_kwargs`); exits on a bad one."""
+    from rlfleet.actors.envs import EnvError, env_with_kwargs
+
+    kwargs = {}
+    for item in _env_kwargs_given():
+        try:
+            key, value = parse_override(item)
+        except ValueError as e:
+            _fail(f"--env-kwargs {e}, e.g. --env-kwargs length=12.")
+        kwargs[key] = value
+    try:
+        return env_with_kwargs(env_id, kwargs)
+    except EnvError as e:
+        _fail(str(e))
 
 
 # Options of more than one command, defined once (each command gives its own help where the meaning differs).
@@ -452,7 +484,7 @@ def up(
     `--resume DIR` alone continues a run with the algorithm, env, preset, settings, seed and budget its run.json
     records; options given with it must match the run (--total-steps may change the budget)."""
     _quiet_tf()
-    settings_given = any((algo, env_id, preset, overrides, config_file, run_config))
+    settings_given = any((algo, env_id, preset, overrides, config_file, run_config, _env_kwargs_given()))
     recorded = _recorded_run(resume, settings_given) if resume else {}
     if resume and not settings_given:  # the run's own settings, read once above
         r = recorded
@@ -948,6 +980,7 @@ def _run_config_alone(algo, env_id, preset, overrides, config_file) -> None:
     """Exits with a message when options that --run-config replaces are given beside it."""
     given = [n for n, v in (("--algo", algo), ("--env", env_id), ("--config", preset)) if v is not None]
     given += ["--set"] * bool(overrides) + ["--config-file"] * bool(config_file)
+    given += ["--env-kwargs"] * bool(_env_kwargs_given())
     if given:
         _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(given))}.")
 
@@ -1027,12 +1060,15 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()
     from rlfleet.actors.actor import Actor, ActorError
+    from rlfleet.actors.envs import EnvError
     from rlfleet.proto.security import SecurityError
 
     try:
         Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout, security).run()
     except (ActorError, SecurityError) as e:
         _fail(str(e))
+    except EnvError as e:
+        _fail(f"the learner's env cannot be made on this machine: {e}")
 
 
 @main.command("status")

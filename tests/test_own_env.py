@@ -1,0 +1,79 @@
+"""A user's own env: `--env tests_env_pkg.envs:Corridor-v0` (a module that registers it with gymnasium) with
+`--env-kwargs`, passed alike to the replay server, the learner, the actors and evaluation, recorded in run.json
+and settings.json and checked on resume; a machine without the module is told which module it lacks."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import ENV, ROOT, rlfleet, stop_group, wait_for
+
+pytestmark = pytest.mark.slow
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+WITH_MODULE = dict(ENV, PYTHONPATH=TESTS)  # the package is importable: what installing it would do
+WITHOUT_MODULE = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+CORRIDOR = ("--algo", "dqn", "--env", "tests_env_pkg.envs:Corridor-v0", "--set", "min_replay_size=200")
+
+
+def test_own_env_with_constructor_arguments(tmp_path):
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "length=6", "--set", "eval_episodes=3", "--total-steps", 3000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    env_id = 'tests_env_pkg.envs:Corridor-v0?{"length":6}'
+    # One id for every process: the replay table, the learner's network and the actors' envs all have the
+    # 6-cell observation (an actor whose env differed from the learner's would have refused to run).
+    for name in ("run.json", "settings.json", "summary.json"):
+        assert json.loads((run / name).read_text())["env_id"] == env_id, name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] and summary["env_steps"] >= 3000
+    # Evaluation makes the same env.
+    result = tmp_path / "eval.json"
+    out = rlfleet("eval", run, "--json", result, env=WITH_MODULE, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    got = json.loads(result.read_text())
+    assert got["env_id"] == env_id and all(1 <= n <= 32 for n in got["lengths"])
+    # Resumed with other constructor arguments: refused as another env, nothing touched.
+    again = rlfleet("up", *CORRIDOR, "--env-kwargs", "length=7", "--resume", run, env=WITH_MODULE, timeout=300)
+    assert again.returncode == 2 and '{"length":6}' in again.stderr and '{"length":7}' in again.stderr, again.stderr
+    # A machine without the module is told which one it lacks.
+    out = rlfleet("eval", run, env=WITHOUT_MODULE, timeout=300)
+    assert out.returncode == 2 and "the module 'tests_env_pkg.envs'" in out.stderr, out.stderr
+
+
+def test_actor_machine_without_the_module_says_which(tmp_path):
+    run = tmp_path / "corridor"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "up", *map(str, CORRIDOR), "--total-steps", "10000000",
+         "--logdir", str(run)],
+        cwd=ROOT, env=WITH_MODULE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        line = wait_for(lambda: up.stdout.readline(), 180, "up's first line", [])
+        while "learner at" not in line:
+            line = up.stdout.readline()
+            assert line, "up ended before its learner served"
+        address = re.search(r"learner at (\S+)", line).group(1)
+        out = rlfleet("actor", "--learner", address, env=WITHOUT_MODULE, timeout=300)
+        assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "the module 'tests_env_pkg.envs'" in out.stderr and "every machine of the cluster" in out.stderr
+    finally:
+        stop_group(up, timeout=60)
+
+
+def test_bad_env_kwargs(tmp_path):
+    out = rlfleet("up", *CORRIDOR, "--env-kwargs", "length", "--total-steps", 1000, "--logdir", tmp_path / "r",
+                  env=WITH_MODULE, timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "expected KEY=VALUE" in out.stderr, out.stderr
+    out = rlfleet("up", *CORRIDOR, "--env-kwargs", "width=3", "--total-steps", 1000, "--logdir", tmp_path / "r",
+                  env=WITH_MODULE, timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "unexpected keyword argument 'width'" in out.stderr, out.stderr
+    out = rlfleet("up", "--algo", "dqn", "--env", "ALE/Pong-v5", "--env-kwargs", "mode=1", "--total-steps", 1000,
+                  "--logdir", tmp_path / "r", timeout=300)  # fmt: skip
+    assert out.returncode == 2 and "Atari envs take no --env-kwargs" in out.stderr, out.stderr
+    assert not (tmp_path / "r" / "checkpoints").exists()

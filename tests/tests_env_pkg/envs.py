@@ -1,0 +1,47 @@
+"""Corridor-v0: walk right along a corridor of `length` cells to its end. Registered with gymnasium on import, as
+a user's package would register its envs (`--env tests_env_pkg.envs:Corridor-v0` imports this module).
+
+Observation: float32 [length], one-hot of the current cell (so that its size shows which `length` a process
+made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the episode; episodes are truncated after
+32 steps.
+"""
+
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """The corridor (module doc); `length` cells, at least 2."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, length: int = 8, render_mode: str | None = None):
+        if length < 2:
+            raise ValueError(f"length must be at least 2, not {length}")
+        self.length, self.render_mode = int(length), render_mode
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.length,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.position = 0
+
+    def _obs(self):
+        obs = np.zeros(self.length, np.float32)
+        obs[self.position] = 1.0
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.position = int(np.clip(self.position + (1 if int(action) == 1 else -1), 0, self.length - 1))
+        at_end = self.position == self.length - 1
+        return self._obs(), float(at_end), at_end, False, {}
+
+    def render(self):
+        frame = np.full((16, 16 * self.length, 3), 255, np.uint8)
+        frame[:, 16 * self.position : 16 * (self.position + 1)] = (200, 30, 30)
+        return frame
+
+
+gym.register(id="Corridor-v0", entry_point=Corridor, max_episode_steps=32)
