@@ -41,11 +41,39 @@ for tool in docker mmdebstrap python3.11; do
   command -v "$tool" >/dev/null || { echo "build-image.sh --offline needs $tool (apt-get install docker.io mmdebstrap)" >&2; exit 2; }
 done
 mkdir -p "$cache"
+
+# with_progress LABEL PATH CMD...: runs CMD, and every 10 s prints how many MB it has written to PATH (a file or
+# a folder) and at what rate; where an earlier build recorded the size PATH reached ($cache/sizes), also the time
+# left. The size reached is recorded when CMD succeeds.
+with_progress() {
+  local label="$1" path="$2"; shift 2
+  local before; before="$(awk -v l="$label" -F'\t' '$1 == l {print $2}' "$cache/sizes" 2>/dev/null | tail -1 || true)"
+  "$@" &
+  local pid=$! start=$SECONDS
+  local tick=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    tick=$((tick + 1))
+    [ $((tick % 10)) = 0 ] && kill -0 "$pid" 2>/dev/null || continue
+    local mb elapsed
+    mb="$(du -sm "$path" 2>/dev/null | cut -f1 || true)"; mb="${mb:-0}"
+    elapsed=$((SECONDS - start))
+    awk -v l="$label" -v mb="$mb" -v t="$elapsed" -v before="${before:-0}" 'BEGIN {
+      rate = t > 0 ? mb / t : 0
+      line = sprintf("build-image.sh: progress: %s: %d MB in %d s (%.1f MB/s)", l, mb, t, rate)
+      if (before > mb && rate > 0) line = line sprintf(", about %d s left (an earlier build reached %d MB)", (before - mb) / rate, before)
+      print line }'
+  done
+  wait "$pid" || return $?
+  printf '%s\t%s\n' "$label" "$(du -sm "$path" 2>/dev/null | cut -f1)" >>"$cache/sizes"
+}
+
 base=rlfleet-base:bookworm
 if ! docker image inspect "$base" >/dev/null 2>&1; then
   if [ ! -s "$cache/base.tar" ]; then
     echo "build-image.sh: making the base image (Debian bookworm, Python 3.11) with mmdebstrap"
-    mmdebstrap --quiet --format=tar --variant=apt --include=python3,python3-venv,ca-certificates,passwd \
+    with_progress "base image" "$cache/base.tar.part" \
+      mmdebstrap --quiet --format=tar --variant=apt --include=python3,python3-venv,ca-certificates,passwd \
       bookworm "$cache/base.tar.part"
     mv "$cache/base.tar.part" "$cache/base.tar"
   fi
@@ -59,7 +87,8 @@ if [ ! -f "$wheels/.$stamp" ]; then
   echo "build-image.sh: collecting the dependency wheels (TensorFlow build: $extra)"
   rm -rf "$wheels"
   # the build backend too: the image builds rlfleet itself from source, offline
-  python3.11 -m pip wheel --quiet --wheel-dir "$wheels" ".[$extra]" "setuptools>=64" wheel
+  with_progress "dependency wheels" "$wheels" \
+    python3.11 -m pip wheel --quiet --wheel-dir "$wheels" ".[$extra]" "setuptools>=64" wheel
   touch "$wheels/.$stamp"
 fi
 trap 'rm -rf wheelhouse' EXIT

@@ -41,6 +41,7 @@ RELAYED = (
     ": moved the damaged",
     ": resumed from",
     ": restoring ",
+    ": progress: ",  # rlfleet.deploy.progress_line: a teacher's evaluation, an offline phase, a replay restore
     "died silently",
     "got no reply",
 )

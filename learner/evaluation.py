@@ -119,16 +119,28 @@ def _add_frame(env, env_id: str, writer) -> None:
 
 
 def run_batched_episodes(
-    env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], np.ndarray], max_steps: int = 10**6
+    env_id: str,
+    episodes: int,
+    seed: int,
+    act: Callable[[np.ndarray], np.ndarray],
+    max_steps: int = 10**6,
+    progress: str | None = None,
 ) -> Episodes:
     """Runs one episode in each of `episodes` envs stepped as one batch (Atari: ale-py, else in-process).
 
     `act` maps observations [B, ...] to actions [B]. Episodes still running
     after `max_steps` batch steps are cut (their partial return counts).
+    `progress` names the evaluation in progress lines (`rlfleet.deploy.progress_line`) printed every few seconds
+    while it runs: episodes ended, env steps and their rate, and once an episode has ended, the time left
+    estimated from the mean length of those that ended (each running episode taken to last at least that long,
+    and longer than it has).
     Returns the undiscounted return and the length of each episode, env order.
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every batch step).
     """
+    from rlfleet.deploy.progress_line import ProgressLine
+
+    line = ProgressLine("rlfleet learner", progress, "env steps") if progress else None
     backend = resolve_backend(env_id, "auto")
     venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
     try:
@@ -144,6 +156,13 @@ def run_batched_episodes(
             running &= ~(terminated | truncated)
             if not running.any():
                 break
+            if line:
+                ended = ~running
+                total = None
+                if ended.any():  # each running episode: as long as those that ended, and longer than it is now
+                    expect = max(float(lengths[ended].mean()), float(lengths[running].max()) + 1)
+                    total = float(lengths[ended].sum()) + expect * int(running.sum())
+                line.update(float(lengths.sum()), total, f"{int(ended.sum())}/{episodes} episodes ended")
     finally:
         venv.close()
     return Episodes(totals.tolist(), lengths.tolist())

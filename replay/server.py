@@ -16,6 +16,7 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.deploy.files import StorageError, check_writable, disk_space, tree_bytes
+from rlfleet.deploy.progress_line import ReadingProgress
 from rlfleet.deploy.stopping import on_stop_signals
 from rlfleet.replay import checkpoints
 
@@ -66,14 +67,18 @@ def serve(
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay;
         rlfleet.deploy.files.StorageError: the checkpoint folder cannot be written.
     """
-    ckpt, restoring = _checkpointer(checkpoint_dir, teacher_dir)
+    ckpt, restoring, restore_from = _checkpointer(checkpoint_dir, teacher_dir)
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
         _sweep_scratch()
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
-    server = _start_server(tables, port, ckpt, scratch)
+    if restore_from:  # Reverb reads the whole checkpoint before it serves, and says nothing meanwhile
+        with ReadingProgress("rlfleet replay", "restoring the replay", tree_bytes([restore_from])):
+            server = _start_server(tables, port, ckpt, scratch)
+    else:
+        server = _start_server(tables, port, ckpt, scratch)
     port = server.port
     if restoring:
         _check_restored(server, requested, restoring)
@@ -100,17 +105,18 @@ def serve(
 
 
 def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
-    """The Reverb checkpointer `serve` starts with, and the checkpoint it restores (None: empty tables): the
-    teacher's replay copied into `checkpoint_dir`, or the newest readable checkpoint there (damaged ones moved
-    aside), or (None, None) without a checkpoint folder."""
+    """The Reverb checkpointer `serve` starts with, the run's own checkpoint it restores (None: empty tables, or a
+    teacher's), and the folder Reverb restores from (None: nothing): the teacher's replay copied into
+    `checkpoint_dir`, or the newest readable checkpoint there (damaged ones moved aside), or (None, None, None)
+    without a checkpoint folder."""
     if teacher_dir:
         if not checkpoint_dir:
             raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
         check_writable(checkpoint_dir, "the copy of the teacher's replay")
         copy = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
-        return checkpoints.checkpointer(checkpoint_dir, restore_from=copy), None
+        return checkpoints.checkpointer(checkpoint_dir, restore_from=copy), None, copy
     if not checkpoint_dir:
-        return None, None
+        return None, None, None
     check_writable(checkpoint_dir, "replay checkpoints")  # StorageError: read-only, no permission, full
     # Finished checkpoints a stopped server left in the staging folder count; unfinished ones are debris.
     # Nothing is removed before the checkpoint to restore is known to read.
@@ -126,7 +132,7 @@ def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
     elif skipped:
         print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
     checkpoints.prune(checkpoint_dir, protect=restoring)  # the newest KEEP, and the restored one
-    return checkpoints.checkpointer(checkpoint_dir, restore_from=restoring), restoring
+    return checkpoints.checkpointer(checkpoint_dir, restore_from=restoring), restoring, restoring
 
 
 def _start_server(tables: list, port: int, ckpt, scratch: str | None) -> reverb.Server:

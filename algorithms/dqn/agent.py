@@ -22,14 +22,18 @@ from rlfleet.algorithms.dqn.policy import epsilon_greedy
 from rlfleet.learner.evaluation import run_batched_episodes
 
 
-def evaluate_dqn(arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001) -> list[float]:
+def evaluate_dqn(
+    arrays: dict, env_id: str, episodes: int, seed: int, epsilon: float = 0.001, progress: str | None = None
+) -> list[float]:
     """DQN evaluation: ε-greedy on the Q-network with a small ε (default 0.001, the reincarnating_rl / Dopamine
     evaluation ε), one episode per env, all envs in one batch; the undiscounted return of each episode.
+    `progress`: name the evaluation in progress lines while it runs (`run_batched_episodes`).
 
     Raises:
         EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
     """
-    return run_batched_episodes(env_id, episodes, seed, dqn_policy(arrays, epsilon, seed)).returns
+    policy = dqn_policy(arrays, epsilon, seed)
+    return run_batched_episodes(env_id, episodes, seed, policy, progress=progress).returns
 
 
 def dqn_policy(arrays: dict, epsilon: float, seed: int):

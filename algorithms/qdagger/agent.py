@@ -39,6 +39,7 @@ from rlfleet.algorithms.dqn.items import batches, split_observations
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.teacher import Teacher
+from rlfleet.deploy.progress_line import ProgressLine
 from rlfleet.learner.evaluation import run_batched_episodes
 
 log = logging.getLogger("rlfleet.qdagger")
@@ -76,6 +77,7 @@ class QDaggerAgent(DQNAgent):
         self.score_returns = tf.Variable(tf.zeros([max(1, config.distillation_score_episodes)], tf.float32))
         self.score_played = tf.Variable(0, dtype=tf.int64)
         self.score_return = math.nan  # R_S that λ was last set from
+        self._offline_progress = ProgressLine("rlfleet learner", "offline pretraining", "learner steps")
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
@@ -109,7 +111,7 @@ class QDaggerAgent(DQNAgent):
         seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else STUDENT_LIKE_EVAL_SEEDS
         teacher = export_q(self.teacher.q)
         self.teacher_return = float(
-            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, seeds[0], c.epsilon_eval))
+            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, seeds[0], c.epsilon_eval, "teacher evaluation"))
         )
         rng = np.random.default_rng(1)
         self.random_return = float(
@@ -119,6 +121,7 @@ class QDaggerAgent(DQNAgent):
                     c.random_eval_episodes,
                     seeds[1],
                     lambda obs: rng.integers(0, self.spec.action_dim, len(obs)),
+                    progress="random policy evaluation",
                 ).returns
             )
         )
@@ -174,6 +177,7 @@ class QDaggerAgent(DQNAgent):
             }
 
         if steps < c.offline_steps:
+            self._offline_progress.update(steps, c.offline_steps)
             evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
             return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
         start = int(self.online_start_env_steps.numpy())
