@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-from rlfleet.actors import ENV_BACKENDS, ENV_KWARGS_MARK
+from rlfleet.actors import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
 
 BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
@@ -124,9 +124,10 @@ def split_env_id(env_id: str) -> tuple[str, dict]:
     Raises:
         EnvError: arguments that do not parse.
     """
-    base, mark, text = env_id.partition(ENV_KWARGS_MARK)
-    if not mark:
+    base = gym_id(env_id)
+    if base == env_id:
         return env_id, {}
+    text = env_id[len(base) + len(ENV_KWARGS_MARK) :]
     try:
         kwargs = json.loads(text)
     except ValueError:
@@ -306,13 +307,18 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     try:
         return gym.make(base, **kwargs)
     except ModuleNotFoundError as e:  # "package.module:Env-v0": gymnasium imports the module, which registers it
-        module = base.split(":", 1)[0]
+        module = e.name or base.split(":", 1)[0]
         raise EnvError(
             f"{base}: the module {module!r} that registers this env cannot be imported on this machine ({e}). "
             "Install the package that provides it on every machine of the cluster (the learner's, the replay "
             "server's and each actor's), e.g. pip install it into the same environment as rlfleet."
         ) from None
     except TypeError as e:  # a constructor argument the env does not take
+        if render_mode and "render_mode" in str(e):
+            raise EnvError(
+                f"{base}: it takes no render_mode, so it cannot be filmed ({e}); give its constructor a render_mode "
+                'argument and return RGB frames [H, W, 3] from render() when it is "rgb_array".'
+            ) from None
         raise EnvError(f"{base}: {e}; check --env-kwargs against the env's constructor.") from None
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
         reason = str(e).strip()
@@ -460,6 +466,8 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
     if backend == "ale":
         return make_atari_env(env_id, num_envs)
     if backend == "envpool":
+        if split_env_id(env_id)[1]:
+            raise EnvError(f"{env_id}: envpool makes its own envs and takes no --env-kwargs; use --env-backend async.")
         return EnvPoolVectorEnv(env_id, num_envs)
     make_env(env_id).close()  # fail fast here, not inside a worker process
     fns = [functools.partial(make_env, env_id) for _ in range(num_envs)]  # by reference: workers import this module

@@ -520,7 +520,7 @@ def up(
         except ValueError as e:
             _fail(str(e))
         settings_path = os.path.join(logdir, "settings.json")
-        _write_settings(s, settings_path, "rlfleet up")
+        _write_settings(dataclasses.replace(s, teacher=teacher), settings_path, "rlfleet up")
         up_args = ["--actors", str(num_actors), "--env-backend", env_backend, "--bind", bind]
         up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
         up_args += ["--learner-port", str(learner_port)] if learner_port else []
@@ -913,9 +913,10 @@ def learner_cmd(
     from rlfleet.deploy.stopping import on_stop_signals
 
     _quiet_tf()
-    from rlfleet.learner.video import use_offscreen_rendering
+    if video_every:
+        from rlfleet.learner.video import use_offscreen_rendering
 
-    use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
+        use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
     deadline = time.monotonic() + start_timeout
     # A stop before the learner serves (while it waits, or while it is built) ends it with --exit-code-if-stopped.
     stop = threading.Event()

@@ -104,6 +104,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {json_path}: its folder {folder} does not exist or cannot be written; give another path.")
     restored = _restore(run_dir, choice)
+    from rlfleet.actors.envs import EnvError
     from rlfleet.learner import evaluation
     from rlfleet.learner.video import VideoError
 
@@ -138,7 +139,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     except evaluation.EvaluationInterrupted:
         click.echo("rlfleet eval: stopped; no result (and no partial video) was written.", err=True)
         sys.exit(EXIT_STOPPED)
-    except VideoError as e:
+    except (VideoError, EnvError) as e:  # EnvError: the env cannot render (or be made rendering)
         fail(str(e))
     stats = summarize(result.returns)
     click.echo(

@@ -18,14 +18,21 @@ def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, flo
 
 
 def _estimate(scores, func, reps: int) -> list[float]:
-    """[point, low, high] of `func` over `scores` (a score matrix, or a list of two for a comparison, which `func`
-    takes as two arguments) with rliable's stratified-bootstrap 95% CI, seeded so that a report repeats."""
+    """[point, low, high] of `func` (one value) over `scores` (`_estimates`)."""
+    point, low, high = _estimates(scores, func, reps)
+    return [float(point[0]), float(low[0]), float(high[0])]
+
+
+def _estimates(scores, func, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(point, low, high) arrays of `func` over `scores` (a score matrix, or a list of two for a comparison, which
+    `func` takes as two arguments; `func` returns an array) with rliable's stratified-bootstrap 95% CI, seeded so
+    that a report repeats."""
     from rliable import library
 
     point, interval = library.get_interval_estimates(
         {"x": scores}, func, reps=reps, random_state=np.random.RandomState(0)
     )
-    return [float(point["x"][0]), float(interval["x"][0][0]), float(interval["x"][1][0])]
+    return np.asarray(point["x"]), np.asarray(interval["x"][0]), np.asarray(interval["x"][1])
 
 
 MIN_COMPARED_RUNS = 3  # runs a side below which compare_with_ci's bootstrap CIs say nothing
@@ -149,26 +156,23 @@ def find_run_dirs(path: str) -> list[str]:
 
 
 def group_runs(runs: list[dict]) -> list[list[dict]]:
-    """Runs grouped by what they ran (algorithm, env, preset and every setting): the seeds of one experiment;
-    groups in the order their first run was given."""
+    """Runs grouped by what they ran (algorithm, env, preset, every setting and the env-step budget): the seeds of
+    one experiment; groups in the order their first run was given."""
     import json
 
     groups: dict = {}
     for r in runs:
-        key = json.dumps([r["run"].get(k) for k in ("algo", "env_id", "preset", "config", "teacher")], sort_keys=True)
+        what = ("algo", "env_id", "preset", "config", "teacher", "total_steps")
+        key = json.dumps([r["run"].get(k) for k in what], sort_keys=True)
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 
 
 def _iqm_per_column(matrix: np.ndarray, reps: int = 2000) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """IQM of each column of a [runs, points] matrix and its stratified-bootstrap 95% CI (rliable)."""
-    from rliable import library
     from scipy import stats
 
-    point, interval = library.get_interval_estimates(
-        {"x": matrix}, lambda s: stats.trim_mean(s, 0.25, axis=0), reps=reps, random_state=np.random.RandomState(0)
-    )
-    return point["x"], interval["x"][0], interval["x"][1]
+    return _estimates(matrix, lambda s: stats.trim_mean(s, 0.25, axis=0), reps)
 
 
 def seeds_report(paths: list[str], points: int = 50) -> list[dict]:

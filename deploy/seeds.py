@@ -89,7 +89,8 @@ def run_seeds(
     """Runs `rlfleet up --run-config SETTINGS --seed S --logdir DIR/seed-S UP_ARGS` for each seed not finished
     yet (`--resume DIR/seed-S` where it has a checkpoint), `parallel` at a time; with one at a time its output
     is this process's, else each writes DIR/seed-S/logs/up.log. SIGINT/SIGTERM are passed to the runs under way
-    (each checkpoints and stops), and no new one starts. Prints the seeds' report at the end.
+    (each, once, as Ctrl-C: it checkpoints and stops), as is SIGHUP, and no new one starts; every run stops when
+    this process dies. Prints the seeds' report at the end.
 
     Returns:
         0 when every seed finished its budget, 130 when stopped, else the first failed run's exit status.
@@ -107,10 +108,8 @@ def run_seeds(
         else:
             pending.append((seed, state))
     stopping: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopping.append(signum)) for sig in stop_signals}
     running: list[_Run] = []
     failed = 0
     try:
@@ -124,7 +123,7 @@ def run_seeds(
                     flush=True,
                 )
                 if code not in (0, 130) and not failed:
-                    failed = code
+                    failed = code if code > 0 else 1  # < 0: killed by a signal
             if stopping:
                 for run in running:
                     run.signal(signal.SIGINT)
@@ -186,3 +185,5 @@ def _report(logdir: str) -> None:
             print(f"rlfleet up: learning curves: {path}", flush=True)
         except ImportError:
             pass
+        except OSError as e:
+            print(f"rlfleet up: warning: no learning curves: {path}: {e.strerror or e}", flush=True)

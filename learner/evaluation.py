@@ -74,9 +74,10 @@ def run_episodes(
             writer = None
             if video_paths:
                 writer = video.VideoWriter(video_paths[i], env.metadata.get("render_fps") or 30)
-                _add_frame(env, env_id, writer)
             total, length, done = 0.0, 0, False
             try:
+                if writer:
+                    _add_frame(env, env_id, writer)
                 while not done:
                     _check_stop()
                     obs, reward, terminated, truncated, _ = env.step(act(_one(obs))[0])
@@ -84,12 +85,12 @@ def run_episodes(
                     done = terminated or truncated
                     if writer:
                         _add_frame(env, env_id, writer)
+                if writer:
+                    result.videos.append(writer.close())
             except BaseException:
                 if writer:
                     writer.discard()
                 raise
-            if writer:
-                result.videos.append(writer.close())
             result.returns.append(total)
             result.lengths.append(length)
     finally:
@@ -207,6 +208,9 @@ class EvaluationVideos:
         self._tb_dir = os.path.join(logdir, "tb", "videos")
         self.evaluations = 0
         self.thread = None
+        for name in os.listdir(self.folder) if every and os.path.isdir(self.folder) else []:
+            if name.startswith(".") and name.endswith(".partial"):  # a video an earlier process did not finish
+                os.remove(os.path.join(self.folder, name))
 
     def after_evaluation(self, policy, seed: int, env_steps: int) -> None:
         """Counts one evaluation; when a video is due, starts recording one episode of `policy` (observations
@@ -235,9 +239,10 @@ class EvaluationVideos:
             self._to_tensorboard(path, env_steps)
         except EvaluationInterrupted:
             return
-        except (VideoError, EnvError, OSError) as e:
+        except Exception as e:  # VideoError, EnvError, OSError, and whatever rendering or encoding raised
             self.every = 0
-            print(f"rlfleet learner: warning: no more videos this run: {e}", flush=True)
+            words = str(e) if isinstance(e, (VideoError, EnvError)) else f"{type(e).__name__}: {e}"
+            print(f"rlfleet learner: warning: no more videos this run: {words}", flush=True)
             return
         print(
             f"rlfleet learner: video of an evaluation episode at env steps {env_steps:,} (return "
@@ -259,7 +264,8 @@ class EvaluationVideos:
             tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=env_steps)
         writer.close()
 
-    def close(self) -> None:
-        """Waits for a video being recorded to be written (or, with the evaluation stop set, abandoned)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Waits (up to `timeout` seconds; None: for good) for a video being recorded to be written, or, with the
+        evaluation stop set (`STOP`), abandoned."""
         if self.thread is not None:
-            self.thread.join()
+            self.thread.join(timeout)

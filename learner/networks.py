@@ -82,12 +82,23 @@ class MLP(tf.Module):
             self.biases.append(bias)
 
     def __call__(self, x):
-        act = tf.nn.relu if self.activation == "relu" else tf.tanh
-        for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
-            x = tf.matmul(x, w) + b
-            if i < len(self.kernels) - 1:
-                x = act(x)
-        return x
+        return dense_stack(x, self.kernels, self.biases, self.activation)
+
+
+def dense_stack(x, kernels, biases, activation: str = "relu"):
+    """x @ W + b through each layer, `activation` ("relu" or "tanh") on all but the last: [N, in] float32 ->
+    [N, out] float32 (`MLP`; the exported policies run their layers with it too)."""
+    act = tf.nn.relu if activation == "relu" else tf.tanh
+    for i, (w, b) in enumerate(zip(kernels, biases)):
+        x = tf.matmul(x, w) + b
+        if i < len(kernels) - 1:
+            x = act(x)
+    return x
+
+
+def frozen(array) -> tf.Variable:
+    """A float32 variable of `array` that no optimizer trains (the weights of an exported policy)."""
+    return tf.Variable(np.asarray(array, np.float32), trainable=False)
 
 
 def compute_device() -> str:

@@ -324,6 +324,8 @@ class Learner:
             raise
         finally:
             self.stop_event.set()
+            evaluation.STOP.set()  # a video being rendered (the run failed or stopped) is abandoned, not cut off
+            self.videos.close(timeout=10)
             self.server.stop(grace_s=1.0)
             for t in self._threads:
                 t.join(timeout=10)  # no Reverb call may be in flight when the interpreter exits

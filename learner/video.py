@@ -68,39 +68,59 @@ class VideoWriter:
         self._temporary = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.partial")
         self._rate = fractions.Fraction(fps).limit_denominator(1001)
         self._av = av
+        self._file = self._container = self._stream = None
+        # A file object, not the path: FFmpeg would read a path's "name:" prefix as a protocol.
+        self._guarded(lambda: self._open())
+
+    def _open(self) -> None:
+        self._file = open(self._temporary, "wb")
+        self._container = self._av.open(self._file, mode="w", format="mp4")
+
+    def _guarded(self, step):
+        """Runs `step`; any error of it (FFmpeg's, the file system's, a frame PyAV cannot take) discards the video
+        and is raised as a VideoError."""
         try:
-            # A file object, not the path: FFmpeg would read a path's "name:" prefix as a protocol.
-            self._file = open(self._temporary, "wb")
-            self._container = av.open(self._file, mode="w", format="mp4")
-        except (OSError, av.FFmpegError) as e:
-            raise VideoError(f"cannot write the video {path}: {e}") from None
-        self._stream = None
+            return step()
+        except Exception as e:  # av.FFmpegError, OSError, ValueError (a frame of another shape), ...
+            self.discard()
+            raise VideoError(f"cannot write the video {self.path}: {type(e).__name__}: {e}") from None
 
     def add(self, frame: np.ndarray) -> None:
         """Encodes one frame, uint8 [H, W, 3] RGB; every frame must have the first one's size (odd sizes are cut
-        by one row or column: H.264's 4:2:0 needs even ones)."""
-        frame = np.ascontiguousarray(np.asarray(frame, np.uint8)[: frame.shape[0] // 2 * 2, : frame.shape[1] // 2 * 2])
+        by one row or column: H.264's 4:2:0 needs even ones).
+
+        Raises:
+            VideoError: the frame is not [H, W, 3], or it cannot be encoded or written (the video is discarded).
+        """
+        self._guarded(lambda: self._add(frame))
+        self.frames += 1
+
+    def _add(self, frame) -> None:
+        frame = np.asarray(frame, np.uint8)
+        if frame.ndim != 3 or frame.shape[2] != 3:
+            raise ValueError(f"a frame must be RGB, [height, width, 3], not {list(frame.shape)}")
+        frame = np.ascontiguousarray(frame[: frame.shape[0] // 2 * 2, : frame.shape[1] // 2 * 2])
         if self._stream is None:
             self._stream = self._container.add_stream("libx264", rate=self._rate)
             self._stream.height, self._stream.width = frame.shape[:2]
             self._stream.pix_fmt = "yuv420p"
-        self._mux(self._stream.encode(self._av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        self.frames += 1
-
-    def _mux(self, packets) -> None:
-        try:
-            for packet in packets:
-                self._container.mux(packet)
-        except (OSError, self._av.FFmpegError) as e:
-            self.discard()
-            raise VideoError(f"cannot write the video {self.path}: {e}") from None
+        for packet in self._stream.encode(self._av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            self._container.mux(packet)
 
     def close(self) -> str:
-        """Ends the video and moves it onto `path`; returns `path`. A video with no frame is not written."""
+        """Ends the video and moves it onto `path`; returns `path`.
+
+        Raises:
+            VideoError: no frame was added, or the end of the video cannot be written (nothing is left of it).
+        """
         if self._stream is None:
             self.discard()
             raise VideoError(f"no frame was rendered for {self.path}.")
-        self._mux(self._stream.encode())
+        return self._guarded(self._close)
+
+    def _close(self) -> str:
+        for packet in self._stream.encode():
+            self._container.mux(packet)
         self._container.close()
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -111,11 +131,12 @@ class VideoWriter:
 
     def discard(self) -> None:
         """Abandons the video: nothing is left of it."""
-        try:
-            self._container.close()
-        except Exception:  # a container that failed mid-write may not close cleanly; it is removed either way
-            pass
-        self._file.close()
+        for thing in (self._container, self._file):
+            try:
+                if thing is not None:
+                    thing.close()
+            except Exception:  # a container that failed mid-write may not close cleanly; it is removed either way
+                pass
         try:
             os.remove(self._temporary)
         except FileNotFoundError:

@@ -104,7 +104,9 @@ def test_latest_numbered_seeded_and_stochastic(pendulum_run, tmp_path):
     latest = tmp_path / "latest.json"
     _eval(pendulum_run, "--episodes", 2, "--seed", 7, "--json", latest)
     got = json.loads(latest.read_text())
-    assert got["env_steps"] == summary["env_steps"] and got["first_seed"] == 7 and got["episodes"] == 2
+    # The last checkpoint is written just before summary.json, whose count can only have grown since.
+    assert summary["total_steps"] <= got["env_steps"] <= summary["env_steps"]
+    assert got["first_seed"] == 7 and got["episodes"] == 2
     assert got["policy"] == "evaluation"
     # The latest checkpoint by its number gives the same network, so the same returns.
     number = os.path.basename(got["checkpoint"]).split("-")[1]

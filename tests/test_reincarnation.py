@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import reverb
 import tensorflow as tf
-from helpers import ENV, ROOT, run_exported
+from helpers import ENV, ROOT, rlfleet, run_exported
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.agent import evaluate_dqn
@@ -356,14 +356,7 @@ def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
 def _exported(run, out, fmt, observations):
     """`rlfleet export RUN --out OUT --format FMT`, then the exported model's outputs on `observations` in a fresh
     process without rlfleet."""
-    done = subprocess.run(
-        [sys.executable, "-m", "rlfleet.deploy.cli", "export", str(run), "--out", str(out), "--format", fmt],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = rlfleet("export", run, "--out", out, "--format", fmt, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     spec = json.loads((out / "policy.json").read_text())
     assert spec["action"]["kind"] == "discrete" and set(spec["outputs"]) == {"actions", "q_values"}
@@ -384,14 +377,7 @@ def _eval_json(run, *args):
     """`rlfleet eval RUN ARGS --json FILE`'s result."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "eval.json")
-        out = subprocess.run(
-            [sys.executable, "-m", "rlfleet.deploy.cli", "eval", str(run), *map(str, args), "--json", path],
-            cwd=ROOT,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        out = rlfleet("eval", run, *args, "--json", path, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         with open(path) as f:
             return json.load(f)

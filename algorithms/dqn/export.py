@@ -4,11 +4,11 @@ same weights (QDagger students export the same way)."""
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.learner.networks import dense_stack, frozen
 
 
 class DQNServing(tf.Module):
@@ -25,14 +25,13 @@ class DQNServing(tf.Module):
 
     def __init__(self, arrays: dict, spec: EnvSpec):
         super().__init__(name="dqn_policy")
-        f32 = lambda name: tf.Variable(np.asarray(arrays[name], np.float32), trainable=False)  # noqa: E731
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
-        self.kernels = [f32(f"q/w{i}") for i in range(n_dense)]
-        self.biases = [f32(f"q/b{i}") for i in range(n_dense)]
+        self.kernels = [frozen(arrays[f"q/w{i}"]) for i in range(n_dense)]
+        self.biases = [frozen(arrays[f"q/b{i}"]) for i in range(n_dense)]
         self.cnn = conv_names(0)[0] in arrays
         if self.cnn:
-            self.conv_kernels = [f32(conv_names(i)[0]) for i in range(len(CONV_STRIDES))]
-            self.conv_biases = [f32(conv_names(i)[1]) for i in range(len(CONV_STRIDES))]
+            self.conv_kernels = [frozen(arrays[conv_names(i)[0]]) for i in range(len(CONV_STRIDES))]
+            self.conv_biases = [frozen(arrays[conv_names(i)[1]]) for i in range(len(CONV_STRIDES))]
             signature = [tf.TensorSpec([None, *spec.obs_shape], tf.uint8, name="observations")]
         else:
             signature = [tf.TensorSpec([None, spec.obs_shape[0]], tf.float32, name="observations")]
@@ -42,10 +41,5 @@ class DQNServing(tf.Module):
         if self.cnn:
             q = nature_cnn_q(observations, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
         else:
-            x = observations
-            for i, (w, b) in enumerate(zip(self.kernels, self.biases)):
-                x = tf.matmul(x, w) + b
-                if i < len(self.kernels) - 1:
-                    x = tf.nn.relu(x)
-            q = x
+            q = dense_stack(observations, self.kernels, self.biases, "relu")
         return {"actions": tf.argmax(q, axis=-1, output_type=tf.int32), "q_values": q}
