@@ -87,7 +87,7 @@ def summarize(returns: list[float]) -> dict:
     type=click.Path(file_okay=False),
     default=None,
     help="Write one MP4 per episode into this folder (created), named by checkpoint and seed. MuJoCo renders "
-    "offscreen through EGL (MUJOCO_GL=egl unless set; docs: Evaluate, watch and export).",
+    "offscreen through EGL (MUJOCO_GL=egl unless set; docs: After a run).",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the result here.")
 def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
@@ -96,9 +96,10 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     RUN is a run directory (`up --logdir`). Prints the return's mean, std, min and max over the episodes and the
     checkpoint's env steps; the env and its observation normalization are the run's, as of that checkpoint.
     """
-    from rlfleet.learner.video import use_offscreen_rendering
+    if video_dir:
+        from rlfleet.learner.video import use_offscreen_rendering
 
-    use_offscreen_rendering()  # before anything imports MuJoCo
+        use_offscreen_rendering()  # before anything imports MuJoCo
     if json_path:  # checked before the episodes, not after them
         folder = os.path.dirname(os.path.abspath(json_path))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):

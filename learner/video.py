@@ -1,10 +1,11 @@
 """Videos of evaluation episodes: H.264 MP4 files written with PyAV (FFmpeg's libx264), and the offscreen OpenGL
 backend that MuJoCo renders them with on a machine with no display and no GPU.
 
-MuJoCo picks its OpenGL backend from the MUJOCO_GL environment variable when it is first imported. rlfleet sets
-it to "egl" where it is unset: EGL with Mesa's software rasteriser (llvmpipe) needs no display and no GPU (Debian
-packages libegl1, libegl-mesa0 and libgl1-mesa-dri), and uses the GPU's EGL where a driver provides one. A user's
-own MUJOCO_GL ("osmesa" with libosmesa6, "glfw" on a desktop) is kept.
+MuJoCo picks its OpenGL backend from the MUJOCO_GL environment variable when it is first imported. A process
+that renders sets it to "egl" where it is unset and the system has EGL: EGL with Mesa's software rasteriser
+(llvmpipe) needs no display and no GPU (Debian packages libegl1, libegl-mesa0 and libgl1-mesa-dri), and uses the
+GPU's EGL where a driver provides one. A user's own MUJOCO_GL ("osmesa" with libosmesa6, "glfw" on a desktop) is
+kept.
 """
 
 from __future__ import annotations
@@ -21,13 +22,20 @@ OFFSCREEN_GL = "egl"
 
 
 def use_offscreen_rendering() -> None:
-    """Sets MUJOCO_GL to "egl" (and PYOPENGL_PLATFORM to match) unless the user set it; call it before anything
-    imports `mujoco`. Does nothing (MuJoCo keeps the backend it chose) once `mujoco` is imported."""
-    if "mujoco" in sys.modules:
+    """Sets MUJOCO_GL to "egl" (and PYOPENGL_PLATFORM to match) unless the user set it, where the system has an
+    EGL library ("osmesa" where it has OSMesa only; neither: nothing is set, so that MuJoCo still imports, and a
+    frame asked for fails with `rendering_error`'s message). Call it before anything imports `mujoco`, and only
+    to render: MuJoCo's import fails outright under a MUJOCO_GL whose library is missing. Does nothing once
+    `mujoco` is imported (it keeps the backend it chose)."""
+    if "mujoco" in sys.modules or "MUJOCO_GL" in os.environ:
         return
-    backend = os.environ.setdefault("MUJOCO_GL", OFFSCREEN_GL)
-    if backend in ("egl", "osmesa"):
-        os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+    import ctypes.util
+
+    for backend, library in ((OFFSCREEN_GL, "EGL"), ("osmesa", "OSMesa")):
+        if ctypes.util.find_library(library):
+            os.environ["MUJOCO_GL"] = backend
+            os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+            return
 
 
 class VideoError(RuntimeError):
