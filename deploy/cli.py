@@ -199,8 +199,9 @@ def _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel) ->
 
 def _recorded_run(resume: str, settings_given: bool) -> dict:
     """What the run directory `resume` records in its run.json: all of `read_run_settings` where the command gives
-    no settings of its own (exits with a message on a damaged or missing file), else only its seed and budget
-    (the run directory check compares the rest)."""
+    no settings of its own (exits with a message on a damaged or missing file), else only its seed, budget,
+    algorithm and preset (those the command leaves out are the run's; the run directory check compares the
+    rest)."""
     from rlfleet.learner.run_dir import RunDirError, read_run_settings
 
     path = os.path.join(resume, "run.json")  # read as a path, never globbed
@@ -210,7 +211,7 @@ def _recorded_run(resume: str, settings_given: bool) -> dict:
                 run = json.load(f)
         except (OSError, ValueError):
             return {}
-        return {k: run.get(k) for k in ("seed", "total_steps")} if isinstance(run, dict) else {}
+        return {k: run.get(k) for k in ("seed", "total_steps", "algo", "preset")} if isinstance(run, dict) else {}
     if not os.path.exists(path):
         _fail(
             f"--resume {resume}: no run.json there, so the run's settings are unknown; pass the run directory "
@@ -490,6 +491,13 @@ def up(
         r = recorded
         s = Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
     else:
+        if resume and not run_config:
+            if env_id is None:
+                _fail(
+                    f"--resume {resume} with settings: give --env too (and the run's --env-kwargs), or leave the "
+                    "settings out: --resume DIR alone takes them from the run."
+                )
+            algo, preset = algo or recorded.get("algo"), preset or recorded.get("preset")  # the run's, unless given
         s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     if envs_per_actor is not None:

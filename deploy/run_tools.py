@@ -268,6 +268,10 @@ def report_cmd(paths, plot_path, json_path):
             fail(f"--json {json_path}: {e}")
         click.echo(f"report: {json_path}")
     if not any(g["curve"] for g in report):
+        if any(g["finished"] >= 2 for g in report):
+            from rlfleet.deploy.seeds import NO_CURVE
+
+            click.echo(f"rlfleet report: no learning curves: {NO_CURVE}", err=True)
         return
     plot_path = plot_path or os.path.join(paths[0], "learning-curves.png")
     try:

@@ -13,7 +13,13 @@ import sys
 import time
 
 from rlfleet.deploy.files import atomic_write
+from rlfleet.deploy.parent import PARENT_PID_ENV
 
+# Why a report has no curve: each run's metrics.jsonl must hold evaluations before the shortest run's end.
+NO_CURVE = (
+    "the runs' metrics hold too few evaluations before the shortest run's end (a metrics row, with the latest "
+    "evaluation, is written every --report-interval seconds)"
+)
 SEEDS_FILE = "seeds.json"  # DIR/seeds.json: the seeds, the settings file and the command
 
 
@@ -62,21 +68,26 @@ class _Run:
     """One seed's `rlfleet up`, in a session of its own (a Ctrl-C reaches this process, which passes it on)."""
 
     def __init__(self, seed: int, args: list[str], log_path: str | None):
-        self.seed = seed
+        self.seed, self.stopping = seed, False
         self.log = open(log_path, "ab") if log_path else None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlfleet.deploy.cli", "up", *args],
             stdout=self.log,
             stderr=subprocess.STDOUT if self.log else None,
             start_new_session=True,
+            env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),  # it stops when this process dies
         )
 
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+    def stop(self) -> None:
+        """Asks the run to stop as Ctrl-C does, once: `up` stops its cluster with a checkpoint (a second signal
+        would cut that short)."""
+        if self.stopping or self.proc.poll() is not None:
+            return
+        self.stopping = True
+        try:
+            os.kill(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         if self.log:
@@ -126,7 +137,7 @@ def run_seeds(
                     failed = code if code > 0 else 1  # < 0: killed by a signal
             if stopping:
                 for run in running:
-                    run.signal(signal.SIGINT)
+                    run.stop()
                 pending = []
             while pending and len(running) < parallel and not stopping:
                 seed, state = pending.pop(0)
@@ -157,7 +168,7 @@ def run_seeds(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for run in running:  # only after an error here: stop what still runs, and wait for it
-            run.signal(signal.SIGTERM)
+            run.stop()
             run.proc.wait()
             run.close()
     if stopping:
@@ -178,7 +189,10 @@ def _report(logdir: str) -> None:
 
     report = seeds_report([logdir])
     print(format_seeds_report(report), flush=True)
-    if any(g["curve"] for g in report):
+    if not any(g["curve"] for g in report):
+        if any(g["finished"] >= 2 for g in report):
+            print(f"rlfleet up: no learning curves: {NO_CURVE}", flush=True)
+    else:
         path = os.path.join(logdir, "learning-curves.png")
         try:
             plot_seeds_report(report, path)

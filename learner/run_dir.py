@@ -77,8 +77,8 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         if diffs:
             raise RunDirError(
                 f"--resume {resume}: this run was started with other settings "
-                f"({'; '.join(diffs)}); resume it with the same --algo, --env, --config, --set and --seed "
-                f"values, or with --resume {shlex.quote(str(resume))} alone (they are taken from the run)."
+                f"({'; '.join(diffs)}); resume it with the same --algo, --env, --env-kwargs, --config, --set and "
+                f"--seed values, or with --resume {shlex.quote(str(resume))} alone (they are taken from the run)."
             )
     if not os.path.exists(os.path.join(resume, "checkpoints", "checkpoint")):
         raise RunDirError(

@@ -37,9 +37,14 @@ def test_own_env_with_constructor_arguments(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     got = json.loads(result.read_text())
     assert got["env_id"] == env_id and all(1 <= n <= 32 for n in got["lengths"])
-    # Resumed with other constructor arguments: refused as another env, nothing touched.
-    again = rlfleet("up", *CORRIDOR, "--env-kwargs", "length=7", "--resume", run, env=WITH_MODULE, timeout=300)
+    # Resumed with other constructor arguments: refused as another env (the algorithm, not given, is the run's),
+    # nothing touched; --env-kwargs alone with --resume is asked for its --env.
+    env_only = ("--env", "tests_env_pkg.envs:Corridor-v0", "--env-kwargs", "length=7")
+    again = rlfleet("up", *env_only, "--resume", run, env=WITH_MODULE, timeout=300)
     assert again.returncode == 2 and '{"length":6}' in again.stderr and '{"length":7}' in again.stderr, again.stderr
+    assert "--env-kwargs" in again.stderr
+    again = rlfleet("up", "--env-kwargs", "length=7", "--resume", run, env=WITH_MODULE, timeout=300)
+    assert again.returncode == 2 and "give --env too" in again.stderr, again.stderr
     # A machine without the module is told which one it lacks.
     out = rlfleet("eval", run, env=WITHOUT_MODULE, timeout=300)
     assert out.returncode == 2 and "the module 'tests_env_pkg.envs'" in out.stderr, out.stderr

@@ -84,6 +84,8 @@ def test_ctrl_c_stops_the_seeds_and_the_same_command_continues(tmp_path):
     assert proc.returncode == 130, output[-3000:]
     # Seed 0's up got the stop once and stopped its cluster cleanly (its output is on this terminal).
     assert "checkpointing the learner" in output and "Traceback" not in output, output[-3000:]
+    # Stopped once, as Ctrl-C stops one `up`: it ends 130 with its resume line, not cut short by a second signal.
+    assert "Aborted!" not in output and "exit status -" not in output and "Resume with" in output, output[-3000:]
     assert "continue these seeds" in output and "--seeds 0,1" in output, output[-3000:]
     assert (logdir / "seed-0" / "checkpoints" / "checkpoint").exists()  # seed 0 checkpointed as it stopped
     assert not (logdir / "seed-1").exists()  # seed 1 never started
