@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -60,10 +61,13 @@ class Node:
         self.name, self.netns, self.address = name, netns, address
         self.folder = folder / name
         self.folder.mkdir()
-        self.sock = f"unix://{self.folder}/sock"
+        # The engine's sockets live under its exec root: a folder with a short path, since containerd refuses a
+        # unix socket path over 104 bytes, which a deep pytest folder exceeds.
+        self.exec_root = tempfile.mkdtemp(prefix=f"rlfleet-{name}-", dir="/tmp")
+        self.sock = f"unix://{self.exec_root}/sock"
         engine = [
             DOCKERD, "--storage-driver=overlay2", "--iptables=false", "--ip-masq=false", "--dns", "127.0.0.1",
-            "--data-root", self.folder / "data", "--exec-root", self.folder / "exec", "--pidfile",
+            "--data-root", self.folder / "data", "--exec-root", os.path.join(self.exec_root, "exec"), "--pidfile",
             self.folder / "pid", "-H", self.sock, "--containerd-namespace", name,
             "--containerd-plugins-namespace", f"{name}-plugins",
         ]  # fmt: skip
@@ -93,8 +97,9 @@ class Node:
         its containers and of Swarm's ingress: bind mounts that would keep them alive), deepest first."""
         stop_group(self.proc, timeout=60)
         self.log.close()
-        for mount in sorted(_mounts_under(self.folder), reverse=True):
+        for mount in sorted(_mounts_under(self.folder) + _mounts_under(self.exec_root), reverse=True):
             _run("umount", "-l", mount, check=False)
+        shutil.rmtree(self.exec_root, ignore_errors=True)
 
 
 def _mounts_under(folder) -> list[str]:
@@ -141,8 +146,9 @@ def two_nodes(folder, tag: str):
             node.stop()
         for ns in netns:
             _run("ip", "netns", "delete", ns, check=False)
-        for node in nodes:  # the engines' files (image layers: several GB)
-            _run("rm", "-rf", node.folder / "data", node.folder / "exec")
+        for node in nodes:  # the engines' files (image layers: several GB); their exec roots went with them
+            _run("rm", "-rf", node.folder / "data")
+            assert not os.path.exists(node.exec_root), node.exec_root
         for name in sorted(_lb_files() - lb_before):
             shutil.rmtree(os.path.join(LB_FILES, name), ignore_errors=True)
         assert not _mounts_under(folder), _mounts_under(folder)
