@@ -13,7 +13,12 @@ from helpers import ENV, ROOT, rlfleet, stop_group, wait_for
 
 pytestmark = pytest.mark.slow
 
-SMALL = ("--algo", "ppo", "--env", "InvertedPendulum-v5", "--set", "eval_every_updates=1", "--set", "eval_episodes=2")
+# A metrics row (with the latest evaluation) every half second: the learning curves need several in runs of a
+# few seconds.
+SMALL = (
+    "--algo", "ppo", "--env", "InvertedPendulum-v5", "--set", "eval_every_updates=1", "--set", "eval_episodes=2",
+    "--report-interval", "0.5",
+)  # fmt: skip
 
 
 def _summary(run_dir):
