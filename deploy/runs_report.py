@@ -7,6 +7,10 @@ rliable and matplotlib come with the `report` extra; the functions import them w
 
 from __future__ import annotations
 
+import json
+import os
+import re
+
 import numpy as np
 
 
@@ -93,8 +97,7 @@ def eval_points(rows: list[dict], max_env_steps: int | None = None) -> list[tupl
 
 
 def _read_json(path: str):
-    import json
-
+    """The JSON value in the file `path`."""
     with open(path) as f:
         return json.load(f)
 
@@ -106,9 +109,6 @@ def load_run(run_dir: str) -> dict:
     Raises:
         ValueError: no readable run.json (not a run directory).
     """
-    import json
-    import os
-
     try:
         run = _read_json(os.path.join(run_dir, "run.json"))
     except (OSError, ValueError) as e:
@@ -137,9 +137,6 @@ def find_run_dirs(path: str) -> list[str]:
     Raises:
         ValueError: neither (the message names the path).
     """
-    import os
-    import re
-
     if os.path.exists(os.path.join(path, "run.json")):
         return [path]
     try:
@@ -158,8 +155,6 @@ def find_run_dirs(path: str) -> list[str]:
 def group_runs(runs: list[dict]) -> list[list[dict]]:
     """Runs grouped by what they ran (algorithm, env, preset, every setting and the env-step budget): the seeds of
     one experiment; groups in the order their first run was given."""
-    import json
-
     groups: dict = {}
     for r in runs:
         what = ("algo", "env_id", "preset", "config", "teacher", "total_steps")
