@@ -80,6 +80,21 @@ ABLATIONS = {
     "sync-cleanrl-novclip": ("sync-cleanrl", ["--set", "value_clip=0.0"]),
     "sync-default-returnscale": ("sync-default", ["--set", "reward_scale=return"]),
     "sync-default-orthinit": ("sync-default", ["--set", "init=orthogonal"]),
+    # One of Stable-Baselines3's PPO defaults at a time on the `default` preset, and all of them together
+    # (SB3 keeps raw observations and rewards, one Adam with ε 1e-5 over policy + 0.5 × value loss, advantages
+    # normalised per minibatch, orthogonal initialisation and a constant learning rate).
+    "sync-default-sharedopt": ("sync-default", ["--set", "shared_optimizer=true"]),
+    "sync-default-rawobs": ("sync-default", ["--set", "obs_normalization=false"]),
+    "sync-default-adameps": ("sync-default", ["--set", "adam_epsilon=1e-5"]),
+    "sync-default-mbadvnorm": ("sync-default", ["--set", "advantage_norm=minibatch"]),
+    "sync-default-constant-lr": ("sync-default", ["--set", "lr_schedule=constant"]),
+    "sync-default-sb3": (
+        "sync-default",
+        [
+            *("--set", "shared_optimizer=true", "--set", "obs_normalization=false", "--set", "adam_epsilon=1e-5"),
+            *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
+        ],
+    ),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),
