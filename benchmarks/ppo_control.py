@@ -88,6 +88,9 @@ ABLATIONS = {
     "sync-default-adameps": ("sync-default", ["--set", "adam_epsilon=1e-5"]),
     "sync-default-mbadvnorm": ("sync-default", ["--set", "advantage_norm=minibatch"]),
     "sync-default-constant-lr": ("sync-default", ["--set", "lr_schedule=constant"]),
+    # The observation normaliser's clip: CleanRL's ±10, and none at all (raw observations are never clipped).
+    "sync-default-obsclip10": ("sync-default", ["--set", "obs_clip=10.0"]),
+    "sync-default-noobsclip": ("sync-default", ["--set", "obs_clip=1000000.0"]),
     "sync-default-sb3": (
         "sync-default",
         [
@@ -95,6 +98,7 @@ ABLATIONS = {
             *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
         ],
     ),
+    "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),

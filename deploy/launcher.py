@@ -154,13 +154,16 @@ def _progress_values(st: dict) -> list[tuple[str, str]]:
     return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
 
 
-def resume_command(logdir: str, num_actors: int, bind: str = LOOPBACK, env_backend: str = "auto") -> str:
+def resume_command(
+    logdir: str, num_actors: int, bind: str = LOOPBACK, env_backend: str = "auto", video_every: int = 0
+) -> str:
     """The `rlfleet up --resume LOGDIR` command line that continues a run (its algorithm, env, settings, seed and
-    budget come from LOGDIR/run.json) with the same actors, address and env backend, shell-quoted
+    budget come from LOGDIR/run.json) with the same actors, address, env backend and videos, shell-quoted
     (`shlex.join`): pasted into a POSIX shell it passes the path unchanged."""
     argv = ["rlfleet", "up", "--resume", str(logdir), "--actors", str(num_actors)]
     argv += ["--bind", bind] if bind != LOOPBACK else []
     argv += ["--env-backend", env_backend] if env_backend != "auto" else []
+    argv += ["--video-every", str(video_every)] if video_every else []
     return shlex.join(argv)
 
 
@@ -187,7 +190,7 @@ class LaunchPlan:
 
 def _plan(
     algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
-    report_interval, teacher, bind,
+    report_interval, teacher, bind, video_every=0,
 ) -> LaunchPlan:  # fmt: skip
     """Checks `launch`'s arguments (see there) and the run directory, and picks the ports.
 
@@ -207,7 +210,7 @@ def _plan(
         security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    resume_cmd = resume_command(logdir, num_actors, bind, env_backend)
+    resume_cmd = resume_command(logdir, num_actors, bind, env_backend, video_every)
     problem = bind_problem(bind, learner_port or 0)
     if problem:
         raise LaunchError(
@@ -405,7 +408,7 @@ def launch(
     """
     plan = _plan(
         algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
-        report_interval, teacher, bind,
+        report_interval, teacher, bind, video_every,
     )  # fmt: skip
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
