@@ -98,9 +98,9 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
             "--seed",
             str(seed),
             "--report-interval",
-            "5",
+            "1",
             *extra,
-        ]  # a metrics row (curve point) per 5 s
+        ]  # a metrics row (with the latest evaluation: a curve point) per second
         cmd += ["--resume", logdir] if os.path.exists(os.path.join(logdir, "run.json")) else ["--logdir", logdir]
     print("$", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
