@@ -14,8 +14,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
 - sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
-- ablations of one setting each from the control, from sync-default or from async-cleanrl (`ABLATIONS`), run when
-  named with --variants.
+- ablations from the control, from sync-default, async-default or async-cleanrl (`ABLATIONS`): one setting each,
+  or a named group of them (sync-default-sb3), run when named with --variants.
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
 continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
@@ -60,8 +60,8 @@ VARIANTS = {
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
-# name -> (the variant it starts from, the one difference): which of the cleanrl preset's details, or
-# of the default preset's against them, costs what per env step.
+# name -> (the variant it starts from, the difference): which of the cleanrl preset's details, or of the default
+# preset's against them or Stable-Baselines3's, costs what per env step.
 ABLATIONS = {
     "sync-cleanrl-constant-lr": ("sync-cleanrl", ["--set", "lr_schedule=constant"]),
     "sync-cleanrl-noobsnorm": ("sync-cleanrl", ["--set", "obs_normalization=false"]),
@@ -99,6 +99,8 @@ ABLATIONS = {
         ],
     ),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
+    # Raw rewards where `default` scales them (Swimmer-v5's per-env override).
+    "async-default-rawrewards": ("async-default", ["--set", "reward_scale=none"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-lag1-behaviour": ("async-cleanrl-lag1", ["--set", "off_policy_objective=behaviour"]),
     "async-cleanrl-uncorrected": ("async-cleanrl", ["--set", "off_policy_objective=uncorrected"]),

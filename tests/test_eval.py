@@ -197,16 +197,3 @@ def test_export_refuses_a_used_folder(pendulum_run, tmp_path):
     done = _eval_cli("export", pendulum_run, "--out", used, expect=2)
     assert "already exists" in done.stderr and (used / "keep.txt").read_text() == "mine"
     assert os.listdir(tmp_path) == ["used"]  # nothing half-written beside it
-
-
-def test_the_resume_command_keeps_the_videos():
-    """The command `up` prints when stopped continues the run with the same --video-every (and none without)."""
-    import shlex
-
-    from rlfleet.deploy.launcher import resume_command
-
-    odd = "/runs/run:1 [a]*? ü"
-    assert shlex.split(resume_command(odd, 2, video_every=3)) == [
-        *("rlfleet", "up", "--resume", odd, "--actors", "2", "--video-every", "3")
-    ]
-    assert "--video-every" not in shlex.split(resume_command(odd, 2))
