@@ -10,17 +10,20 @@ import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP_DIRS = {".git", ".venv", "site", "node_modules", ".pytest_cache", "__pycache__"}
+# The project's own Markdown: the top-level files, the docs site and the benchmarks page (a walk of the whole tree
+# would also read the Markdown of installed packages in a virtual environment).
+FOLDERS = ("docs", "benchmarks")
 # [text](target) and ![alt](target), the target up to a space (a title) or the closing parenthesis.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def _markdown_files() -> list[str]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
-        found += [os.path.join(dirpath, n) for n in filenames if n.endswith(".md")]
+    found = [os.path.join(ROOT, n) for n in os.listdir(ROOT) if n.endswith(".md")]
+    for folder in FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, folder)):
+            dirnames[:] = [d for d in dirnames if not d.startswith((".", "__"))]
+            found += [os.path.join(dirpath, n) for n in filenames if n.endswith(".md")]
     return sorted(found)
 
 
