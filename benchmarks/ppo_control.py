@@ -304,8 +304,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train the missing runs, then print the report")
-    r.add_argument("--envs", nargs="+", required=True)
-    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    r.add_argument("--envs", nargs="+", required=True, help="gymnasium env ids, e.g. Hopper-v5")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds per (variant, env)")
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
     r.add_argument("--variants", nargs="+", default=list(VARIANTS)[:6], choices=list(VARIANTS))
     r.add_argument("--out", required=True, help="folder of VARIANT/ENV-sSEED run directories")
@@ -317,7 +317,7 @@ def main() -> None:
         "process shares the cores",
     )
     rep = sub.add_parser("report", help="print the report of the runs under a folder")
-    rep.add_argument("out")
+    rep.add_argument("out", help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)")
     rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
     for q in (r, rep):
         q.add_argument(
