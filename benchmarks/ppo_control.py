@@ -98,7 +98,13 @@ ABLATIONS = {
             *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
         ],
     ),
+    # SB3's value loss is the mean squared error (rlfleet's is half of it), so its vf_coef 0.5 is 1.0 here; and
+    # its one env of 2048 steps per update in place of 8 envs.
+    "sync-default-sb3-vf1": ("sync-default-sb3", ["--set", "value_loss_coef=1.0"]),
+    "sync-default-sb3-1env": ("sync-default-sb3-vf1", ["--set", "envs_per_actor=1"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
+    # Stable-Baselines3's constant learning rate where `default` anneals it to 0 at the run's budget.
+    "async-default-constant-lr": ("async-default", ["--set", "lr_schedule=constant"]),
     # Raw rewards where `default` scales them (Swimmer-v5's per-env override).
     "async-default-rawrewards": ("async-default", ["--set", "reward_scale=none"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
