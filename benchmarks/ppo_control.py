@@ -103,6 +103,8 @@ ABLATIONS = {
     "sync-default-sb3-vf1": ("sync-default-sb3", ["--set", "value_loss_coef=1.0"]),
     "sync-default-sb3-1env": ("sync-default-sb3-vf1", ["--set", "envs_per_actor=1"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
+    # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
+    "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
     # Stable-Baselines3's constant learning rate where `default` anneals it to 0 at the run's budget.
     "async-default-constant-lr": ("async-default", ["--set", "lr_schedule=constant"]),
     # Raw rewards where `default` scales them (Swimmer-v5's per-env override).
