@@ -60,6 +60,11 @@ VARIANTS = {
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
+# Where Stable-Baselines3's PPO defaults differ from the `default` preset (its value weight aside: see `-vf1`).
+_SB3_DEFAULTS = [
+    *("--set", "shared_optimizer=true", "--set", "obs_normalization=false", "--set", "adam_epsilon=1e-5"),
+    *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
+]
 # name -> (the variant it starts from, the difference): which of the cleanrl preset's details, or of the default
 # preset's against them or Stable-Baselines3's, costs what per env step.
 ABLATIONS = {
@@ -91,17 +96,16 @@ ABLATIONS = {
     # The observation normaliser's clip: CleanRL's ±10, and none at all (raw observations are never clipped).
     "sync-default-obsclip10": ("sync-default", ["--set", "obs_clip=10.0"]),
     "sync-default-noobsclip": ("sync-default", ["--set", "obs_clip=1000000.0"]),
-    "sync-default-sb3": (
-        "sync-default",
-        [
-            *("--set", "shared_optimizer=true", "--set", "obs_normalization=false", "--set", "adam_epsilon=1e-5"),
-            *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
-        ],
-    ),
+    "sync-default-sb3": ("sync-default", _SB3_DEFAULTS),
     # SB3's value loss is the mean squared error (rlfleet's is half of it), so its vf_coef 0.5 is 1.0 here; and
     # its one env of 2048 steps per update in place of 8 envs.
     "sync-default-sb3-vf1": ("sync-default-sb3", ["--set", "value_loss_coef=1.0"]),
     "sync-default-sb3-1env": ("sync-default-sb3-vf1", ["--set", "envs_per_actor=1"]),
+    # The same, collected asynchronously (as `rlfleet up` runs it).
+    "async-default-sb3-1env": (
+        "async-default",
+        [*_SB3_DEFAULTS, "--set", "value_loss_coef=1.0", "--set", "envs_per_actor=1"],
+    ),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
