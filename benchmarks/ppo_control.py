@@ -86,8 +86,9 @@ ABLATIONS = {
     "sync-default-returnscale": ("sync-default", ["--set", "reward_scale=return"]),
     "sync-default-orthinit": ("sync-default", ["--set", "init=orthogonal"]),
     # One of Stable-Baselines3's PPO defaults at a time on the `default` preset, and all of them together
-    # (SB3 keeps raw observations and rewards, one Adam with ε 1e-5 over policy + 0.5 × value loss, advantages
-    # normalised per minibatch, orthogonal initialisation and a constant learning rate).
+    # (SB3 keeps raw observations and rewards, one Adam with ε 1e-5 over policy + 0.5 × its mean-squared-error
+    # value loss, advantages normalised per minibatch, orthogonal initialisation and a constant learning rate;
+    # these keep rlfleet's value_loss_coef 0.5 on half that error, half SB3's weight: `-vf1` has SB3's).
     "sync-default-sharedopt": ("sync-default", ["--set", "shared_optimizer=true"]),
     "sync-default-rawobs": ("sync-default", ["--set", "obs_normalization=false"]),
     "sync-default-adameps": ("sync-default", ["--set", "adam_epsilon=1e-5"]),

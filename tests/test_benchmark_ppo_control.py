@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 
+import numpy as np
 import pytest
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -101,6 +102,19 @@ def test_runs_compared_with_a_control_say_whether_a_difference_is_established():
     # A control run at or below 0 leaves the ratio undefined; the difference and the probability still hold.
     signed = compare_with_ci([10, 20, 30], [-5, 5, 15])
     assert signed["iqm_ratio"] is None and signed["probability_of_improvement"][0] > 0.5
+
+
+@pytest.mark.slow
+def test_a_comparison_repeats_and_leaves_numpys_generator_alone():
+    from report import compare_with_ci
+
+    x, y = [2958, 1697, 2571, 644, 1182], [655, 654, 878, 843, 566]
+    np.random.seed(123)
+    expected_next = np.random.rand()
+    np.random.seed(123)
+    first = compare_with_ci(x, y)
+    assert np.random.rand() == expected_next  # the caller's global generator is where it was
+    assert compare_with_ci(x, y) == first  # the bootstrap CIs are the same every time
 
 
 def test_the_sb3_peer_takes_the_cleanrl_preset():
