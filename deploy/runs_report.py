@@ -34,13 +34,12 @@ def _estimates(scores, func, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     from rliable import library
 
     # rliable's stratified bootstraps draw their indices from numpy's global generator (np.random.choice), not
-    # from the random_state they are given: seed that too for the call, and leave the caller's state as it was.
+    # from a random_state they are given (arch only warns that it is deprecated): seed the global one for the
+    # call, and leave the caller's state as it was.
     saved = np.random.get_state()
     np.random.seed(0)
     try:
-        point, interval = library.get_interval_estimates(
-            {"x": scores}, func, reps=reps, random_state=np.random.RandomState(0)
-        )
+        point, interval = library.get_interval_estimates({"x": scores}, func, reps=reps)
     finally:
         np.random.set_state(saved)
     return np.asarray(point["x"]), np.asarray(interval["x"][0]), np.asarray(interval["x"][1])
