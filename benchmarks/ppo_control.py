@@ -107,6 +107,10 @@ ABLATIONS = {
         "async-default",
         [*_SB3_DEFAULTS, "--set", "value_loss_coef=1.0", "--set", "envs_per_actor=1"],
     ),
+    # The same with `default`'s normalised observations, with one env per actor and with 8: which of raw
+    # observations and the layout keeps Hopper's gait, and whether the statistics give back Walker2d and HalfCheetah.
+    "async-default-sb3norm-1env": ("async-default-sb3-1env", ["--set", "obs_normalization=true"]),
+    "async-default-sb3norm": ("async-default-sb3norm-1env", ["--set", "envs_per_actor=8"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
