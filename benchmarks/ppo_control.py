@@ -111,6 +111,15 @@ ABLATIONS = {
     # observations and the layout keeps Hopper's gait, and whether the statistics give back Walker2d and HalfCheetah.
     "async-default-sb3norm-1env": ("async-default-sb3-1env", ["--set", "obs_normalization=true"]),
     "async-default-sb3norm": ("async-default-sb3norm-1env", ["--set", "envs_per_actor=8"]),
+    # SB3's optimisation settings on `default` (one Adam, ε 1e-5, over policy + SB3's value weight, advantages per
+    # minibatch, orthogonal initialisation), keeping its normalised observations and annealed learning rate.
+    "async-default-sb3opt": (
+        "async-default",
+        [
+            *("--set", "shared_optimizer=true", "--set", "adam_epsilon=1e-5", "--set", "advantage_norm=minibatch"),
+            *("--set", "init=orthogonal", "--set", "value_loss_coef=1.0"),
+        ],
+    ),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),

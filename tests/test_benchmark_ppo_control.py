@@ -132,3 +132,28 @@ def test_the_sb3_peer_takes_the_cleanrl_preset():
     assert (one["n_envs"], one["n_steps"], one["batch_size"]) == (1, 2048, 64)
     with pytest.raises(ValueError, match="does not divide"):
         sb3_peer.ppo_kwargs("Hopper-v5", 3)
+
+
+def test_every_rlfleet_variant_resolves_to_valid_settings():
+    """A misspelt or mistyped `--set` in a variant would only fail once its runs start; each variant's preset and
+    overrides must build a PPO config, and the later of two `--set`s of one key wins (as on the command line)."""
+    from rlfleet.algorithms.settings import make_algo_config
+    from rlfleet.deploy.cli import parse_override
+
+    resolved = {}
+    for name, (algo, args) in ppo_control.VARIANTS.items():
+        if algo != "ppo":
+            continue
+        preset, overrides = "default", {}
+        for flag, value in zip(args[::2], args[1::2]):
+            assert flag in ("--config", "--set"), f"{name}: {flag} is not an rlfleet up option the variant may use"
+            if flag == "--config":
+                preset = value
+            else:
+                key, parsed = parse_override(value)
+                overrides[key] = parsed
+        resolved[name] = make_algo_config("ppo", preset, "Hopper-v5", overrides)
+    assert resolved["sync-cleanrl"].synchronous and not resolved["async-cleanrl"].synchronous
+    norm = resolved["async-default-sb3norm"]  # raw observations and one env, then both set back
+    assert norm.obs_normalization and norm.envs_per_actor == 8 and norm.lr_schedule == "constant"
+    assert resolved["async-default-sb3-1env"].envs_per_actor == 1
