@@ -107,12 +107,8 @@ ABLATIONS = {
         "async-default",
         [*_SB3_DEFAULTS, "--set", "value_loss_coef=1.0", "--set", "envs_per_actor=1"],
     ),
-    # The same with `default`'s normalised observations, with one env per actor and with 8: which of raw
-    # observations and the layout keeps Hopper's gait, and whether the statistics give back Walker2d and HalfCheetah.
-    "async-default-sb3norm-1env": ("async-default-sb3-1env", ["--set", "obs_normalization=true"]),
-    "async-default-sb3norm": ("async-default-sb3norm-1env", ["--set", "envs_per_actor=8"]),
     # SB3's optimisation settings on `default` (one Adam, ε 1e-5, over policy + SB3's value weight, advantages per
-    # minibatch, orthogonal initialisation), keeping its normalised observations and annealed learning rate.
+    # minibatch, orthogonal initialisation), keeping its observations (normalised, raw on Ant-v5) and annealed rate.
     "async-default-sb3opt": (
         "async-default",
         [
@@ -120,6 +116,10 @@ ABLATIONS = {
             *("--set", "init=orthogonal", "--set", "value_loss_coef=1.0"),
         ],
     ),
+    # With SB3's constant rate as well (SB3's settings but `default`'s observations), with 8 envs per actor and
+    # with one: set against async-default-sb3-1env, which of raw observations and the layout keeps Hopper's gait.
+    "async-default-sb3norm": ("async-default-sb3opt", ["--set", "lr_schedule=constant"]),
+    "async-default-sb3norm-1env": ("async-default-sb3norm", ["--set", "envs_per_actor=1"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
