@@ -60,11 +60,14 @@ VARIANTS = {
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
 }
-# Where Stable-Baselines3's PPO defaults differ from the `default` preset (its value weight aside: see `-vf1`).
-_SB3_DEFAULTS = [
-    *("--set", "shared_optimizer=true", "--set", "obs_normalization=false", "--set", "adam_epsilon=1e-5"),
-    *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal", "--set", "lr_schedule=constant"),
+# Where Stable-Baselines3's PPO defaults differ from the `default` preset (its value weight aside: see `-vf1`):
+# its optimisation (one Adam with ε 1e-5 over the summed loss, advantages per minibatch, orthogonal initialisation),
+# raw observations and a constant learning rate.
+_SB3_OPTIMISATION = [
+    *("--set", "shared_optimizer=true", "--set", "adam_epsilon=1e-5"),
+    *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal"),
 ]
+_SB3_DEFAULTS = [*_SB3_OPTIMISATION, "--set", "obs_normalization=false", "--set", "lr_schedule=constant"]
 # name -> (the variant it starts from, the difference): which of the cleanrl preset's details, or of the default
 # preset's against them or Stable-Baselines3's, costs what per env step.
 ABLATIONS = {
@@ -109,13 +112,7 @@ ABLATIONS = {
     ),
     # SB3's optimisation settings on `default` (one Adam, ε 1e-5, over policy + SB3's value weight, advantages per
     # minibatch, orthogonal initialisation), keeping its observations (normalised, raw on Ant-v5) and annealed rate.
-    "async-default-sb3opt": (
-        "async-default",
-        [
-            *("--set", "shared_optimizer=true", "--set", "adam_epsilon=1e-5", "--set", "advantage_norm=minibatch"),
-            *("--set", "init=orthogonal", "--set", "value_loss_coef=1.0"),
-        ],
-    ),
+    "async-default-sb3opt": ("async-default", [*_SB3_OPTIMISATION, "--set", "value_loss_coef=1.0"]),
     # With SB3's constant rate as well (SB3's settings but `default`'s observations), with 8 envs per actor and
     # with one: set against async-default-sb3-1env, which of raw observations and the layout keeps Hopper's gait.
     "async-default-sb3norm": ("async-default-sb3opt", ["--set", "lr_schedule=constant"]),
