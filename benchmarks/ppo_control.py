@@ -18,7 +18,10 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
   or a named group of them (sync-default-sb3), run when named with --variants.
 
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
-continues with --resume). `report` prints, per env and variant, the final evaluation return of each seed, their
+continues with --resume). With --records each finished run leaves a record (its summary, evaluations and the
+diagnostics on the grid, tens of KB: `report.save_record`) in RECORDS/VARIANT/ENV-sSEED.json, and a run with a record
+of its budget is not run again, so a benchmark goes on over several sessions from its records alone.
+`report` prints, per env and variant, the final evaluation return of each seed, their
 IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
 the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs; the IQM
 learning curve on a grid of `GRID` env steps with its CI band, and at how many points the control's curve lies
@@ -29,6 +32,7 @@ Usage (`pip install -e ".[cpu,report,bench]"`; peers need the machine to themsel
     python benchmarks/ppo_control.py run --envs Hopper-v5 --seeds 0 1 2 3 4 --total-steps 300000 --out runs/ppo-control
     python benchmarks/ppo_control.py report runs/ppo-control --json benchmarks/results/ppo-control.json \
         --plots benchmarks/results
+    python benchmarks/ppo_control.py run ... --records benchmarks/results/ppo-runs  # and report --records ...
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import os
 import numpy as np
 
 # benchmarks/report.py (this script's folder is on sys.path)
-from report import MIN_COMPARED_RUNS, compare_with_ci, iqm_with_ci, load_runs
+from report import MIN_COMPARED_RUNS, compare_with_ci, iqm_with_ci, load_runs, save_record
 from suite import run_one
 
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
@@ -180,14 +184,49 @@ def curve(run: dict, budget: int) -> list[float | None]:
 
 
 def variant_of(run_dir: str) -> str:
+    """The variant of a run directory OUT/VARIANT/ENV-sSEED, or of a record RECORDS/VARIANT/ENV-sSEED.json."""
     return os.path.basename(os.path.dirname(run_dir.rstrip("/")))
 
 
-def report(out: str, budget: int | None = None, control: str = CONTROL) -> dict:
+def record_path(records: str, logdir: str) -> str:
+    """Where the record of the run directory OUT/VARIANT/ENV-sSEED goes: RECORDS/VARIANT/ENV-sSEED.json."""
+    return os.path.join(records, variant_of(logdir), os.path.basename(logdir.rstrip("/")) + ".json")
+
+
+def finished(summary: dict, budget: int) -> bool:
+    """Whether a run's summary says it completed a budget of at least `budget` env steps."""
+    return bool(summary.get("completed", True)) and summary["env_steps"] >= budget
+
+
+def recorded(records: str | None, logdir: str, budget: int) -> bool:
+    """Whether RECORDS holds a record of the run in `logdir` that finished `budget` env steps."""
+    if not records or not os.path.exists(record_path(records, logdir)):
+        return False
+    (run,) = load_runs([record_path(records, logdir)])
+    return finished(run["summary"], budget)
+
+
+def keep_record(logdir: str, records: str, command: list[str]) -> None:
+    """Writes the record of the finished run in `logdir` (summary, evaluations with their own env steps, and the
+    `CURVE_METRICS` on the GRID): `report` reads the same curves, finals and diagnostics from it."""
+    (run,) = load_runs([logdir])
+    save_record(run, record_path(records, logdir), row_fields=CURVE_METRICS, grid=GRID, command=command)
+
+
+def report(out: str | None, budget: int | None = None, control: str = CONTROL, records: str | None = None) -> dict:
     """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
-    each variant set against `control` (the synchronous control unless another variant is named)."""
-    dirs = [os.path.dirname(p) for p in sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json")))]
-    runs = [r for r in load_runs(dirs) if r["summary"].get("completed", True)]
+    each variant set against `control` (the synchronous control unless another variant is named). Reads the run
+    directories OUT/VARIANT/ENV-sSEED and the records RECORDS/VARIANT/ENV-sSEED.json; a run directory stands in for
+    its own record."""
+    found = {}
+    if records:
+        for p in sorted(glob.glob(os.path.join(glob.escape(records), "*", "*.json"))):
+            found[(variant_of(p), os.path.basename(p)[: -len(".json")])] = p
+    if out:
+        for p in sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json"))):
+            d = os.path.dirname(p)
+            found[(variant_of(d), os.path.basename(d))] = d
+    runs = [r for r in load_runs([found[k] for k in sorted(found)]) if r["summary"].get("completed", True)]
     groups = collections.defaultdict(list)
     for r in runs:
         groups[(r["summary"]["env_id"], variant_of(r["dir"]))].append(r)
@@ -339,8 +378,10 @@ def main() -> None:
         help="OMP_NUM_THREADS for the peer's torch (0: its default); 1 keeps it from spinning when another "
         "process shares the cores",
     )
-    rep = sub.add_parser("report", help="print the report of the runs under a folder")
-    rep.add_argument("out", help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)")
+    rep = sub.add_parser("report", help="print the report of the runs under a folder, or of their records")
+    rep.add_argument(
+        "out", nargs="?", default=None, help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)"
+    )
     rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
     for q in (r, rep):
         q.add_argument(
@@ -349,28 +390,41 @@ def main() -> None:
             choices=list(VARIANTS),
             help=f"the variant every other one is set against (default: {CONTROL}, the synchronous control)",
         )
+        q.add_argument(
+            "--records",
+            default=None,
+            help="folder of run records (VARIANT/ENV-sSEED.json, tens of KB each): `run` writes one per finished run "
+            "and does not run again one recorded at its budget; the report reads them beside the run directories",
+        )
         q.add_argument("--json", default=None, help="write the report as JSON here")
         q.add_argument("--plots", default=None, help="write the PNGs into this folder")
     args = p.parse_args()
+    if not (args.out or args.records):
+        p.error("report needs a folder of run directories or --records (a folder of run records)")
     if args.cmd == "run":
         for seed in args.seeds:  # seeds outermost: an interrupted run leaves every variant with as many seeds
             for env in args.envs:
                 for variant in args.variants:
                     algo, extra = VARIANTS[variant]
                     logdir = os.path.join(args.out, variant, f"{env}-s{seed}")
-                    if not algo.startswith("sb3-"):
-                        run_one(algo, env, seed, args.total_steps, logdir, extra)
+                    if recorded(args.records, logdir, args.total_steps):
+                        print(f"# {logdir}: finished earlier, kept in {record_path(args.records, logdir)}", flush=True)
                         continue
+                    if algo.startswith("sb3-"):
+                        extra = [*extra, "--eval-every", str(GRID)]
                     threads = os.environ.get("OMP_NUM_THREADS")
-                    if args.peer_threads:
+                    if algo.startswith("sb3-") and args.peer_threads:
                         os.environ["OMP_NUM_THREADS"] = str(args.peer_threads)
                     try:
-                        run_one(algo, env, seed, args.total_steps, logdir, [*extra, "--eval-every", str(GRID)])
+                        run_one(algo, env, seed, args.total_steps, logdir, extra)
                     finally:
                         os.environ.pop("OMP_NUM_THREADS", None)
                         if threads is not None:
                             os.environ["OMP_NUM_THREADS"] = threads
-    result = report(args.out, getattr(args, "budget", None), args.control)
+                    if args.records:
+                        command = ["--variants", variant, "--envs", env, "--seeds", str(seed)]
+                        keep_record(logdir, args.records, ["run", *command, "--total-steps", str(args.total_steps)])
+    result = report(args.out, getattr(args, "budget", None), args.control, args.records)
     print_report(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

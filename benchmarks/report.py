@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from rlfleet.deploy.files import atomic_write
 from rlfleet.deploy.runs_report import (  # noqa: F401  (the benchmarks import them from here too)
     MIN_COMPARED_RUNS,
     compare_with_ci,
@@ -93,25 +94,41 @@ def record_path(records: str, run_dir: str) -> str:
     return os.path.join(records, run_name(run_dir) + ".json")
 
 
-def save_record(run: dict, path: str, **extra) -> None:
-    """Writes a run record to `path`: the run's summary.json and one metrics row per evaluation (env steps,
-    learner steps, evaluation return; `eval_points`), plus `extra` fields (e.g. the command); the other fields
-    of a run read from a record, and of a record already at `path`, are kept unless given again. A record is
+def save_record(run: dict, path: str, row_fields: tuple[str, ...] = (), grid: int | None = None, **extra) -> None:
+    """Writes a run record to `path`, atomically: the run's summary.json and one metrics row per evaluation (env
+    steps, learner steps, evaluation return and, where the row has them, the evaluation's own env steps;
+    `eval_points`), plus `extra` fields (e.g. the command); the other
+    fields of a run read from a record, and of a record already at `path`, are kept unless given again. A record is
     a few KB and stands in for its run directory in `load_runs`, so results outlive the run directories
-    (checkpoints and replay of a long Atari run are GBs and not kept)."""
+    (checkpoints and replay of a long Atari run are GBs and not kept).
+
+    `row_fields` are other metrics to keep (e.g. training diagnostics): on the evaluation rows, and, with `grid`
+    (env steps), on each field's latest row at or before every multiple of `grid`, so that a metric read on that
+    grid (each run's latest value at or before a point) reads the same from the record as from the run."""
     kept = {}
     if os.path.exists(path):
         with open(path) as f:
             kept = {k: v for k, v in json.load(f).items() if k not in ("run", "summary", "rows")}
     kept.update(run.get("extra", {}))
     kept.update(extra)
-    rows = [
-        dict(env_steps=r["env_steps"], learner_steps=r.get("learner_steps"), eval_return_mean=r["eval_return_mean"])
-        for r in eval_rows(run["rows"])
-    ]
+    rows = run["rows"]
+    chosen = {id(r) for r in eval_rows(rows)}
+    if grid and rows:
+        for point in range(grid, rows[-1]["env_steps"] + grid, grid):
+            for name in row_fields:
+                seen = [r for r in rows if r["env_steps"] <= point and r.get(name) is not None]
+                if seen:
+                    chosen.add(id(seen[-1]))
+    out = []
+    for r in rows:
+        if id(r) in chosen:
+            row = dict(env_steps=r["env_steps"], learner_steps=r.get("learner_steps"))
+            row.update({k: r[k] for k in ("eval_return_mean", "eval_env_steps", *row_fields) if r.get(k) is not None})
+            out.append(row)
+    head = json.dumps(dict(run=run_name(run["dir"]), **kept, summary=run["summary"]), indent=1)
+    rows = ",\n".join("  " + json.dumps(r) for r in out)  # one row a line
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(dict(run=run_name(run["dir"]), **kept, summary=run["summary"], rows=rows), f, indent=1)
+    atomic_write(path, head[: -len("\n}")] + f',\n "rows": [\n{rows}\n ]\n}}\n')
 
 
 def run_score(run: dict, at_env_steps: int | None = None, budget: int | None = None) -> float:

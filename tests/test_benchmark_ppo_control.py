@@ -4,6 +4,7 @@ and the SB3 peer's mapping of the cleanrl preset (benchmarks/sb3_peer.py), witho
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -181,3 +182,46 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
     }
     # Ant-v5's raw observations (its per-env override) hold under the ablations that do not set them.
     assert not resolve("async-default-sb3opt", "Ant-v5").obs_normalization
+
+
+@pytest.mark.slow
+def test_records_report_as_their_run_directories_and_are_not_run_again(tmp_path):
+    """A run's record (summary, evaluations, diagnostics on the grid) gives the report its run directory gives, and
+    `run --records` trains none of the runs recorded at its budget: a benchmark goes on from its records alone."""
+    out, records = tmp_path / "runs", str(tmp_path / "records")
+    for seed in range(3):
+        _write_run(str(out / "sync-cleanrl" / f"Hopper-v5-s{seed}"), [10, 400 + seed, 400 + seed], final=30, seed=seed)
+        peer = [90 + 10 * seed, 190 + 10 * seed, 250]
+        _write_run(str(out / "sb3-cleanrl" / f"Hopper-v5-s{seed}"), peer, final=29 + seed, eval_env_steps=False)
+    for d in sorted(out.glob("*/*")):
+        ppo_control.keep_record(str(d), records, ["run", "..."])
+    with open(os.path.join(records, "sync-cleanrl", "Hopper-v5-s1.json")) as f:
+        saved = json.load(f)
+    assert saved["run"] == "Hopper-v5-s1" and saved["command"] == ["run", "..."]
+    # Only the rows the report reads: each evaluation's first row and each grid point's latest diagnostics.
+    assert len(saved["rows"]) < 2 * 3 and {"eval_env_steps", "approx_kl"} <= set(saved["rows"][0])
+
+    def without_paths(result):
+        return {
+            env: {v: {k: x for k, x in r.items() if k != "dirs"} for v, r in vs.items()} for env, vs in result.items()
+        }
+
+    from_dirs = ppo_control.report(str(out))
+    assert from_dirs["Hopper-v5"]["sync-cleanrl"]["diagnostics"]["approx_kl"]
+    assert without_paths(ppo_control.report(None, records=records)) == without_paths(from_dirs)
+    # A run directory stands in for its own record; records fill in the runs whose directories are gone.
+    shutil.rmtree(out / "sb3-cleanrl")
+    assert without_paths(ppo_control.report(str(out), records=records)) == without_paths(from_dirs)
+
+    budget = 4 * GRID  # each run's env steps (summary.json)
+    assert ppo_control.recorded(records, str(out / "sb3-cleanrl" / "Hopper-v5-s0"), budget)
+    assert not ppo_control.recorded(records, str(out / "sb3-cleanrl" / "Hopper-v5-s0"), budget + 1)
+    assert not ppo_control.recorded(records, str(out / "sb3-cleanrl" / "Hopper-v5-s3"), budget)
+    fresh = tmp_path / "fresh"
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "ppo_control.py"), "run", "--envs", "Hopper-v5"]
+    cmd += ["--seeds", "0", "1", "2", "--variants", "sync-cleanrl", "sb3-cleanrl", "--total-steps", str(budget)]
+    cmd += ["--out", str(fresh), "--records", records]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("finished earlier, kept in") == 6 and not fresh.exists()
+    assert "IQM curve inside sb3-cleanrl's 95% band" in done.stdout
