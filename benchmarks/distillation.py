@@ -88,7 +88,7 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
         agent = make_agent(spec, config, seed, teacher=teacher_dir, teacher_replay=f"localhost:{server.port}")
         agent.on_start()  # R_T and the random policy's return, as a QDagger run measures them
         batches = agent.samples("")
-        evals, start = [], time.time()
+        evals, start = [], time.monotonic()
         for step in range(1, steps + 1):
             result = agent.consume(next(batches), 0, 0)
             for name in ("td_loss", "distillation_loss"):
@@ -97,7 +97,7 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
             if step % every == 0:
                 first = evaluation_seed(seed) + (step // every) * episodes
                 evals.append((step, float(np.mean(agent.evaluate(episodes, first)))))
-        seconds = time.time() - start
+        seconds = time.monotonic() - start
     finally:
         if batches is not None:
             batches.close()  # the Reverb dataset before its server

@@ -164,13 +164,13 @@ def costs(env_id: str, seconds: float) -> dict:
             t = server.cpu_times()
             return t.user + t.system
 
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while True:  # wait for the server before timing anything (its start-up takes the same cores)
             try:
                 reverb.Client(address).server_info(timeout=2)
                 break
             except Exception:
-                if time.time() > deadline or replay.poll() is not None:
+                if time.monotonic() > deadline or replay.poll() is not None:
                     raise RuntimeError(f"the replay server did not start on {address}") from None
                 time.sleep(0.5)
         step, close = actor_loop(env_id, cfg, None, rng)

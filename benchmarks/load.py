@@ -96,9 +96,9 @@ class _Sampler(threading.Thread):
         self.proc.cpu_percent()
 
     def run(self):
-        t0 = time.time()
+        t0 = time.monotonic()
         while not self.stop.wait(5.0):
-            self.rows.append((time.time() - t0, self.proc.cpu_percent(), self.proc.memory_info().rss / 2**20))
+            self.rows.append((time.monotonic() - t0, self.proc.cpu_percent(), self.proc.memory_info().rss / 2**20))
 
 
 def _simulated(

@@ -167,12 +167,13 @@ def main() -> None:
     import numpy as np
 
     from rlfleet.actors.envs import quiet_settotalmass_warning
+    from rlfleet.deploy.files import atomic_write
 
     quiet_settotalmass_warning()
 
     os.makedirs(args.logdir, exist_ok=True)
     metrics = open(os.path.join(args.logdir, "metrics.jsonl"), "w")
-    clock = dict(eval=0.0, start=time.time())
+    clock = dict(eval=0.0, start=time.monotonic())
 
     class Evaluations(BaseCallback):
         def __init__(self):
@@ -194,15 +195,15 @@ def main() -> None:
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += args.eval_every
-                t0 = time.time()
+                t0 = time.monotonic()
                 returns = evaluate(self.model, args.env, args.eval_episodes, 10_000 + args.seed, normalizer)
-                clock["eval"] += time.time() - t0
+                clock["eval"] += time.monotonic() - t0
                 metrics.write(
                     json.dumps(
                         dict(
                             env_steps=self.num_timesteps,
                             eval_return_mean=float(np.mean(returns)),
-                            wall_seconds=time.time() - clock["start"] - clock["eval"],
+                            wall_seconds=time.monotonic() - clock["start"] - clock["eval"],
                         )
                     )
                     + "\n"
@@ -232,7 +233,7 @@ def main() -> None:
             f"{k}={'linear anneal' if callable(v) else v}" for k, v in kwargs.items()
         )
     model.learn(total_timesteps=args.total_steps, callback=Evaluations())
-    train_seconds = time.time() - clock["start"] - clock["eval"]
+    train_seconds = time.monotonic() - clock["start"] - clock["eval"]
     returns = evaluate(model, args.env, args.eval_episodes, 10_000 + args.seed, normalizer)
     metrics.write(
         json.dumps(
@@ -254,8 +255,7 @@ def main() -> None:
         final_eval_returns=returns,
         config=config,
     )
-    with open(os.path.join(args.logdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    atomic_write(os.path.join(args.logdir, "summary.json"), json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "final_eval_returns"}))
 
 

@@ -56,18 +56,18 @@ def main() -> None:
         procs = {role: psutil.Process(p.pid) for role, p in zip(roles, cluster.procs)}
         stub = rlfleet_pb2_grpc.LearnerStub(channel(cluster.learner_address))
         latencies, memory, minutes = [], [], []
-        stalls = {k: dict(value=-1, since=time.time(), longest=0.0) for k in ("inserts", "samples")}
-        start = time.time()
+        stalls = {k: dict(value=-1, since=time.monotonic(), longest=0.0) for k in ("inserts", "samples")}
+        start = time.monotonic()
         next_mem = next_minute = start
         last = None
-        while time.time() - start < args.minutes * 60:
+        while time.monotonic() - start < args.minutes * 60:
             t0 = time.perf_counter()
             try:
                 st = stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=10)
             except grpc.RpcError as e:
                 raise SystemExit(f"GetStatus failed: {e.code().name} {e.details()}") from e
             latencies.append(time.perf_counter() - t0)
-            now = time.time()
+            now = time.monotonic()
             table = next((t for t in st.replay if t.table == "dqn_replay"), None)
             for k, s in stalls.items():
                 value = getattr(table, k) if table else s["value"]
@@ -101,7 +101,7 @@ def main() -> None:
                     )
                 minutes.append(row)
                 last = row
-            time.sleep(max(0.0, 0.5 - (time.time() - now)))
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - now)))
 
     lat_ms = np.array(latencies) * 1000
     steady = [m for m in memory if m["t"] >= args.steady_after * 60]

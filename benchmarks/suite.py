@@ -111,7 +111,8 @@ def load(dirs: list[str]) -> list[dict]:
     found = sorted(
         os.path.dirname(s)
         for d in dirs
-        for s in glob.glob(os.path.join(d, "summary.json")) + glob.glob(os.path.join(d, "*", "summary.json"))
+        for s in glob.glob(os.path.join(glob.escape(d), "summary.json"))
+        + glob.glob(os.path.join(glob.escape(d), "*", "summary.json"))
     )
     return [r for r in load_runs(found) if r["summary"].get("completed", True)]
 
@@ -263,7 +264,7 @@ def main() -> None:
     if args.cmd == "run":
         for env in args.envs:
             for seed in args.seeds:
-                start = time.time()
+                start = time.monotonic()
                 run_one(
                     args.algo,
                     env,
@@ -272,7 +273,7 @@ def main() -> None:
                     os.path.join(args.out, f"{env.replace('/', '-')}-s{seed}"),
                     args.extra,
                 )
-                print(f"# {env} seed {seed}: {time.time() - start:.0f} s", flush=True)
+                print(f"# {env} seed {seed}: {time.monotonic() - start:.0f} s", flush=True)
     runs = load(dirs)
     result = report(runs)
     print_report(result)

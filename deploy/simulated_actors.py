@@ -27,6 +27,7 @@ import time
 import grpc
 
 from rlfleet.actors.heartbeats import HEARTBEAT_S
+from rlfleet.deploy.files import atomic_write
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.arrays import GRPC_OPTIONS
 
@@ -36,10 +37,11 @@ _OPTIONS = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
 async def simulated_actor(address: str, index: int, until: float, stop: asyncio.Event, timeout_s: float = 30.0) -> dict:
-    """One simulated actor against the learner at `address` until Unix time `until` or `stop`; returns its
-    stats {"actor_id", "register_s", "heartbeat_s": [seconds], "versions": [[version, published_at,
-    received_at]] (after the first message), "opened_at" (first message), "closed_at", "errors": [str]}
-    (times in Unix seconds)."""
+    """One simulated actor against the learner at `address` until `until` (a `time.monotonic()` deadline) or
+    `stop`; returns its stats {"actor_id", "register_s", "heartbeat_s": [seconds], "versions": [[version,
+    published_at, received_at]] (after the first message), "opened_at" (first message), "closed_at", "errors":
+    [str]} (published_at, received_at, opened_at and closed_at in Unix seconds, to compare with the learner's
+    `published_at`; register_s and heartbeat_s are durations measured with the monotonic clock)."""
     await asyncio.sleep(random.random() * HEARTBEAT_S)  # actors start at different times
     async with grpc.aio.insecure_channel(address, options=_OPTIONS) as ch:
         actor = _SimulatedActor(rlfleet_pb2_grpc.LearnerStub(ch), index, stop, timeout_s)
@@ -59,7 +61,7 @@ class _SimulatedActor:
         self.beats = None  # the Heartbeats stream (opened again after a failure)
 
     async def register(self) -> bool:
-        t0 = time.time()
+        t0 = time.monotonic()
         try:
             resp = await self.stub.RegisterActor(
                 rlfleet_pb2.RegisterActorRequest(host=f"simulated-{self.index}", actor_name="simulated"),
@@ -69,7 +71,7 @@ class _SimulatedActor:
         except grpc.aio.AioRpcError as e:
             self.stats["errors"].append(f"register: {e.code().name}")
             return False
-        self.stats["register_s"] = time.time() - t0
+        self.stats["register_s"] = time.monotonic() - t0
         self.stats["actor_id"] = resp.actor_id
         return True
 
@@ -89,7 +91,7 @@ class _SimulatedActor:
 
     async def beat(self, leaving: bool = False) -> bool:
         """One heartbeat on the Heartbeats stream (opened again after a failure); returns the learner's stop."""
-        t = time.time()
+        t = time.monotonic()
         request = rlfleet_pb2.HeartbeatRequest(
             actor_id=self.stats["actor_id"], host=f"simulated-{self.index}", leaving=leaving
         )
@@ -101,7 +103,7 @@ class _SimulatedActor:
                 r = await self.beats.read()
             if r is grpc.aio.EOF:
                 raise ConnectionError("the heartbeat stream ended before the reply")
-            self.stats["heartbeat_s"].append(time.time() - t)
+            self.stats["heartbeat_s"].append(time.monotonic() - t)
             return r.stop
         except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as e:
             self.stats["errors"].append(f"heartbeat: {e.code().name if hasattr(e, 'code') else type(e).__name__}")
@@ -111,10 +113,10 @@ class _SimulatedActor:
             return False
 
     async def live(self, until: float) -> None:
-        """Streams weights and heartbeats every `HEARTBEAT_S` until `until`, `stop` or the learner's stop; then a
-        last heartbeat with `leaving` set."""
+        """Streams weights and heartbeats every `HEARTBEAT_S` until `until` (a `time.monotonic()` deadline),
+        `stop` or the learner's stop; then a last heartbeat with `leaving` set."""
         stream = asyncio.create_task(self.weights())
-        while time.time() < until and not self.stop.is_set():
+        while time.monotonic() < until and not self.stop.is_set():
             try:
                 await asyncio.wait_for(self.stop.wait(), HEARTBEAT_S)
             except asyncio.TimeoutError:
@@ -139,13 +141,14 @@ async def _watch_loop(
     stalls: list, stop: asyncio.Event, period_s: float = _STALL_PERIOD_S, threshold_s: float = 0.25
 ) -> None:
     """Appends [Unix time, seconds] to `stalls` whenever this process's event loop ran more than `threshold_s`
-    late: the client's own delays, which its heartbeat and fan-out times then include."""
+    late: the client's own delays, which its heartbeat and fan-out times then include. The lateness is measured
+    with the monotonic clock; the Unix time (when the late sleep began) is kept to compare with `published_at`."""
     while not stop.is_set():
-        t = time.time()
+        stamp, t = time.time(), time.monotonic()
         await asyncio.sleep(period_s)
-        late = time.time() - t - period_s
+        late = time.monotonic() - t - period_s
         if late > threshold_s:
-            stalls.append([t, round(late, 3)])
+            stalls.append([stamp, round(late, 3)])
 
 
 async def run(address: str, actors: int, seconds: float, first_index: int = 0) -> dict:
@@ -155,7 +158,7 @@ async def run(address: str, actors: int, seconds: float, first_index: int = 0) -
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    until = time.time() + seconds
+    until = time.monotonic() + seconds
     stalls: list = []
     watch = asyncio.create_task(_watch_loop(stalls, stop))
     stats = await asyncio.gather(*(simulated_actor(address, first_index + i, until, stop) for i in range(actors)))
@@ -220,8 +223,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="stats JSON file to write")
     a = p.parse_args(argv)
     stats = asyncio.run(run(a.learner, a.actors, a.seconds, a.first_index))
-    with open(a.out, "w") as f:
-        json.dump(stats, f)
+    atomic_write(a.out, json.dumps(stats))
 
 
 if __name__ == "__main__":

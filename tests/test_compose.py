@@ -228,9 +228,9 @@ def test_compose_commands_run_locally(procs, tmp_path, free_port):
 
     others = {"replay": replay, **{f"actor{i}": a for i, a in enumerate(actors)}}
     exited = {}  # when each of the others exited, seen while the learner runs
-    deadline = time.time() + 360
+    deadline = time.monotonic() + 360
     while learner.proc.poll() is None:
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             pytest.fail(f"learner did not finish within 360 s:\n{learner.output()[-3000:]}")
         exited.update({n: time.time() for n, c in others.items() if n not in exited and c.proc.poll() is not None})
         time.sleep(0.1)

@@ -34,10 +34,10 @@ class Log:
     """Timestamped progress lines (shown by pytest when the test fails)."""
 
     def __init__(self):
-        self.t0 = time.time()
+        self.t0 = time.monotonic()
 
     def __call__(self, msg: str) -> None:
-        print(f"[{time.time() - self.t0:6.1f}s] {msg}", flush=True)
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +153,12 @@ def test_compose_cluster_under_docker(tmp_path, image):
         _wait_exec(cluster, cluster_files, env, f"test -f /runs/{RUN}/checkpoints/checkpoint", 120)
         st = status()
         env_steps_before = st["env_steps"]
-        killed_at = time.time()
+        killed_at = time.monotonic()
         # kill -9 -1: every process of the container's user but the container's init (tini) and the caller
         _run(DOCKER, "exec", learner_id, "sh", "-c", "kill -9 -1", check=False)
         log(f"learner process killed at env steps {env_steps_before}")
         st = wait_status(
-            lambda s: s["uptime_seconds"] < time.time() - killed_at and len(s["actors"]) == 3, 240, "learner back"
+            lambda s: s["uptime_seconds"] < time.monotonic() - killed_at and len(s["actors"]) == 3, 240, "learner back"
         )
         log(f"learner back, env steps {st['env_steps']}, {len(st['actors'])} actors")
         assert st["env_steps"] >= env_steps_before, (st["env_steps"], env_steps_before)
@@ -179,13 +179,13 @@ def test_compose_cluster_under_docker(tmp_path, image):
         assert res.stdout.strip() == "0", _run(DOCKER, "logs", "--tail", "60", learner_id, check=False).stderr
         log("learner exited 0")
         everything = container(cluster, "replay") + container(cluster, "actor") + container(machine, "actor")
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while True:
             states = {
                 c: _run(DOCKER, "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
                 for c in everything
             }
-            if all(s[0] == "exited" for s in states.values()) or time.time() > deadline:
+            if all(s[0] == "exited" for s in states.values()) or time.monotonic() > deadline:
                 break
             time.sleep(2)
         assert all(s == ["exited", "0"] for s in states.values()), states
@@ -209,8 +209,8 @@ def test_compose_cluster_under_docker(tmp_path, image):
 
 def _wait_exec(project, files, env, command, timeout):
     """Waits until `command` (a shell line) succeeds inside the project's learner container."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         res = _run(
             COMPOSE, "-p", project, *files, "exec", "-T", "learner", "sh", "-c", command, env=env, check=False
         )  # fmt: skip

@@ -280,8 +280,8 @@ def test_the_base_runs_as_local_processes_to_a_finished_run(rendered, tmp_path):
             [actor] = actors_job["template"]["spec"]["containers"]
             for i in range(actors_job["parallelism"]):
                 procs[f"actor-{i}"] = start("actors", f"actor-{i}", actor)
-            deadline = time.time() + 300
-            while any(p.proc.poll() is None for p in procs.values()) and time.time() < deadline:
+            deadline = time.monotonic() + 300
+            while any(p.proc.poll() is None for p in procs.values()) and time.monotonic() < deadline:
                 time.sleep(0.5)
             codes = {name: p.proc.poll() for name, p in procs.items()}
             assert codes == dict.fromkeys(procs, 0), {n: (c, procs[n].output()[-2000:]) for n, c in codes.items()}

@@ -96,10 +96,10 @@ def test_sigterm_during_an_evaluation_stops_within_seconds(tmp_path, free_port):
         )
         time.sleep(2)
         tree = psutil.Process(up.pid).children(recursive=True)
-        t = time.time()
+        t = time.monotonic()
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 130
-        stopped_s = time.time() - t
+        stopped_s = time.monotonic() - t
     finally:
         _kill_tree([up, *tree])
         up.wait()
@@ -178,8 +178,8 @@ def test_replay_without_checkpoint_dir_leaves_no_temporary_folder(procs, free_po
 def _signal_burst(proc, seconds=2.0, gap_s=0.0002):
     """SIGTERMs `gap_s` apart for `seconds` or until `proc` exits (a parent's SIGTERM and its death signal
     together, Ctrl-C pressed again and again): many come while the process is handling an earlier one."""
-    deadline = time.time() + seconds
-    while time.time() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             os.kill(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
