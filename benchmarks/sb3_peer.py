@@ -12,6 +12,11 @@ an evaluation of `--eval-episodes` deterministic (mean-action) episodes every
 spent in evaluations is measured apart (`eval_seconds`), so the peer's wall-clock is
 never inflated by our measuring.
 
+`--normalize obs|reward|both` (with its defaults): SB3's own VecNormalize on its one env, its defaults (observations
+normalised by their running mean and std, rewards divided by the running std of the discounted return with SB3's
+default γ 0.99, both clipped to ±10), the rest SB3's PPO defaults; the evaluation normalises observations with the
+training statistics at that time.
+
 `--preset cleanrl`: SB3's PPO configured to rlfleet's `cleanrl` preset (CleanRL's `ppo_continuous_action.py`
 details) wherever SB3 has the setting (`ppo_kwargs`): VecNormalize (observations and rewards, both clipped to ±10,
 the return's γ), the same envs × steps per update, minibatch size and epochs, learning rate annealed linearly to 0,
@@ -150,6 +155,12 @@ def main() -> None:
     p.add_argument(
         "--n-envs", type=int, default=0, help="--preset cleanrl: envs the batch is split over (0: the preset's)"
     )
+    p.add_argument(
+        "--normalize",
+        choices=["none", "obs", "reward", "both"],
+        default="none",
+        help="PPO with its defaults: SB3's VecNormalize on the observations, the rewards or both (see above)",
+    )
     p.add_argument("--env", required=True, help="gymnasium id, e.g. Hopper-v5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--total-steps", type=int, required=True, help="env steps")
@@ -157,6 +168,8 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=50_000, help="env steps between evaluations")
     p.add_argument("--eval-episodes", type=int, default=10)
     args = p.parse_args()
+    if args.normalize != "none" and (args.algo != "ppo" or args.preset != "defaults"):
+        p.error("--normalize goes with PPO's defaults (the cleanrl preset normalises both already; DQN has none)")
 
     try:
         from stable_baselines3 import DQN, PPO
@@ -224,8 +237,18 @@ def main() -> None:
             f"{k}={'linear anneal' if callable(v) else v}" for k, v in {**vec_kwargs, **kwargs}.items()
         )
     elif args.algo == "ppo":
-        model = PPO("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0)
+        env = gym.make(args.env)
         config = "stable-baselines3 PPO defaults (MlpPolicy)"
+        if args.normalize != "none":  # the Monitor and DummyVecEnv PPO would wrap the env in, then VecNormalize
+            from stable_baselines3.common.monitor import Monitor
+            from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+            norm_obs, norm_reward = args.normalize in ("obs", "both"), args.normalize in ("reward", "both")
+            env = normalizer = VecNormalize(
+                DummyVecEnv([lambda: Monitor(env)]), norm_obs=norm_obs, norm_reward=norm_reward
+            )
+            config += f", VecNormalize(norm_obs={norm_obs}, norm_reward={norm_reward}) with its defaults"
+        model = PPO("MlpPolicy", env, seed=args.seed, verbose=0)
     else:
         kwargs = dqn_kwargs(args.env, args.total_steps)
         model = DQN("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0, **kwargs)
@@ -243,7 +266,7 @@ def main() -> None:
     )
     metrics.close()
     summary = dict(
-        algo=f"sb3-{args.algo}" + ("-cleanrl" if normalizer is not None else ""),
+        algo=f"sb3-{args.algo}" + ("-cleanrl" if args.algo == "ppo" and args.preset == "cleanrl" else ""),
         env_id=args.env,
         seed=args.seed,
         completed=True,

@@ -118,7 +118,7 @@ def test_a_comparison_repeats_and_leaves_numpys_generator_alone():
     assert compare_with_ci(x, y) == first  # the bootstrap CIs are the same every time
 
 
-def test_the_sb3_peer_takes_the_cleanrl_preset():
+def test_the_sb3_peer_takes_the_cleanrl_preset(tmp_path):
     from rlfleet.algorithms.settings import make_algo_config
 
     c = make_algo_config("ppo", "cleanrl", "Hopper-v5", {})
@@ -133,6 +133,15 @@ def test_the_sb3_peer_takes_the_cleanrl_preset():
     assert (one["n_envs"], one["n_steps"], one["batch_size"]) == (1, 2048, 64)
     with pytest.raises(ValueError, match="does not divide"):
         sb3_peer.ppo_kwargs("Hopper-v5", 3)
+    # VecNormalize on top of the cleanrl preset, which has it already, is refused before anything runs.
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "sb3_peer.py"), "--preset", "cleanrl", "--normalize", "obs"]
+    done = subprocess.run(
+        [*cmd, "--env", "Hopper-v5", "--total-steps", "10", "--logdir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "--normalize goes with PPO's defaults" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_every_rlfleet_variant_resolves_to_valid_settings():
