@@ -50,6 +50,8 @@ import numpy as np
 from report import MIN_COMPARED_RUNS, compare_with_ci, iqm_with_ci, load_runs, save_record
 from suite import run_one
 
+from rlfleet.deploy.files import atomic_write
+
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
 VARIANTS = {
     "sync-cleanrl": ("ppo", ["--config", "cleanrl", "--set", "synchronous=true"]),
@@ -193,7 +195,7 @@ def variant_of(run_dir: str) -> str:
     return os.path.basename(os.path.dirname(run_dir.rstrip("/")))
 
 
-def record_path(records: str, logdir: str) -> str:
+def variant_record_path(records: str, logdir: str) -> str:
     """Where the record of the run directory OUT/VARIANT/ENV-sSEED goes: RECORDS/VARIANT/ENV-sSEED.json."""
     return os.path.join(records, variant_of(logdir), os.path.basename(logdir.rstrip("/")) + ".json")
 
@@ -205,9 +207,9 @@ def finished(summary: dict, budget: int) -> bool:
 
 def recorded(records: str | None, logdir: str, budget: int) -> bool:
     """Whether RECORDS holds a record of the run in `logdir` that finished `budget` env steps."""
-    if not records or not os.path.exists(record_path(records, logdir)):
+    if not records or not os.path.exists(variant_record_path(records, logdir)):
         return False
-    (run,) = load_runs([record_path(records, logdir)])
+    (run,) = load_runs([variant_record_path(records, logdir)])
     return finished(run["summary"], budget)
 
 
@@ -215,7 +217,7 @@ def keep_record(logdir: str, records: str, command: list[str]) -> None:
     """Writes the record of the finished run in `logdir` (summary, evaluations with their own env steps, and the
     `CURVE_METRICS` on the GRID): `report` reads the same curves, finals and diagnostics from it."""
     (run,) = load_runs([logdir])
-    save_record(run, record_path(records, logdir), row_fields=CURVE_METRICS, grid=GRID, command=command)
+    save_record(run, variant_record_path(records, logdir), row_fields=CURVE_METRICS, grid=GRID, command=command)
 
 
 def report(out: str | None, budget: int | None = None, control: str = CONTROL, records: str | None = None) -> dict:
@@ -223,15 +225,17 @@ def report(out: str | None, budget: int | None = None, control: str = CONTROL, r
     each variant set against `control` (the synchronous control unless another variant is named). Reads the run
     directories OUT/VARIANT/ENV-sSEED and the records RECORDS/VARIANT/ENV-sSEED.json; a run directory stands in for
     its own record."""
-    found = {}
+    paths = []
     if records:
-        for p in sorted(glob.glob(os.path.join(glob.escape(records), "*", "*.json"))):
-            found[(variant_of(p), os.path.basename(p)[: -len(".json")])] = p
+        paths += sorted(glob.glob(os.path.join(glob.escape(records), "*", "*.json")))
     if out:
-        for p in sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json"))):
-            d = os.path.dirname(p)
-            found[(variant_of(d), os.path.basename(d))] = d
-    runs = [r for r in load_runs([found[k] for k in sorted(found)]) if r["summary"].get("completed", True)]
+        summaries = sorted(glob.glob(os.path.join(glob.escape(out), "*", "*", "summary.json")))
+        paths += [os.path.dirname(p) for p in summaries]
+    found = {}  # (variant, ENV-sSEED) -> the finished run; a directory (read last) in place of its record
+    for r in load_runs(paths):
+        if r["summary"].get("completed", True):
+            found[(variant_of(r["dir"]), os.path.basename(r["dir"]).removesuffix(".json"))] = r
+    runs = [found[k] for k in sorted(found)]
     groups = collections.defaultdict(list)
     for r in runs:
         groups[(r["summary"]["env_id"], variant_of(r["dir"]))].append(r)
@@ -411,9 +415,10 @@ def main() -> None:
             for env in args.envs:
                 for variant in args.variants:
                     algo, extra = VARIANTS[variant]
-                    logdir = os.path.join(args.out, variant, f"{env}-s{seed}")
+                    logdir = os.path.join(args.out, variant, f"{env.replace('/', '-')}-s{seed}")  # ALE/Pong-v5
                     if recorded(args.records, logdir, args.total_steps):
-                        print(f"# {logdir}: finished earlier, kept in {record_path(args.records, logdir)}", flush=True)
+                        kept = variant_record_path(args.records, logdir)
+                        print(f"# {logdir}: finished earlier, kept in {kept}", flush=True)
                         continue
                     if algo.startswith("sb3-"):
                         extra = [*extra, "--eval-every", str(GRID)]
@@ -433,8 +438,7 @@ def main() -> None:
     print_report(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        atomic_write(args.json, json.dumps(result, indent=1))
     if args.plots:
         print("\n".join(plot(result, args.plots)))
 

@@ -68,8 +68,7 @@ def load_runs(dirs: list[str]) -> list[dict]:
     runs = []
     for d in dirs:
         if d.endswith(".json"):
-            with open(d) as f:
-                record = json.load(f)
+            record = read_record(d)
             extra = {k: v for k, v in record.items() if k not in ("run", "summary", "rows")}
             runs.append(dict(dir=d, summary=record["summary"], rows=record["rows"], extra=extra))
             continue
@@ -81,6 +80,27 @@ def load_runs(dirs: list[str]) -> list[dict]:
                 rows = [json.loads(line) for line in f]
         runs.append(dict(dir=d, summary=summary, rows=rows))
     return runs
+
+
+def read_record(path: str) -> dict:
+    """A run record (`save_record`'s JSON file) as a dict with at least "summary" and "rows".
+
+    Raises:
+        FileNotFoundError: no such record.
+        ValueError: the file is not a readable record (damaged, cut short, or not a record); the message names it.
+    """
+    with open(path) as f:
+        text = f.read()
+    try:
+        record = json.loads(text)
+        if not (isinstance(record.get("summary"), dict) and isinstance(record.get("rows"), list)):
+            raise ValueError("no summary and rows")
+    except (ValueError, AttributeError) as e:
+        raise ValueError(
+            f"{path}: not a readable run record ({e}); restore it (git checkout -- FILE) or delete it to run that "
+            "run again"
+        ) from None
+    return record
 
 
 def run_name(path: str) -> str:
@@ -100,15 +120,14 @@ def save_record(run: dict, path: str, row_fields: tuple[str, ...] = (), grid: in
     `eval_points`), plus `extra` fields (e.g. the command); the other
     fields of a run read from a record, and of a record already at `path`, are kept unless given again. A record is
     a few KB and stands in for its run directory in `load_runs`, so results outlive the run directories
-    (checkpoints and replay of a long Atari run are GBs and not kept).
+    (checkpoints and replay of a long Atari run are GBs and not kept); diagnostics on a grid make it tens of KB.
 
     `row_fields` are other metrics to keep (e.g. training diagnostics): on the evaluation rows, and, with `grid`
     (env steps), on each field's latest row at or before every multiple of `grid`, so that a metric read on that
     grid (each run's latest value at or before a point) reads the same from the record as from the run."""
     kept = {}
     if os.path.exists(path):
-        with open(path) as f:
-            kept = {k: v for k, v in json.load(f).items() if k not in ("run", "summary", "rows")}
+        kept = {k: v for k, v in read_record(path).items() if k not in ("run", "summary", "rows")}
     kept.update(run.get("extra", {}))
     kept.update(extra)
     rows = run["rows"]
@@ -125,10 +144,8 @@ def save_record(run: dict, path: str, row_fields: tuple[str, ...] = (), grid: in
             row = dict(env_steps=r["env_steps"], learner_steps=r.get("learner_steps"))
             row.update({k: r[k] for k in ("eval_return_mean", "eval_env_steps", *row_fields) if r.get(k) is not None})
             out.append(row)
-    head = json.dumps(dict(run=run_name(run["dir"]), **kept, summary=run["summary"]), indent=1)
-    rows = ",\n".join("  " + json.dumps(r) for r in out)  # one row a line
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, head[: -len("\n}")] + f',\n "rows": [\n{rows}\n ]\n}}\n')
+    atomic_write(path, json.dumps(dict(run=run_name(run["dir"]), **kept, summary=run["summary"], rows=out), indent=1))
 
 
 def run_score(run: dict, at_env_steps: int | None = None, budget: int | None = None) -> float:
@@ -256,8 +273,7 @@ def main() -> None:
         plot(runs, args.plot)
         print(f"plot: {args.plot}")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        atomic_write(args.out, json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

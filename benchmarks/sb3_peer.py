@@ -170,6 +170,8 @@ def main() -> None:
     args = p.parse_args()
     if args.normalize != "none" and (args.algo != "ppo" or args.preset != "defaults"):
         p.error("--normalize goes with PPO's defaults (the cleanrl preset normalises both already; DQN has none)")
+    if args.n_envs and (args.algo != "ppo" or args.preset != "cleanrl"):
+        p.error("--n-envs goes with --preset cleanrl (SB3's defaults and DQN run one env)")
 
     try:
         from stable_baselines3 import DQN, PPO

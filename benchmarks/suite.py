@@ -37,6 +37,8 @@ import time
 import numpy as np
 from report import load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 
+from rlfleet.deploy.files import atomic_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Published final returns to meet or beat: (return, budget in env steps, source).
@@ -278,8 +280,7 @@ def main() -> None:
     result = report(runs)
     print_report(result)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        atomic_write(args.json, json.dumps(result, indent=2))
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
         for path in plot(runs, args.plots):

@@ -222,6 +222,21 @@ def test_records_report_as_their_run_directories_and_are_not_run_again(tmp_path)
     shutil.rmtree(out / "sb3-cleanrl")
     assert without_paths(ppo_control.report(str(out), records=records)) == without_paths(from_dirs)
 
+    # A run directory stopped short of its budget does not hide its finished record.
+    stopped = out / "sync-cleanrl" / "Hopper-v5-s1" / "summary.json"
+    stopped.write_text(json.dumps(dict(json.loads(stopped.read_text()), completed=False)))
+    assert ppo_control.report(str(out), records=records)["Hopper-v5"]["sync-cleanrl"]["seeds"] == [0, 1, 2]
+    # A damaged record is named, with what to do about it.
+    damaged = os.path.join(records, "sync-cleanrl", "Hopper-v5-s2.json")
+    with open(damaged) as f:
+        text = f.read()
+    with open(damaged, "w") as f:
+        f.write(text[: len(text) // 2])
+    with pytest.raises(ValueError, match="Hopper-v5-s2.json: not a readable run record .*delete it"):
+        ppo_control.report(None, records=records)
+    with open(damaged, "w") as f:
+        f.write(text)
+
     budget = 4 * GRID  # each run's env steps (summary.json)
     assert ppo_control.recorded(records, str(out / "sb3-cleanrl" / "Hopper-v5-s0"), budget)
     assert not ppo_control.recorded(records, str(out / "sb3-cleanrl" / "Hopper-v5-s0"), budget + 1)
@@ -234,3 +249,18 @@ def test_records_report_as_their_run_directories_and_are_not_run_again(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("finished earlier, kept in") == 6 and not fresh.exists()
     assert "IQM curve inside sb3-cleanrl's 95% band" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_sb3_peer_normalises_with_its_own_vecnormalize(tmp_path):
+    """`--normalize obs`: SB3's defaults on a VecNormalize'd env, evaluated with the training statistics."""
+    logdir = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "sb3_peer.py"), "--normalize", "obs", "--env", "Pendulum-v1"]
+    cmd += ["--total-steps", "2048", "--eval-every", "1024", "--eval-episodes", "1", "--logdir", str(logdir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["completed"] and summary["env_steps"] == 2048 and summary["algo"] == "sb3-ppo"
+    assert "VecNormalize(norm_obs=True, norm_reward=False)" in summary["config"]
+    rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["env_steps"] for r in rows if "eval_return_mean" in r] == [1024, 2048, 2048]
