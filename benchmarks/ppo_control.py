@@ -116,6 +116,12 @@ ABLATIONS = {
     # its one env of 2048 steps per update in place of 8 envs.
     "sync-default-sb3-vf1": ("sync-default-sb3", ["--set", "value_loss_coef=1.0"]),
     "sync-default-sb3-1env": ("sync-default-sb3-vf1", ["--set", "envs_per_actor=1"]),
+    # The same with observations normalised as SB3's VecNormalize does by default (clip ±10): against
+    # sb3-default-normobs, whether rlfleet's normaliser costs what SB3's does.
+    "sync-default-sb3-1env-obsnorm": (
+        "sync-default-sb3-1env",
+        ["--set", "obs_normalization=true", "--set", "obs_clip=10.0"],
+    ),
     # The same, collected asynchronously (as `rlfleet up` runs it).
     "async-default-sb3-1env": (
         "async-default",
