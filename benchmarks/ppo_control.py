@@ -122,6 +122,8 @@ ABLATIONS = {
         "sync-default-sb3-1env",
         ["--set", "obs_normalization=true", "--set", "obs_clip=10.0"],
     ),
+    # And with rewards divided by the std of the discounted return (clip ±10), against sb3-default-normreward.
+    "sync-default-sb3-1env-returnscale": ("sync-default-sb3-1env", ["--set", "reward_scale=return"]),
     # The same, collected asynchronously (as `rlfleet up` runs it).
     "async-default-sb3-1env": (
         "async-default",

@@ -183,6 +183,7 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
     assert differences("async-default-sb3norm", "async-default-sb3norm-1env") == {"envs_per_actor"}
     assert differences("async-default-sb3norm-1env", "async-default-sb3-1env") == {"obs_normalization"}
     assert differences("sync-default-sb3-1env-obsnorm", "sync-default-sb3-1env") == {"obs_normalization", "obs_clip"}
+    assert differences("sync-default-sb3-1env-returnscale", "sync-default-sb3-1env") == {"reward_scale"}
     assert differences("async-default-sb3opt", "async-default") == {
         "shared_optimizer",
         "adam_epsilon",
