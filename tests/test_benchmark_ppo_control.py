@@ -256,6 +256,7 @@ def test_records_report_as_their_run_directories_and_are_not_run_again(tmp_path)
 @pytest.mark.slow
 def test_the_sb3_peer_normalises_with_its_own_vecnormalize(tmp_path):
     """`--normalize obs`: SB3's defaults on a VecNormalize'd env, evaluated with the training statistics."""
+    pytest.importorskip("stable_baselines3", reason="the peer needs the bench extra: pip install -e '.[cpu,bench]'")
     logdir = tmp_path / "run"
     cmd = [sys.executable, os.path.join(BENCHMARKS, "sb3_peer.py"), "--normalize", "obs", "--env", "Pendulum-v1"]
     cmd += ["--total-steps", "2048", "--eval-every", "1024", "--eval-episodes", "1", "--logdir", str(logdir)]
