@@ -47,7 +47,17 @@ import os
 import numpy as np
 
 # benchmarks/report.py (this script's folder is on sys.path)
-from report import MIN_COMPARED_RUNS, compare_with_ci, iqm_with_ci, load_runs, save_record
+from report import (
+    MIN_COMPARED_RUNS,
+    compare_with_ci,
+    finished,
+    iqm_with_ci,
+    load_runs,
+    read_record,
+    record_path,
+    run_name,
+    save_record,
+)
 from suite import run_one
 
 from rlfleet.deploy.files import atomic_write
@@ -205,20 +215,13 @@ def variant_of(run_dir: str) -> str:
 
 def variant_record_path(records: str, logdir: str) -> str:
     """Where the record of the run directory OUT/VARIANT/ENV-sSEED goes: RECORDS/VARIANT/ENV-sSEED.json."""
-    return os.path.join(records, variant_of(logdir), os.path.basename(logdir.rstrip("/")) + ".json")
-
-
-def finished(summary: dict, budget: int) -> bool:
-    """Whether a run's summary says it completed a budget of at least `budget` env steps."""
-    return bool(summary.get("completed", True)) and summary["env_steps"] >= budget
+    return record_path(os.path.join(records, variant_of(logdir)), logdir)
 
 
 def recorded(records: str | None, logdir: str, budget: int) -> bool:
     """Whether RECORDS holds a record of the run in `logdir` that finished `budget` env steps."""
-    if not records or not os.path.exists(variant_record_path(records, logdir)):
-        return False
-    (run,) = load_runs([variant_record_path(records, logdir)])
-    return finished(run["summary"], budget)
+    path = variant_record_path(records, logdir) if records else None
+    return bool(path and os.path.exists(path) and finished(read_record(path)["summary"], budget))
 
 
 def keep_record(logdir: str, records: str, command: list[str]) -> None:
@@ -242,7 +245,7 @@ def report(out: str | None, budget: int | None = None, control: str = CONTROL, r
     found = {}  # (variant, ENV-sSEED) -> the finished run; a directory (read last) in place of its record
     for r in load_runs(paths):
         if r["summary"].get("completed", True):
-            found[(variant_of(r["dir"]), os.path.basename(r["dir"]).removesuffix(".json"))] = r
+            found[(variant_of(r["dir"]), run_name(r["dir"]))] = r
     runs = [found[k] for k in sorted(found)]
     groups = collections.defaultdict(list)
     for r in runs:

@@ -109,6 +109,12 @@ def run_name(path: str) -> str:
     return name[: -len(".json")] if name.endswith(".json") else name
 
 
+def finished(summary: dict, budget: int) -> bool:
+    """Whether a run's summary says it completed a budget of at least `budget` env steps (a summary without
+    `completed` is a finished run's: the peer's and older runs' say nothing else)."""
+    return bool(summary.get("completed", True)) and summary["env_steps"] >= budget
+
+
 def record_path(records: str, run_dir: str) -> str:
     """The path of the record of the run in `run_dir` in the folder `records` (RECORDS/RUN.json)."""
     return os.path.join(records, run_name(run_dir) + ".json")

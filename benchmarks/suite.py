@@ -35,7 +35,7 @@ import sys
 import time
 
 import numpy as np
-from report import load_runs  # benchmarks/report.py (this script's folder is on sys.path)
+from report import finished, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 
 from rlfleet.deploy.files import atomic_write
 
@@ -66,7 +66,7 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
     """
     summary = os.path.join(logdir, "summary.json")
     done = json.loads(open(summary).read()) if os.path.exists(summary) else None
-    if done and done.get("completed", True) and done["env_steps"] >= total_steps:
+    if done and finished(done, total_steps):
         print(f"# {logdir}: finished earlier, kept", flush=True)
         return
     if algo.startswith("sb3-"):
