@@ -89,6 +89,11 @@ _SB3_OPTIMISATION = [
     *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal"),
 ]
 _SB3_DEFAULTS = [*_SB3_OPTIMISATION, "--set", "obs_normalization=false", "--set", "lr_schedule=constant"]
+# `default`'s optimisation where _SB3_OPTIMISATION (and SB3's value weight) set it otherwise.
+_DEFAULT_OPTIMISATION = [
+    *("--set", "shared_optimizer=false", "--set", "adam_epsilon=1e-7", "--set", "value_loss_coef=0.5"),
+    *("--set", "advantage_norm=batch", "--set", "init=variance_scaling"),
+]
 # name -> (the variant it starts from, the difference): which of the cleanrl preset's details, or of the default
 # preset's against them or Stable-Baselines3's, costs what per env step.
 ABLATIONS = {
@@ -134,6 +139,17 @@ ABLATIONS = {
     ),
     # And with rewards divided by the std of the discounted return (clip ±10), against sb3-default-normreward.
     "sync-default-sb3-1env-returnscale": ("sync-default-sb3-1env", ["--set", "reward_scale=return"]),
+    # Which of `default`'s settings normalised observations cost Hopper with: SB3's settings with one of
+    # `default`'s back, raw and normalised (clip ±10): its annealed rate, its 8 envs per actor (raw: -sb3-vf1),
+    # or its optimisation (two Adams at Keras' ε, advantages per batch, variance-scaling initialisation).
+    "sync-default-sb3-1env-annealed": ("sync-default-sb3-1env", ["--set", "lr_schedule=linear"]),
+    "sync-default-sb3-1env-obsnorm-annealed": ("sync-default-sb3-1env-obsnorm", ["--set", "lr_schedule=linear"]),
+    "sync-default-sb3-vf1-obsnorm": (
+        "sync-default-sb3-vf1",
+        ["--set", "obs_normalization=true", "--set", "obs_clip=10.0"],
+    ),
+    "sync-default-sb3-1env-defaultopt": ("sync-default-sb3-1env", _DEFAULT_OPTIMISATION),
+    "sync-default-sb3-1env-obsnorm-defaultopt": ("sync-default-sb3-1env-obsnorm", _DEFAULT_OPTIMISATION),
     # The same, collected asynchronously (as `rlfleet up` runs it).
     "async-default-sb3-1env": (
         "async-default",

@@ -184,6 +184,17 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
     assert differences("async-default-sb3norm-1env", "async-default-sb3-1env") == {"obs_normalization"}
     assert differences("sync-default-sb3-1env-obsnorm", "sync-default-sb3-1env") == {"obs_normalization", "obs_clip"}
     assert differences("sync-default-sb3-1env-returnscale", "sync-default-sb3-1env") == {"reward_scale"}
+    for base in ("sync-default-sb3-1env", "sync-default-sb3-1env-obsnorm"):
+        assert differences(f"{base}-annealed", base) == {"lr_schedule"}
+        assert differences(f"{base}-defaultopt", base) == differences("async-default-sb3opt", "async-default")
+    assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-vf1") == {"obs_normalization", "obs_clip"}
+    assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-1env-obsnorm") == {"envs_per_actor"}
+    # With `default`'s optimisation, its rate and its layout back, SB3's settings are `default`'s again.
+    assert differences("sync-default-sb3-1env-obsnorm-defaultopt", "sync-default") == {
+        "lr_schedule",
+        "envs_per_actor",
+        "obs_clip",
+    }
     assert differences("async-default-sb3opt", "async-default") == {
         "shared_optimizer",
         "adam_epsilon",
