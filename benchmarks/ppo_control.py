@@ -247,9 +247,16 @@ def keep_record(logdir: str, records: str, command: list[str]) -> None:
     save_record(run, variant_record_path(records, logdir), row_fields=CURVE_METRICS, grid=GRID, command=command)
 
 
-def report(out: str | None, budget: int | None = None, control: str = CONTROL, records: str | None = None) -> dict:
+def report(
+    out: str | None,
+    budget: int | None = None,
+    control: str = CONTROL,
+    records: str | None = None,
+    pairs: list[tuple[str, str]] = (),
+) -> dict:
     """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
-    each variant set against `control` (the synchronous control unless another variant is named). Reads the run
+    each variant set against `control` (the synchronous control unless another variant is named), and each
+    (variant, other) of `pairs` against that other variant as well (`against`: {other: comparison}). Reads the run
     directories OUT/VARIANT/ENV-sSEED and the records RECORDS/VARIANT/ENV-sSEED.json; a run directory stands in for
     its own record."""
     paths = []
@@ -303,6 +310,10 @@ def report(out: str | None, budget: int | None = None, control: str = CONTROL, r
                     v["against_control"] = dict(
                         compare_with_ci(v["final_returns"], base["final_returns"]), control=control
                     )
+        for name, other in pairs:
+            v, w = variants.get(name), variants.get(other)
+            if v and w and min(len(v["final_returns"]), len(w["final_returns"])) >= MIN_COMPARED_RUNS:
+                v.setdefault("against", {})[other] = compare_with_ci(v["final_returns"], w["final_returns"])
         if control == CONTROL and base and PEER in variants and len(variants[PEER]["final_returns"]) >= MIN_PEER_SEEDS:
             peer = variants[PEER]
             points = [(c, p) for c, p in zip(base["curve_iqm"], peer["curve_ci95"]) if c is not None and p]
@@ -384,9 +395,9 @@ def print_report(result: dict) -> None:
                 f"  {variant:28s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
             )
-            if "against_control" in v:
-                c = v["against_control"]
-                ratio, base = c["iqm_ratio"], c["control"]
+            compared = {v["against_control"]["control"]: v["against_control"]} if "against_control" in v else {}
+            for base, c in {**compared, **v.get("against", {})}.items():
+                ratio = c["iqm_ratio"]
                 said = f"IQM ÷ {base}'s {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}], " if ratio else ""
                 p_x = c["probability_of_improvement"]
                 print(f"  {'':28s} {said}P(a run beats one of {base}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
@@ -396,6 +407,18 @@ def print_report(result: dict) -> None:
                     f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points, above it at "
                     f"{v['above_peer_band']}, below it at {v['below_peer_band']}"
                 )
+
+
+def _pair(text: str) -> tuple[str, str]:
+    """VARIANT=OTHER of `--against`, both known variants."""
+    name, sep, other = text.partition("=")
+    unknown = [v for v in (name, other) if v not in VARIANTS]
+    if not sep or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not VARIANT=OTHER of two known variants ({', '.join(unknown) or 'no ='}): "
+            "pick them from --variants' choices, e.g. sync-default-sb3-vf1-obsnorm=sync-default-sb3-vf1"
+        )
+    return name, other
 
 
 def main() -> None:
@@ -432,6 +455,15 @@ def main() -> None:
             help="folder of run records (VARIANT/ENV-sSEED.json, tens of KB each): `run` writes one per finished run "
             "and does not run again one recorded at its budget; the report reads them beside the run directories",
         )
+        q.add_argument(
+            "--against",
+            nargs="+",
+            default=[],
+            type=_pair,
+            metavar="VARIANT=OTHER",
+            help="set VARIANT against OTHER as well as against the control (e.g. a setting with and without "
+            "normalised observations)",
+        )
         q.add_argument("--json", default=None, help="write the report as JSON here")
         q.add_argument("--plots", default=None, help="write the PNGs into this folder")
     args = p.parse_args()
@@ -461,7 +493,7 @@ def main() -> None:
                     if args.records:
                         command = ["--variants", variant, "--envs", env, "--seeds", str(seed)]
                         keep_record(logdir, args.records, ["run", *command, "--total-steps", str(args.total_steps)])
-    result = report(args.out, getattr(args, "budget", None), args.control, args.records)
+    result = report(args.out, getattr(args, "budget", None), args.control, args.records, args.against)
     print_report(result)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

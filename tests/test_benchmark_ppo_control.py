@@ -89,6 +89,13 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     against = other["sync-cleanrl"]["against_control"]
     assert against["control"] == "async-default" and against["probability_of_improvement"] == [0.0, 0.0, 0.0]
     assert "against_control" not in other["async-default"] and "inside_peer_band" not in other["sync-cleanrl"]
+    # A pair (--against) sets a variant against another beside the control; a pair with too few runs (the two
+    # peer runs left) is left out.
+    paired = ppo_control.report(str(out), pairs=[("sync-cleanrl", "async-default"), ("async-default", "sb3-cleanrl")])
+    against = paired["Hopper-v5"]["sync-cleanrl"]["against"]["async-default"]
+    assert against["probability_of_improvement"] == [0.0, 0.0, 0.0] and against["iqm_ratio"][0] < 0.1
+    assert paired["Hopper-v5"]["async-default"]["against_control"] == result["async-default"]["against_control"]
+    assert "against" not in paired["Hopper-v5"]["async-default"]
 
 
 @pytest.mark.slow
