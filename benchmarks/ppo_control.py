@@ -167,6 +167,10 @@ ABLATIONS = {
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
     # Stable-Baselines3's constant learning rate where `default` anneals it to 0 at the run's budget.
     "async-default-constant-lr": ("async-default", ["--set", "lr_schedule=constant"]),
+    # The rate annealed to a floor of a quarter or half of its start in place of 0 (`lr_final_fraction`): between
+    # `default`'s schedule and a constant rate.
+    "async-default-lrfloor25": ("async-default", ["--set", "lr_final_fraction=0.25"]),
+    "async-default-lrfloor50": ("async-default", ["--set", "lr_final_fraction=0.5"]),
     # Raw rewards where `default` scales them (Swimmer-v5's per-env override).
     "async-default-rawrewards": ("async-default", ["--set", "reward_scale=none"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),

@@ -196,6 +196,7 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
         assert differences(f"{base}-defaultopt", base) == differences("async-default-sb3opt", "async-default")
     assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-vf1") == {"obs_normalization", "obs_clip"}
     assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-1env-obsnorm") == {"envs_per_actor"}
+    assert differences("async-default-lrfloor25", "async-default") == {"lr_final_fraction"}
     # With `default`'s optimisation, its rate and its layout back, SB3's settings are `default`'s again.
     assert differences("sync-default-sb3-1env-obsnorm-defaultopt", "sync-default") == {
         "lr_schedule",
