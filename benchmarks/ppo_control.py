@@ -24,10 +24,11 @@ diagnostics on the grid, tens of KB: `report.save_record`) in RECORDS/VARIANT/EN
 of its budget is not run again, so a benchmark goes on over several sessions from its records alone.
 `report` prints, per env and variant, the final evaluation return of each seed, their
 IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
-the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs; the IQM
-learning curve on a grid of `GRID` env steps with its CI band, and at how many points the control's curve lies
-inside, above or below the peer's band; it writes one PNG of curves and one of training diagnostics (approx KL,
-clip fraction, entropy, explained variance, value loss, policy std, the medians over seeds) per env.
+the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs (and
+the same against another variant for each pair `--against VARIANT=OTHER` names); the IQM learning curve on a grid
+of `GRID` env steps with its CI band, and at how many points the control's curve lies inside, above or below the
+peer's band; it writes one PNG of curves and one of training diagnostics (approx KL, clip fraction, entropy,
+explained variance, value loss, policy std, the medians over seeds) per env.
 
 Usage (`pip install -e ".[cpu,report,bench]"`; peers need the machine to themselves, see benchmarks/README.md):
     python benchmarks/ppo_control.py run --envs Hopper-v5 --seeds 0 1 2 3 4 --total-steps 300000 --out runs/ppo-control
@@ -40,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import glob
 import json
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -256,7 +259,7 @@ def report(
     budget: int | None = None,
     control: str = CONTROL,
     records: str | None = None,
-    pairs: list[tuple[str, str]] = (),
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict:
     """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
     each variant set against `control` (the synchronous control unless another variant is named), and each
@@ -387,16 +390,20 @@ def plot(result: dict, folder: str) -> list[str]:
     return paths
 
 
-def print_report(result: dict) -> None:
+def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
+    """Prints `report`'s result per env: each variant's finals, IQM [95% CI], median, wall-clock and env-step rate,
+    its comparisons (the control's and those of `pairs`) and the control's place against the peer's band; then each
+    pair of `pairs` compared on no env (one side missing, or fewer than MIN_COMPARED_RUNS runs)."""
+    width = max([28, *(len(v) for variants in result.values() for v in variants)])
     for env, variants in result.items():
         print(f"\n{env}")
-        head = f"  {'variant':28s} {'final returns':40s} {'IQM [95% CI]':26s}"
+        head = f"  {'variant':{width}s} {'final returns':40s} {'IQM [95% CI]':26s}"
         print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s}")
         for variant, v in sorted(variants.items(), key=lambda kv: -kv[1]["final_iqm"]):
             finals = ", ".join(f"{x:.0f}" for x in v["final_returns"])
             ci = f"{v['final_iqm']:.0f} [{v['final_iqm_ci95'][0]:.0f}, {v['final_iqm_ci95'][1]:.0f}]"
             print(
-                f"  {variant:28s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
+                f"  {variant:{width}s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
             )
             compared = {v["against_control"]["control"]: v["against_control"]} if "against_control" in v else {}
@@ -404,24 +411,39 @@ def print_report(result: dict) -> None:
                 ratio = c["iqm_ratio"]
                 said = f"IQM ÷ {base}'s {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}], " if ratio else ""
                 p_x = c["probability_of_improvement"]
-                print(f"  {'':28s} {said}P(a run beats one of {base}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
+                print(f"  {'':{width}s} {said}P(a run beats one of {base}) {p_x[0]:.2f} [{p_x[1]:.2f}, {p_x[2]:.2f}]")
             if "inside_peer_band" in v:
                 inside, total = v["inside_peer_band"]
                 print(
-                    f"  {'':28s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points, above it at "
+                    f"  {'':{width}s} IQM curve inside {PEER}'s 95% band at {inside} of {total} points, above it at "
                     f"{v['above_peer_band']}, below it at {v['below_peer_band']}"
                 )
+    for name, other in dict.fromkeys(pairs):
+        if not any(other in variants.get(name, {}).get("against", {}) for variants in result.values()):
+            print(
+                f"\n--against {name}={other}: compared on no env (each needs {MIN_COMPARED_RUNS} runs or more of "
+                "both on the same env)"
+            )
 
 
 def _pair(text: str) -> tuple[str, str]:
-    """VARIANT=OTHER of `--against`, both known variants."""
+    """VARIANT=OTHER of `--against`: two different known variants.
+
+    Raises:
+        argparse.ArgumentTypeError: no "=", an empty or unknown side (naming the closest variants), or a variant
+            paired with itself.
+    """
     name, sep, other = text.partition("=")
-    unknown = [v for v in (name, other) if v not in VARIANTS]
-    if not sep or unknown:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not VARIANT=OTHER of two known variants ({', '.join(unknown) or 'no ='}): "
-            "pick them from --variants' choices, e.g. sync-default-sb3-vf1-obsnorm=sync-default-sb3-vf1"
-        )
+    example = "e.g. sync-default-sb3-vf1-obsnorm=sync-default-sb3-vf1"
+    if not sep or not name or not other:
+        raise argparse.ArgumentTypeError(f"{text!r} is not VARIANT=OTHER: name two variants, {example}")
+    for v in (name, other):
+        if v not in VARIANTS:
+            close = difflib.get_close_matches(v, VARIANTS, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "`run --help` lists the variants"
+            raise argparse.ArgumentTypeError(f"{text!r}: {v!r} is not a variant; {hint}")
+    if name == other:
+        raise argparse.ArgumentTypeError(f"{text!r} pairs {name} with itself: name another variant, {example}")
     return name, other
 
 
@@ -498,7 +520,7 @@ def main() -> None:
                         command = ["--variants", variant, "--envs", env, "--seeds", str(seed)]
                         keep_record(logdir, args.records, ["run", *command, "--total-steps", str(args.total_steps)])
     result = report(args.out, getattr(args, "budget", None), args.control, args.records, args.against)
-    print_report(result)
+    print_report(result, args.against)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         atomic_write(args.json, json.dumps(result, indent=1))

@@ -1,6 +1,7 @@
 """benchmarks/ppo_control.py's report (curves on the evaluation grid, IQM bands, the control against the peer's band)
 and the SB3 peer's mapping of the cleanrl preset (benchmarks/sb3_peer.py), without training anything."""
 
+import argparse
 import json
 import os
 import shutil
@@ -49,7 +50,7 @@ def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
 
 
 @pytest.mark.slow
-def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_the_peer_band(tmp_path):
+def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_the_peer_band(tmp_path, capsys):
     out = tmp_path / "control"
     for seed in range(5):
         _write_run(str(out / "sync-cleanrl" / f"Hopper-v5-s{seed}"), [10, 400 + seed], final=300 + seed, seed=seed)
@@ -96,6 +97,29 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert against["probability_of_improvement"] == [0.0, 0.0, 0.0] and against["iqm_ratio"][0] < 0.1
     assert paired["Hopper-v5"]["async-default"]["against_control"] == result["async-default"]["against_control"]
     assert "against" not in paired["Hopper-v5"]["async-default"]
+    left_out = ppo_control.report(str(out), pairs=[("sb3-cleanrl", "async-default")])["Hopper-v5"]["sb3-cleanrl"]
+    assert "against" not in left_out  # too few runs on the first side
+    # The printed report has the pair's line, and names the pair compared on no env.
+    ppo_control.print_report(paired, [("sync-cleanrl", "async-default"), ("async-default", "sb3-cleanrl")])
+    printed = capsys.readouterr().out
+    assert "P(a run beats one of async-default) 0.00 [0.00, 0.00]" in printed
+    assert "--against async-default=sb3-cleanrl: compared on no env" in printed
+    assert "--against sync-cleanrl=async-default" not in printed
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("sync-cleanrl", "is not VARIANT=OTHER"),
+        ("=sync-cleanrl", "is not VARIANT=OTHER"),
+        ("sync-cleanrl=async-defualt", "did you mean async-default"),
+        ("sync-cleanrl=sync-cleanrl", "with itself"),
+    ],
+)
+def test_against_refuses_what_is_not_a_pair_of_two_variants(text, said):
+    with pytest.raises(argparse.ArgumentTypeError, match=said):
+        ppo_control._pair(text)
+    assert ppo_control._pair("sync-cleanrl=async-default") == ("sync-cleanrl", "async-default")
 
 
 @pytest.mark.slow
@@ -196,7 +220,8 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
         assert differences(f"{base}-defaultopt", base) == differences("async-default-sb3opt", "async-default")
     assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-vf1") == {"obs_normalization", "obs_clip"}
     assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-1env-obsnorm") == {"envs_per_actor"}
-    assert differences("async-default-lrfloor25", "async-default") == {"lr_final_fraction"}
+    for floor in ("25", "50"):
+        assert differences(f"async-default-lrfloor{floor}", "async-default") == {"lr_final_fraction"}
     # With `default`'s optimisation, its rate and its layout back, SB3's settings are `default`'s again.
     assert differences("sync-default-sb3-1env-obsnorm-defaultopt", "sync-default") == {
         "lr_schedule",
