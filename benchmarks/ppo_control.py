@@ -63,6 +63,7 @@ from report import (
 )
 from suite import run_one
 
+from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.deploy.files import atomic_write
 
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
@@ -92,10 +93,11 @@ _SB3_OPTIMISATION = [
     *("--set", "advantage_norm=minibatch", "--set", "init=orthogonal"),
 ]
 _SB3_DEFAULTS = [*_SB3_OPTIMISATION, "--set", "obs_normalization=false", "--set", "lr_schedule=constant"]
-# `default`'s optimisation where _SB3_OPTIMISATION (and SB3's value weight) set it otherwise.
+# `default`'s optimisation (its PPOConfig field defaults) where _SB3_OPTIMISATION and SB3's value weight differ.
 _DEFAULT_OPTIMISATION = [
-    *("--set", "shared_optimizer=false", "--set", "adam_epsilon=1e-7", "--set", "value_loss_coef=0.5"),
-    *("--set", "advantage_norm=batch", "--set", "init=variance_scaling"),
+    arg
+    for key in (*(s.split("=")[0] for s in _SB3_OPTIMISATION[1::2]), "value_loss_coef")
+    for arg in ("--set", f"{key}={str(getattr(PPOConfig, key)).lower()}")
 ]
 # name -> (the variant it starts from, the difference): which of the cleanrl preset's details, or of the default
 # preset's against them or Stable-Baselines3's, costs what per env step.
