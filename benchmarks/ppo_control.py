@@ -21,7 +21,9 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 `run` trains every (variant, env, seed) that has no finished run directory, one at a time (a stopped rlfleet run
 continues with --resume). With --records each finished run leaves a record (its summary, evaluations and the
 diagnostics on the grid, tens of KB: `report.save_record`) in RECORDS/VARIANT/ENV-sSEED.json, and a run with a record
-of its budget is not run again, so a benchmark goes on over several sessions from its records alone.
+of its budget is not run again, so a benchmark goes on over several sessions from its records alone. `run` ends
+with the report of the envs and variants it was given (and the control, with the peer beside it); `report
+--envs ... --variants ...` keeps to those too.
 `report` prints, per env and variant, the final evaluation return of each seed, their
 IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
 the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs (and
@@ -262,12 +264,16 @@ def report(
     control: str = CONTROL,
     records: str | None = None,
     pairs: Sequence[tuple[str, str]] = (),
+    envs: Sequence[str] | None = None,
+    variants: Sequence[str] | None = None,
 ) -> dict:
     """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
     each variant set against `control` (the synchronous control unless another variant is named), and each
     (variant, other) of `pairs` against that other variant as well (`against`: {other: comparison}). Reads the run
     directories OUT/VARIANT/ENV-sSEED and the records RECORDS/VARIANT/ENV-sSEED.json; a run directory stands in for
-    its own record."""
+    its own record. `envs` and `variants`, where given, keep the report to those (None: all found); the variants
+    kept take with them the control, the sides of `pairs` and, beside the control, the peer, so that every
+    comparison the report makes stays in it."""
     paths = []
     if records:
         paths += sorted(glob.glob(os.path.join(glob.escape(records), "*", "*.json")))
@@ -279,9 +285,14 @@ def report(
         if r["summary"].get("completed", True):
             found[(variant_of(r["dir"]), run_name(r["dir"]))] = r
     runs = [found[k] for k in sorted(found)]
+    shown = None if variants is None else {*variants, control, *(v for pair in pairs for v in pair)}
+    if shown is not None and control == CONTROL and CONTROL in shown:
+        shown.add(PEER)
     groups = collections.defaultdict(list)
     for r in runs:
-        groups[(r["summary"]["env_id"], variant_of(r["dir"]))].append(r)
+        env, variant = r["summary"]["env_id"], variant_of(r["dir"])
+        if (envs is None or env in envs) and (shown is None or variant in shown):
+            groups[(env, variant)].append(r)
     result = {}
     for (env, variant), rs in sorted(groups.items()):
         finals = [r["summary"]["final_eval_return_mean"] for r in rs]
@@ -392,6 +403,11 @@ def plot(result: dict, folder: str) -> list[str]:
     return paths
 
 
+def _return(x: float) -> str:
+    """A return for the printed report: whole numbers from 100 up, three significant digits below (−4.12)."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
     """Prints `report`'s result per env: each variant's finals, IQM [95% CI], median, wall-clock and env-step rate,
     its comparisons (the control's and those of `pairs`) and the control's place against the peer's band; then each
@@ -402,10 +418,10 @@ def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
         head = f"  {'variant':{width}s} {'final returns':40s} {'IQM [95% CI]':26s}"
         print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s}")
         for variant, v in sorted(variants.items(), key=lambda kv: -kv[1]["final_iqm"]):
-            finals = ", ".join(f"{x:.0f}" for x in v["final_returns"])
-            ci = f"{v['final_iqm']:.0f} [{v['final_iqm_ci95'][0]:.0f}, {v['final_iqm_ci95'][1]:.0f}]"
+            finals = ", ".join(_return(x) for x in v["final_returns"])
+            ci = f"{_return(v['final_iqm'])} [{_return(v['final_iqm_ci95'][0])}, {_return(v['final_iqm_ci95'][1])}]"
             print(
-                f"  {variant:{width}s} {finals:40s} {ci:26s} {v['final_median']:8.0f} "
+                f"  {variant:{width}s} {finals:40s} {ci:26s} {_return(v['final_median']):>8s} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
             )
             compared = {v["against_control"]["control"]: v["against_control"]} if "against_control" in v else {}
@@ -452,7 +468,7 @@ def _pair(text: str) -> tuple[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train the missing runs, then print the report")
+    r = sub.add_parser("run", help="train the missing runs, then print the report of those envs and variants")
     r.add_argument("--envs", nargs="+", required=True, help="gymnasium env ids, e.g. Hopper-v5")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds per (variant, env)")
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
@@ -470,6 +486,15 @@ def main() -> None:
         "out", nargs="?", default=None, help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)"
     )
     rep.add_argument("--budget", type=int, default=None, help="env steps the curves go to (default: shortest run)")
+    rep.add_argument("--envs", nargs="+", default=None, help="report only these env ids (default: every one found)")
+    rep.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        choices=list(VARIANTS),
+        help="report only these variants, with the control, the peer beside it and the sides of --against "
+        "(default: every one found)",
+    )
     for q in (r, rep):
         q.add_argument(
             "--control",
@@ -521,7 +546,9 @@ def main() -> None:
                     if args.records:
                         command = ["--variants", variant, "--envs", env, "--seeds", str(seed)]
                         keep_record(logdir, args.records, ["run", *command, "--total-steps", str(args.total_steps)])
-    result = report(args.out, getattr(args, "budget", None), args.control, args.records, args.against)
+    result = report(
+        args.out, getattr(args, "budget", None), args.control, args.records, args.against, args.envs, args.variants
+    )
     print_report(result, args.against)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -92,15 +92,26 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert "against_control" not in other["async-default"] and "inside_peer_band" not in other["sync-cleanrl"]
     # A pair (--against) sets a variant against another beside the control; a pair with too few runs (the two
     # peer runs left) is left out.
-    paired = ppo_control.report(str(out), pairs=[("sync-cleanrl", "async-default"), ("async-default", "sb3-cleanrl")])
+    paired_names = [("sync-cleanrl", "async-default"), ("async-default", "sb3-cleanrl")]
+    paired = ppo_control.report(str(out), pairs=paired_names)
     against = paired["Hopper-v5"]["sync-cleanrl"]["against"]["async-default"]
     assert against["probability_of_improvement"] == [0.0, 0.0, 0.0] and against["iqm_ratio"][0] < 0.1
     assert paired["Hopper-v5"]["async-default"]["against_control"] == result["async-default"]["against_control"]
     assert "against" not in paired["Hopper-v5"]["async-default"]
     left_out = ppo_control.report(str(out), pairs=[("sb3-cleanrl", "async-default")])["Hopper-v5"]["sb3-cleanrl"]
     assert "against" not in left_out  # too few runs on the first side
+    # Kept to some envs and variants: a variant brings its control (and the control the peer beside it), a pair
+    # brings both its sides, and an env not named leaves nothing.
+    kept = ppo_control.report(str(out), variants=["async-default"])["Hopper-v5"]
+    assert sorted(kept) == ["async-default", "sb3-cleanrl", "sync-cleanrl"]
+    assert kept["async-default"]["against_control"] == result["async-default"]["against_control"]
+    kept = ppo_control.report(str(out), control="async-default", variants=["sb3-cleanrl"], pairs=paired_names)
+    assert sorted(kept["Hopper-v5"]) == ["async-default", "sb3-cleanrl", "sync-cleanrl"]
+    alone = ppo_control.report(str(out), control="async-default", variants=["async-default"])["Hopper-v5"]
+    assert sorted(alone) == ["async-default"]  # no peer beside a control other than the synchronous one
+    assert ppo_control.report(str(out), envs=["Walker2d-v5"]) == {}
     # The printed report has the pair's line, and names the pair compared on no env.
-    ppo_control.print_report(paired, [("sync-cleanrl", "async-default"), ("async-default", "sb3-cleanrl")])
+    ppo_control.print_report(paired, paired_names)
     printed = capsys.readouterr().out
     assert "P(a run beats one of async-default) 0.00 [0.00, 0.00]" in printed
     assert "--against async-default=sb3-cleanrl: compared on no env" in printed
