@@ -47,6 +47,7 @@ import difflib
 import glob
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -522,6 +523,10 @@ def main() -> None:
     args = p.parse_args()
     if not (args.out or args.records):
         p.error("report needs a folder of run directories or --records (a folder of run records)")
+    if args.cmd == "report":
+        for what, folder in (("the folder of run directories", args.out), ("--records", args.records)):
+            if folder is not None and not os.path.isdir(folder):
+                p.error(f"{what} {folder!r} is not a folder")
     if args.cmd == "run":
         for seed in args.seeds:  # seeds outermost: an interrupted run leaves every variant with as many seeds
             for env in args.envs:
@@ -549,7 +554,13 @@ def main() -> None:
     result = report(
         args.out, getattr(args, "budget", None), args.control, args.records, args.against, args.envs, args.variants
     )
+    if not result:
+        p.exit(1, "no finished runs found in the folders given of the envs and variants named\n")
     print_report(result, args.against)
+    missing = [env for env in args.envs or () if env not in result]
+    missing += [v for v in args.variants or () if not any(v in variants for variants in result.values())]
+    if missing:
+        print(f"\nno finished runs of {', '.join(missing)} (check the names)", file=sys.stderr)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         atomic_write(args.json, json.dumps(result, indent=1))

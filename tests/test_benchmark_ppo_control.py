@@ -118,6 +118,23 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     assert "--against sync-cleanrl=async-default" not in printed
 
 
+def test_report_says_what_it_found_nothing_of(tmp_path):
+    out = tmp_path / "control"
+    _write_run(str(out / "sync-cleanrl" / "Hopper-v5-s0"), [10, 20], final=30)
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "ppo_control.py"), "report"]
+
+    def report(*args):
+        return subprocess.run([*cmd, *args], capture_output=True, text=True)
+
+    done = report(str(out), "--envs", "Hopper-v5", "Walker2d-v5", "--variants", "sync-cleanrl", "async-default")
+    assert done.returncode == 0 and "sync-cleanrl" in done.stdout, done.stderr
+    assert "no finished runs of Walker2d-v5, async-default (check the names)" in done.stderr
+    done = report(str(out), "--envs", "Hoper-v5")
+    assert done.returncode == 1 and "no finished runs found" in done.stderr and not done.stdout
+    done = report("--records", str(tmp_path / "records"))
+    assert done.returncode == 2 and "is not a folder" in done.stderr
+
+
 @pytest.mark.parametrize(
     "text, said",
     [
