@@ -287,7 +287,7 @@ def report(
             found[(variant_of(r["dir"]), run_name(r["dir"]))] = r
     runs = [found[k] for k in sorted(found)]
     shown = None if variants is None else {*variants, control, *(v for pair in pairs for v in pair)}
-    if shown is not None and control == CONTROL and CONTROL in shown:
+    if shown is not None and control == CONTROL:
         shown.add(PEER)
     groups = collections.defaultdict(list)
     for r in runs:
