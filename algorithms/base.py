@@ -182,6 +182,12 @@ class Agent(abc.ABC):
     # after another in one env (`rlfleet.learner.evaluation.evaluate_policy`).
     evaluation_batched: ClassVar[bool] = False
 
+    # Where the metrics of `consume`'s results go. False: the latest ones ride on the next metrics row (one
+    # every report interval). True: each update (a result with `updated` and metrics) writes a metrics row of
+    # its own, with the counters after it, as a per-update log does (CleanRL, Stable-Baselines3); the rows
+    # every report interval then carry none of them. For algorithms whose updates come a few a second at most.
+    metrics_every_update: ClassVar[bool] = False
+
     def policy(self, stochastic: bool, seed: int):
         """The current weights' policy as a function, observations [B, *obs_shape] -> env actions [B, ...] (what
         `rlfleet eval` runs): `stochastic` False gives the evaluation policy `evaluate` runs (PPO: the mean

@@ -3,8 +3,9 @@
 Layout of RUN/: run.json (algo, env, preset, full config: `run_identity`), settings.json (the same
 resolved settings as `rlfleet up` gave them to its processes: `read_run_settings`), checkpoints/ (TensorFlow
 checkpoints, each with a progress record beside it: `write_progress`), metrics.jsonl and tb/ (one row per
-report interval: `MetricsLog`), summary.json (the run's end: `write_json`), logs/ (`rlfleet up`), replay/
-(Reverb checkpoints of algorithms that keep their replay).
+report interval, and one per update for an agent with `metrics_every_update`: `MetricsLog`), summary.json
+(the run's end: `write_json`), logs/ (`rlfleet up`), replay/ (Reverb checkpoints of algorithms that keep their
+replay).
 
 `rlfleet up` calls `check_run_dir` before it starts any process, and the learner calls it again (it may be
 started on its own), so a wrong --resume fails before anything runs. TensorFlow is imported only by

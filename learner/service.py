@@ -160,6 +160,7 @@ class Learner:
         self._actor_ids_lock = threading.Lock()  # RUN/actor_ids.json
         self.stop_event = stop_event or threading.Event()  # SIGTERM/SIGINT or end of run
         self.run_over = False  # actors are told to stop
+        self.final_env_steps: int | None = None  # the run's env steps at its end, as summary.json gives them
         # Phase, fault, returns, rates; its wall-clock count continues the seconds this run trained in earlier
         # processes (up to the restored checkpoint).
         self.status = RunStatus(run.algo, run.env_id, progress["wall_seconds"])
@@ -241,7 +242,10 @@ class Learner:
 
     def _env_steps_locked(self) -> int:
         """The run's env steps: as the actors reported them, and at least what the learner consumed or
-        dropped (heartbeats lag by up to a second)."""
+        dropped (heartbeats lag by up to a second); once summary.json is written, its count (heartbeats that
+        arrive later, while status is still served, change no count of the run)."""
+        if self.final_env_steps is not None:
+            return self.final_env_steps
         seen = self.count["consumed_env_steps"] + self.count["dropped_env_steps"]
         return max(self.registry.env_steps(), seen)
 
@@ -422,15 +426,20 @@ class Learner:
         Raises:
             NonFiniteError: a NaN/inf loss, or NaN/inf weights to publish.
         """
+        own_row = result.updated and result.metrics and self.agent.metrics_every_update
         if result.metrics:
             self._check_finite({k: v for k, v in result.metrics.items() if "loss" in k}, "losses")
-            self.last_metrics = result.metrics
+            if not own_row:
+                self.last_metrics = result.metrics
         self.count["learner_steps"] += result.gradient_steps
         self.count["consumed_env_steps"] += result.consumed
         self.count["dropped_env_steps"] += result.dropped
         if result.updated:
             self.count["updates"] += 1
             self.count["policy_version"] += 1
+            if own_row and self._metrics is not None:
+                row = self.status.update_row(self.count, self._env_steps(), time.monotonic(), result.metrics)
+                self._metrics.write(row)
             self._publish_weights()
             if not self._frozen_after_update:
                 # TensorFlow's modules and the traced graphs are hundreds of thousands of Python objects that live
@@ -521,6 +530,8 @@ class Learner:
         self._log_metrics(metrics, last)
         self.feed.refresh_status()
         st = self.status_dict()
+        with self.lock:
+            self.final_env_steps = st["env_steps"]
         wall_seconds = self.status.wall_seconds(time.monotonic())
         summary = end_summary(
             run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, self.best, **more

@@ -113,6 +113,17 @@ class RunStatus:
             **{k: v for k, v in last_metrics.items() if k not in extras},
         )
 
+    def update_row(self, count: dict, env_steps: int, now: float, update_metrics: dict) -> dict:
+        """The metrics.jsonl row of one update (an agent with `metrics_every_update`): its metrics
+        (`StepResult.metrics`) with the counters after it (`count`: the learner's counters; `env_steps`: the
+        run's), at monotonic time `now`."""
+        return dict(
+            time=time.time(),
+            wall_seconds=self.wall_seconds(now),
+            **counts(dict(count, env_steps=env_steps)),
+            **update_metrics,
+        )
+
 
 def counts(st: dict) -> dict:
     """The run's counters in a status dict, as metrics rows and summary.json name them."""

@@ -2,6 +2,7 @@
 that trains on it (real processes on loopback), and the asynchronous mode's lag is measured the same way."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,8 +46,17 @@ def _run(tmp_path, name, *more, actors=2, total_steps=8000):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = json.loads((logdir / "summary.json").read_text())
+    # Progress rows after the end (the learner serves status a few seconds longer) show the summary's count.
+    after_end = re.findall(r"\] done\s+env steps\s+([\d,]+)/", out.stdout)
+    assert all(int(n.replace(",", "")) == summary["env_steps"] for n in after_end), (after_end, summary)
     rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
-    return summary, [r for r in rows if r.get("policy_lag_max") is not None]
+    updates = [r for r in rows if r.get("policy_lag_max") is not None]
+    # One row per update, with the counters after it; the rows every report interval carry no diagnostics.
+    assert [r["policy_version"] for r in updates] == list(range(1, summary["policy_version"] + 1)), updates
+    assert sum(r["gradient_steps"] for r in updates) == summary["learner_steps"] == updates[-1]["learner_steps"]
+    intervals = [r for r in rows if "phase" in r]
+    assert intervals and not any("approx_kl" in r for r in intervals), intervals
+    return summary, updates
 
 
 @pytest.mark.slow

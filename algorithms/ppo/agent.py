@@ -54,6 +54,7 @@ class PPOAgent(Agent):
     # An item can be a whole batch (the cleanrl preset's): every item held ahead is a policy version of lag
     # for the data behind it, so the sampler holds one, and the queue about a batch (`ppo_queue_items`).
     prefetch = 1
+    metrics_every_update = True  # a row of diagnostics per update, as CleanRL and Stable-Baselines3 log them
 
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int = 0):
         self.spec, self.config, self.total_steps = spec, config, total_steps
@@ -167,7 +168,7 @@ class PPOAgent(Agent):
             off_policy_fraction=float(np.mean(lag > 0)),
         )
         result = StepResult(
-            gradient_steps=metrics.pop("gradient_steps"), consumed=self._steps, updated=True, metrics=metrics
+            gradient_steps=metrics["gradient_steps"], consumed=self._steps, updated=True, metrics=metrics
         )
         self._items, self._steps, self._episodes = [], 0, 0
         return result
