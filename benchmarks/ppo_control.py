@@ -296,6 +296,7 @@ def report(
             groups[(env, variant)].append(r)
     result = {}
     for (env, variant), rs in sorted(groups.items()):
+        print(f"# {env} {variant}: {len(rs)} runs, bootstrapping the curve's bands", file=sys.stderr, flush=True)
         finals = [r["summary"]["final_eval_return_mean"] for r in rs]
         walls = [r["summary"]["wall_seconds"] for r in rs]
         steps = [r["summary"]["env_steps"] for r in rs]
@@ -469,11 +470,21 @@ def _pair(text: str) -> tuple[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="train the missing runs, then print the report of those envs and variants")
+    listed = f"variants: {', '.join(VARIANTS)}"
+    r = sub.add_parser(
+        "run", help="train the missing runs, then print the report of those envs and variants", epilog=listed
+    )
     r.add_argument("--envs", nargs="+", required=True, help="gymnasium env ids, e.g. Hopper-v5")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds per (variant, env)")
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
-    r.add_argument("--variants", nargs="+", default=list(VARIANTS)[:6], choices=list(VARIANTS))
+    r.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS)[:6],
+        choices=list(VARIANTS),
+        metavar="VARIANT",
+        help=f"variants to run, listed below (default: {' '.join(list(VARIANTS)[:6])})",
+    )
     r.add_argument("--out", required=True, help="folder of VARIANT/ENV-sSEED run directories")
     r.add_argument(
         "--peer-threads",
@@ -482,7 +493,9 @@ def main() -> None:
         help="OMP_NUM_THREADS for the peer's torch (0: its default); 1 keeps it from spinning when another "
         "process shares the cores",
     )
-    rep = sub.add_parser("report", help="print the report of the runs under a folder, or of their records")
+    rep = sub.add_parser(
+        "report", help="print the report of the runs under a folder, or of their records", epilog=listed
+    )
     rep.add_argument(
         "out", nargs="?", default=None, help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)"
     )
@@ -493,14 +506,16 @@ def main() -> None:
         nargs="+",
         default=None,
         choices=list(VARIANTS),
-        help="report only these variants, with the control, the peer beside it and the sides of --against "
-        "(default: every one found)",
+        metavar="VARIANT",
+        help="report only these variants (listed below), with the control, the peer beside it and the sides of "
+        "--against (default: every one found)",
     )
     for q in (r, rep):
         q.add_argument(
             "--control",
             default=CONTROL,
             choices=list(VARIANTS),
+            metavar="VARIANT",
             help=f"the variant every other one is set against (default: {CONTROL}, the synchronous control)",
         )
         q.add_argument(
@@ -555,7 +570,14 @@ def main() -> None:
         args.out, getattr(args, "budget", None), args.control, args.records, args.against, args.envs, args.variants
     )
     if not result:
-        p.exit(1, "no finished runs found in the folders given of the envs and variants named\n")
+        where = " and ".join(repr(f) for f in (args.out, args.records) if f)
+        p.exit(
+            1,
+            f"no finished runs in {where}"
+            + (" of the envs and variants named" if args.envs or args.variants else "")
+            + ": it reads VARIANT/ENV-sSEED run directories (as `run --out` writes them) and, with --records, "
+            "VARIANT/ENV-sSEED.json records\n",
+        )
     print_report(result, args.against)
     missing = [env for env in args.envs or () if env not in result]
     missing += [v for v in args.variants or () if not any(v in variants for variants in result.values())]

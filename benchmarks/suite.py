@@ -62,7 +62,7 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
     """Trains one (env, seed) into `logdir` unless it already finished; continues a stopped one.
 
     Raises:
-        subprocess.CalledProcessError: the run failed (its output says why).
+        SystemExit: the run failed (its output, above the message, says why); runs finished before it are kept.
     """
     summary = os.path.join(logdir, "summary.json")
     done = json.loads(open(summary).read()) if os.path.exists(summary) else None
@@ -105,7 +105,12 @@ def run_one(algo: str, env: str, seed: int, total_steps: int, logdir: str, extra
         ]  # a metrics row (with the latest evaluation: a curve point) per second
         cmd += ["--resume", logdir] if os.path.exists(os.path.join(logdir, "run.json")) else ["--logdir", logdir]
     print("$", shlex.join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    if code:
+        raise SystemExit(
+            f"{logdir}: the run failed (exit status {code}; its output above says why). The runs finished before it "
+            "are kept: fix the cause and give the same command again to go on."
+        )
 
 
 def load(dirs: list[str]) -> list[dict]:

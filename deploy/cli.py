@@ -401,7 +401,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 @common
 @click.option(
     "--total-steps",
-    type=int,
+    type=click.IntRange(1),
     default=None,
     help="Env steps to train for (agent steps: 4 frames each on Atari). Required, except with --show-config, "
     "or with --resume (default: the run's budget).",
@@ -518,8 +518,8 @@ def up(
     from rlfleet.deploy.launcher import LaunchError, launch
 
     logdir = _logdir(logdir, resume)
-    if total_steps <= 0 or num_actors <= 0:
-        _fail("--total-steps and --actors must be positive.")
+    if total_steps <= 0:  # a budget read from the run's run.json
+        _fail(f"--total-steps {total_steps}: the budget must be a positive number of env steps; give --total-steps.")
     if seeds:
         from rlfleet.deploy.seeds import parse_seeds, run_seeds
 

@@ -139,6 +139,11 @@ def test_up_resume_alone_takes_the_run_and_refuses_what_does_not_fit(tmp_path):
     (run / "run.json").write_text(json.dumps(recorded))
     out = rlfleet("up", "--resume", run, timeout=120)  # this run.json records no budget
     assert out.returncode == 2 and "Missing option '--total-steps'" in out.stderr, out.stderr
+    (run / "run.json").write_text(json.dumps(dict(recorded, total_steps=0)))
+    out = rlfleet("up", "--resume", run, timeout=120)
+    assert out.returncode == 2 and "--total-steps 0: the budget must be a positive" in out.stderr, out.stderr
+    out = rlfleet("up", "--resume", run, "--total-steps", "-5", timeout=120)
+    assert out.returncode == 2 and "'--total-steps': -5 is not in the range" in out.stderr, out.stderr
     (run / "run.json").write_text(json.dumps(dict(recorded, total_steps=1000)))
     out = rlfleet("up", "--resume", run, "--seed", "8", timeout=120)
     assert out.returncode == 2 and "seed: 7 -> 8" in out.stderr and "--resume" in out.stderr, out.stderr

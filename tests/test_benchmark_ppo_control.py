@@ -130,9 +130,28 @@ def test_report_says_what_it_found_nothing_of(tmp_path):
     assert done.returncode == 0 and "sync-cleanrl" in done.stdout, done.stderr
     assert "no finished runs of Walker2d-v5, async-default (check the names)" in done.stderr
     done = report(str(out), "--envs", "Hoper-v5")
-    assert done.returncode == 1 and "no finished runs found" in done.stderr and not done.stdout
+    assert (
+        done.returncode == 1
+        and "no finished runs in" in done.stderr
+        and "VARIANT/ENV-sSEED" in done.stderr
+        and not done.stdout
+    )
     done = report("--records", str(tmp_path / "records"))
     assert done.returncode == 2 and "is not a folder" in done.stderr
+
+
+def test_a_failed_run_stops_the_benchmark_with_what_to_do(tmp_path):
+    out = tmp_path / "runs"
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "ppo_control.py"), "run", "--envs", "NoSuchEnv-v5", "--seeds", "0"]
+    done = subprocess.run(
+        [*cmd, "--total-steps", "1000", "--out", str(out), "--variants", "sync-cleanrl"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "unknown or unavailable environment id 'NoSuchEnv-v5'" in done.stderr, done.stderr
+    assert "the run failed (exit status 2" in done.stderr and "give the same command again" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(
