@@ -52,8 +52,9 @@ def seed_dir(logdir: str, seed: int) -> str:
     return os.path.join(logdir, f"seed-{seed}")
 
 
-def _state(run_dir: str, total_steps: int) -> str:
-    """ "done" (finished its budget), "resume" (it has a checkpoint) or "new"."""
+def run_state(run_dir: str, total_steps: int) -> str:
+    """What `rlfleet up` has left to do in `run_dir` for a budget of `total_steps` env steps: "done" (its
+    summary.json says it completed at least that many), "resume" (it has a checkpoint) or "new"."""
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -113,7 +114,7 @@ def run_seeds(
     )
     pending = []
     for seed in seeds:
-        state = _state(seed_dir(logdir, seed), total_steps)
+        state = run_state(seed_dir(logdir, seed), total_steps)
         if state == "done":
             print(f"rlfleet up: seed {seed}: finished earlier ({seed_dir(logdir, seed)})", flush=True)
         else:

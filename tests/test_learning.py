@@ -207,6 +207,19 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     walls = [json.loads(line)["wall_seconds"] for line in (logdir / "metrics.jsonl").read_text().splitlines()]
     assert walls == sorted(walls) and final["wall_seconds"] > stopped["wall_seconds"], walls
 
+    # Resumed again once finished, at its budget: nothing starts and the summary stays as it is.
+    summary_bytes = (logdir / "summary.json").read_bytes()
+    again = subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--resume", logdir],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0 and "finished its budget" in again.stdout, again.stdout + again.stderr
+    assert "Give a larger --total-steps" in again.stdout and (logdir / "summary.json").read_bytes() == summary_bytes
+
 
 def test_a_dead_child_makes_up_fail_loudly(tmp_path):
     """kill -9 of the replay server: `up` exits non-zero with that child's log, and stops the rest."""
