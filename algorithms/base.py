@@ -184,8 +184,9 @@ class Agent(abc.ABC):
 
     # Where the metrics of `consume`'s results go. False: the latest ones ride on the next metrics row (one
     # every report interval). True: each update (a result with `updated` and metrics) writes a metrics row of
-    # its own, with the counters after it, as a per-update log does (CleanRL, Stable-Baselines3); the rows
-    # every report interval then carry none of them. For algorithms whose updates come a few a second at most.
+    # its own, with the counters after it, as a per-update log does (CleanRL, Stable-Baselines3), and the rows
+    # every report interval carry only the metrics of results without `updated`. For algorithms whose updates
+    # come a few a second at most.
     metrics_every_update: ClassVar[bool] = False
 
     def policy(self, stochastic: bool, seed: int):

@@ -48,6 +48,7 @@ import glob
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -470,9 +471,14 @@ def _pair(text: str) -> tuple[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    listed = f"variants: {', '.join(VARIANTS)}"
+    listed = "variants:\n" + textwrap.fill(
+        " ".join(VARIANTS), 100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False
+    )
     r = sub.add_parser(
-        "run", help="train the missing runs, then print the report of those envs and variants", epilog=listed
+        "run",
+        help="train the missing runs, then print the report of those envs and variants",
+        epilog=listed,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("--envs", nargs="+", required=True, help="gymnasium env ids, e.g. Hopper-v5")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds per (variant, env)")
@@ -494,7 +500,10 @@ def main() -> None:
         "process shares the cores",
     )
     rep = sub.add_parser(
-        "report", help="print the report of the runs under a folder, or of their records", epilog=listed
+        "report",
+        help="print the report of the runs under a folder, or of their records",
+        epilog=listed,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     rep.add_argument(
         "out", nargs="?", default=None, help="folder of VARIANT/ENV-sSEED run directories (as `run --out` wrote it)"

@@ -533,16 +533,6 @@ def up(
         up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
         up_args += ["--learner-port", str(learner_port)] if learner_port else []
         sys.exit(run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args))
-    if resume:
-        from rlfleet.deploy.seeds import run_state
-
-        if run_state(resume, total_steps) == "done":
-            print(
-                f"rlfleet up: {resume} finished its budget of {total_steps:,} env steps earlier (its summary.json); "
-                "nothing to train. Give a larger --total-steps to train it on.",
-                flush=True,
-            )
-            return
     try:
         code = launch(
             algo=algo,

@@ -29,7 +29,7 @@ from rlfleet.deploy.addresses import bare_host, bind_problem, host_port
 from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
-from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, write_json
+from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, run_state, write_json
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
@@ -403,6 +403,9 @@ def launch(
     keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
     restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
     the teacher's replay, restored read-only. `video_every`: the learner's `--video-every` (0: no videos).
+    A run resumed (`resume`) into a `logdir` whose summary.json says it finished `total_steps` starts nothing
+    (returns 0 and says so).
+
     Raises:
         LaunchError: bad env/preset/teacher (before anything starts), or a child died.
     """
@@ -410,6 +413,13 @@ def launch(
         algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
         report_interval, teacher, bind, video_every,
     )  # fmt: skip
+    if resume and run_state(logdir, total_steps) == "done":  # after the run directory's checks in `_plan`
+        print(
+            f"rlfleet up: {logdir} finished its budget of {total_steps:,} env steps earlier (its summary.json); "
+            "nothing to train. Give a larger --total-steps to train it on.",
+            flush=True,
+        )
+        return 0
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
     write_json(plan.settings_path, plan.run)

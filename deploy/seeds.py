@@ -14,6 +14,7 @@ import time
 
 from rlfleet.deploy.files import atomic_write
 from rlfleet.deploy.parent import PARENT_PID_ENV
+from rlfleet.learner.run_dir import run_state
 
 # Why a report has no curve: each run's metrics.jsonl must hold evaluations before the shortest run's end.
 NO_CURVE = (
@@ -50,19 +51,6 @@ def parse_seeds(items: tuple[str, ...], limit: int) -> list[int]:
 def seed_dir(logdir: str, seed: int) -> str:
     """The run directory of `seed` in a `--seeds` folder: DIR/seed-S."""
     return os.path.join(logdir, f"seed-{seed}")
-
-
-def run_state(run_dir: str, total_steps: int) -> str:
-    """What `rlfleet up` has left to do in `run_dir` for a budget of `total_steps` env steps: "done" (its
-    summary.json says it completed at least that many), "resume" (it has a checkpoint) or "new"."""
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        if summary.get("completed") and int(summary.get("env_steps", 0)) >= total_steps:
-            return "done"
-    except (OSError, ValueError, TypeError):
-        pass
-    return "resume" if os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint")) else "new"
 
 
 class _Run:

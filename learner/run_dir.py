@@ -217,6 +217,19 @@ def read_next_actor_id(logdir: str) -> int:
         return 0
 
 
+def run_state(run_dir: str, total_steps: int) -> str:
+    """What `rlfleet up` has left to do in `run_dir` for a budget of `total_steps` env steps: "done" (its
+    summary.json says it completed at least that many), "resume" (it has a checkpoint) or "new"."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if summary.get("completed") and int(summary.get("env_steps", 0)) >= total_steps:
+            return "done"
+    except (OSError, ValueError, TypeError, AttributeError):  # no summary, or one that is not a run's
+        pass
+    return "resume" if os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint")) else "new"
+
+
 class MetricsLog:
     """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes) and
     RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps)."""

@@ -249,14 +249,17 @@ class Learner:
         seen = self.count["consumed_env_steps"] + self.count["dropped_env_steps"]
         return max(self.registry.env_steps(), seen)
 
-    def status_dict(self) -> dict:
+    def status_dict(self, final: bool = False) -> dict:
         """The fields of the `Status` message (proto/rlfleet.proto), as plain Python values
-        (`rlfleet.learner.status.RunStatus.fields`, and replay: the tables' last copy)."""
+        (`rlfleet.learner.status.RunStatus.fields`, and replay: the tables' last copy). `final`: those of the
+        run's end, for summary.json; status keeps their env steps from then on."""
         with self.lock:
             # The training thread adds to the counters without this lock: the env steps shown are at least
             # the consumed + dropped values shown beside them, read here before it.
             count = dict(self.count)
             env_steps = self._env_steps_locked()  # reads the counters after the copy: at least its consumed + dropped
+            if final:
+                self.final_env_steps = env_steps
             now = time.monotonic()
             self.registry.evict_stale(now)  # status never lists an actor past its timeout
             out = self.status.fields(count, env_steps, self.registry.snapshot(now), now, self.agent.status_extras())
@@ -529,9 +532,7 @@ class Learner:
             more["replay_checkpoint_dir"] = checkpoint_run_replay(run.replay_address, run.logdir)
         self._log_metrics(metrics, last)
         self.feed.refresh_status()
-        st = self.status_dict()
-        with self.lock:
-            self.final_env_steps = st["env_steps"]
+        st = self.status_dict(final=True)
         wall_seconds = self.status.wall_seconds(time.monotonic())
         summary = end_summary(
             run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, self.best, **more
@@ -573,7 +574,9 @@ class Learner:
         run = self.run_spec
         with self.lock:
             self.status.fault, self.status.phase, self.run_over = fault, "failed", True
-        summary = failure_summary(run, fault, self.status_dict(), self.checkpoints.latest, self.config, self.best)
+        summary = failure_summary(
+            run, fault, self.status_dict(final=True), self.checkpoints.latest, self.config, self.best
+        )
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         with self.lock:
             self.status.finished = True

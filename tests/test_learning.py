@@ -219,6 +219,15 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
     )
     assert again.returncode == 0 and "finished its budget" in again.stdout, again.stdout + again.stderr
     assert "Give a larger --total-steps" in again.stdout and (logdir / "summary.json").read_bytes() == summary_bytes
+    other = subprocess.run(  # another seed is another run: refused, as for a run not finished
+        [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--resume", logdir, "--seed", "4"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode == 2 and "seed: 3 -> 4" in other.stderr, other.stdout + other.stderr
 
 
 def test_a_dead_child_makes_up_fail_loudly(tmp_path):
