@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers import ENV, ROOT
+from helpers import ENV, ROOT, rlfleet
 
 pytestmark = pytest.mark.slow
 
@@ -209,24 +209,10 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
 
     # Resumed again once finished, at its budget: nothing starts and the summary stays as it is.
     summary_bytes = (logdir / "summary.json").read_bytes()
-    again = subprocess.run(
-        [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--resume", logdir],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = rlfleet("up", "--resume", logdir, timeout=120)
     assert again.returncode == 0 and "finished its budget" in again.stdout, again.stdout + again.stderr
     assert "Give a larger --total-steps" in again.stdout and (logdir / "summary.json").read_bytes() == summary_bytes
-    other = subprocess.run(  # another seed is another run: refused, as for a run not finished
-        [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--resume", logdir, "--seed", "4"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    other = rlfleet("up", "--resume", logdir, "--seed", 4, timeout=120)  # another seed: refused, as for any run
     assert other.returncode == 2 and "seed: 3 -> 4" in other.stderr, other.stdout + other.stderr
 
 
