@@ -377,8 +377,9 @@ def _logdir(logdir: str | None, resume: str | None) -> str:
 
 
 def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
-    """Prints every setting of the run's resolved config: name, value, description (with its unit)."""
-    from rlfleet.algorithms.settings import describe, make_algo_config
+    """Prints every setting of the run's resolved config: name, value, description (with its unit) and the values
+    it may take (its declared range or choices)."""
+    from rlfleet.algorithms.settings import choices, describe, make_algo_config, ranges
 
     try:
         cfg = make_algo_config(algo, preset, env_id, overrides)
@@ -389,12 +390,13 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
         f"# {algo} on {env_id}: preset {preset!r} with its per-env overrides; * = changed from that by "
         "--config-file, --set or an option (--envs-per-actor, --offline-steps)"
     )
-    docs = describe(type(cfg))
+    docs, valid, named = describe(type(cfg)), ranges(type(cfg)), choices(type(cfg))
     values = dataclasses.asdict(cfg)
     width = max(len(k) for k in values)
     for key, value in values.items():
         mark = "*" if value != base[key] else " "
-        click.echo(f"{key:<{width}} {mark} {json.dumps(value):<14} # {docs[key]}")
+        allowed = f" [{valid[key]}]" if key in valid else f" [one of {', '.join(named[key])}]" if key in named else ""
+        click.echo(f"{key:<{width}} {mark} {json.dumps(value):<14} # {docs[key]}{allowed}")
 
 
 @main.command()

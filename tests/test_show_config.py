@@ -60,6 +60,7 @@ def test_show_config_prints_the_resolved_settings(tmp_path):
     assert rows["learning_rate"].split()[1:3] == ["*", "0.0001"]
     assert rows["discount"].split()[1] == "0.9999"
     assert settings.describe(PPOConfig)["discount"] in rows["discount"]
+    assert rows["learning_rate"].endswith("[> 0]") and rows["activation"].endswith("[one of relu, tanh]"), rows
     assert not (tmp_path / "run").exists()  # nothing was started
     bad = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "learnig_rate=1", "--show-config")
     assert bad.returncode == 2 and "unknown DQN setting(s) ['learnig_rate']" in bad.stderr
