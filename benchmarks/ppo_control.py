@@ -14,6 +14,8 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
 - sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
+- sb3-cleanrl-rolloutstats: the peer with its normalisers' statistics updated once per rollout, as the control's are
+  once per update;
 - sb3-default-normobs, sb3-default-normreward: SB3's defaults with VecNormalize on observations, or on rewards;
 - ablations from the control, from sync-default, async-default or async-cleanrl (`ABLATIONS`): one setting each,
   or a named group of them (sync-default-sb3), run when named with --variants.
@@ -84,6 +86,9 @@ VARIANTS = {
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),
     "sb3-default": ("sb3-ppo", []),
     "sb3-cleanrl-1env": ("sb3-ppo", ["--preset", "cleanrl", "--n-envs", "1"]),
+    # The peer with its VecNormalize statistics merged once per rollout, as the control's learner merges them once
+    # per update, rather than at every env step.
+    "sb3-cleanrl-rolloutstats": ("sb3-ppo", ["--preset", "cleanrl", "--statistics", "rollout"]),
     # SB3's defaults with its own VecNormalize: whether normalising observations, or scaling rewards by the
     # discounted return's std, costs SB3's PPO what it costs rlfleet's.
     "sb3-default-normobs": ("sb3-ppo", ["--normalize", "obs"]),

@@ -28,6 +28,12 @@ Not matched: SB3 clips the value prediction and keeps that loss alone (CleanRL k
 unclipped losses); SB3 bootstraps at time limits as rlfleet does (CleanRL does not). Its evaluation normalises
 observations with the training statistics at that time.
 
+`--statistics rollout` (with `--preset cleanrl`): VecNormalize's statistics held fixed through each rollout and
+merged with the rollout's raw observations and discounted returns at its end, before the update, as rlfleet's
+learner updates its normalisers once per update (`RolloutStatisticsNormalize`); SB3's own (`step`) updates them at
+every env step. The rollout's rewards are scaled by the statistics of its start (rlfleet's learner scales a batch's
+with the statistics that include it).
+
 `--algo dqn`: `DQN("MlpPolicy", env)` with the settings of rlfleet's DQN preset for the env wherever SB3 has
 them (`dqn_kwargs`; for the classic-control envs those are the RL Baselines3 Zoo's values): network widths,
 learning rate (and its linear anneal), batch, replay size, warm-up, γ, n-step targets, ε schedule, and the
@@ -71,6 +77,53 @@ PPO_DIAGNOSTICS = {
     "train/std": ("policy_std", 1.0),
     "train/learning_rate": ("learning_rate", 1.0),
 }
+
+
+def rollout_statistics_normalize(venv, **kwargs):
+    """SB3's `VecNormalize` on `venv` whose observation and return statistics change only when `merge()` is called:
+    through a rollout it normalises with the statistics of the rollout's start and keeps the raw observations
+    (float [n_envs, obs_dim] per step, the reset's included) and each env's running discounted return (its own
+    accumulator, γ and resets as VecNormalize's); `merge()` adds them to the statistics (the same parallel merge, so
+    the statistics after it equal those VecNormalize reaches by updating at every step). `kwargs` are
+    VecNormalize's."""
+    import numpy as np
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    class RolloutStatisticsNormalize(VecNormalize):
+        def __init__(self, venv, **kwargs):
+            super().__init__(venv, **kwargs)
+            self.pending_obs, self.pending_returns = [], []
+
+        def reset(self):
+            obs = self.venv.reset()
+            self.old_obs, self.returns = obs, np.zeros(self.num_envs)
+            if self.training:
+                self.pending_obs.append(np.array(obs))
+            return self.normalize_obs(obs)
+
+        def step_wait(self):
+            obs, rewards, dones, infos = self.venv.step_wait()
+            self.old_obs, self.old_reward = obs, rewards
+            if self.training:
+                self.pending_obs.append(np.array(obs))
+                self.returns = self.returns * self.gamma + rewards
+                self.pending_returns.append(self.returns.copy())
+            for i in np.flatnonzero(dones):
+                if "terminal_observation" in infos[i]:
+                    infos[i]["terminal_observation"] = self.normalize_obs(infos[i]["terminal_observation"])
+            self.returns[dones] = 0
+            return self.normalize_obs(obs), self.normalize_reward(rewards), dones, infos
+
+        def merge(self) -> None:
+            """Adds the observations and returns kept since the last merge to the statistics."""
+            if self.norm_obs and self.pending_obs:
+                self.obs_rms.update(np.concatenate(self.pending_obs))
+            if self.norm_reward and self.pending_returns:
+                self.ret_rms.update(np.concatenate(self.pending_returns))
+            self.pending_obs, self.pending_returns = [], []
+
+    return RolloutStatisticsNormalize(venv, **kwargs)
+
 
 DQN_BURST_ENV_STEPS = 256  # SB3 DQN trains every this many env steps (the zoo's CartPole-v1 train_freq)
 
@@ -161,6 +214,13 @@ def main() -> None:
         default="none",
         help="PPO with its defaults: SB3's VecNormalize on the observations, the rewards or both (see above)",
     )
+    p.add_argument(
+        "--statistics",
+        choices=["step", "rollout"],
+        default="step",
+        help="--preset cleanrl: VecNormalize's statistics updated at every env step (SB3's) or once per rollout "
+        "(rlfleet's learner's; see above)",
+    )
     p.add_argument("--env", required=True, help="gymnasium id, e.g. Hopper-v5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--total-steps", type=int, required=True, help="env steps")
@@ -172,6 +232,8 @@ def main() -> None:
         p.error("--normalize goes with PPO's defaults (the cleanrl preset normalises both already; DQN has none)")
     if args.n_envs and (args.algo != "ppo" or args.preset != "cleanrl"):
         p.error("--n-envs goes with --preset cleanrl (SB3's defaults and DQN run one env)")
+    if args.statistics != "step" and (args.algo != "ppo" or args.preset != "cleanrl"):
+        p.error("--statistics goes with --preset cleanrl (the preset's VecNormalize)")
 
     try:
         from stable_baselines3 import DQN, PPO
@@ -204,6 +266,10 @@ def main() -> None:
             row = {name: factor * float(logged[k]) for k, (name, factor) in PPO_DIAGNOSTICS.items() if k in logged}
             metrics.write(json.dumps(dict(env_steps=self.num_timesteps, **row)) + "\n")
 
+        def _on_rollout_end(self) -> None:
+            if args.statistics == "rollout":  # the rollout is in the buffer, normalised; the update comes next
+                normalizer.merge()
+
         def _on_training_end(self) -> None:
             self._on_rollout_start()  # the last update's diagnostics: no rollout starts after it
 
@@ -233,11 +299,13 @@ def main() -> None:
 
         kwargs = ppo_kwargs(args.env, args.n_envs)
         n_envs, vec_kwargs = kwargs.pop("n_envs"), kwargs.pop("vec_normalize")
-        normalizer = VecNormalize(make_vec_env(args.env, n_envs=n_envs, seed=args.seed), **vec_kwargs)
+        wrap = VecNormalize if args.statistics == "step" else rollout_statistics_normalize
+        normalizer = wrap(make_vec_env(args.env, n_envs=n_envs, seed=args.seed), **vec_kwargs)
         model = PPO("MlpPolicy", normalizer, seed=args.seed, verbose=0, **kwargs)
         config = f"stable-baselines3 PPO configured to rlfleet's cleanrl preset: n_envs={n_envs}, " + ", ".join(
             f"{k}={'linear anneal' if callable(v) else v}" for k, v in {**vec_kwargs, **kwargs}.items()
         )
+        config += f", VecNormalize statistics updated every {args.statistics}"
     elif args.algo == "ppo":
         env = gym.make(args.env)
         config = "stable-baselines3 PPO defaults (MlpPolicy)"

@@ -222,6 +222,39 @@ def test_the_sb3_peer_takes_the_cleanrl_preset(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_peers_rollout_statistics_merge_to_what_per_step_updates_reach():
+    """`--statistics rollout`: fixed statistics through a rollout, then the same statistics as SB3's VecNormalize."""
+    pytest.importorskip("stable_baselines3", reason="the peer needs the bench extra: pip install -e '.[cpu,bench]'")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    per_step = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=3), gamma=0.9)
+    per_rollout = sb3_peer.rollout_statistics_normalize(make_vec_env("Pendulum-v1", n_envs=2, seed=3), gamma=0.9)
+    mean0, var0 = per_rollout.obs_rms.mean.copy(), per_rollout.obs_rms.var.copy()
+    per_step.reset(), per_rollout.reset()
+    actions = np.random.default_rng(0).uniform(-2, 2, size=(250, 2, 1)).astype(np.float32)
+    episodes_ended = 0
+    for a in actions:  # 250 steps: the envs' 200-step time limit resets them on the way
+        obs, rewards, dones, _ = per_step.step(a)
+        obs_r, rewards_r, dones_r, _ = per_rollout.step(a)
+        np.testing.assert_array_equal(dones, dones_r)
+        episodes_ended += int(dones.sum())
+    assert episodes_ended == 2 and per_step.obs_rms.count == pytest.approx(251 * 2, abs=1e-3)
+    np.testing.assert_array_equal(per_rollout.obs_rms.mean, mean0)  # held through the rollout
+    np.testing.assert_array_equal(per_rollout.obs_rms.var, var0)
+    raw = per_rollout.get_original_obs()
+    np.testing.assert_allclose(obs_r, np.clip((raw - mean0) / np.sqrt(var0 + 1e-8), -10, 10), rtol=1e-6)
+    assert not np.allclose(obs_r, obs)  # SB3's normalised with statistics that moved
+    per_rollout.merge()
+    for a, b in ((per_rollout.obs_rms, per_step.obs_rms), (per_rollout.ret_rms, per_step.ret_rms)):
+        assert a.count == pytest.approx(b.count)
+        np.testing.assert_allclose(a.mean, b.mean, rtol=1e-5)  # float32 observations
+        np.testing.assert_allclose(a.var, b.var, rtol=1e-5)
+    np.testing.assert_allclose(per_rollout.normalize_obs(raw), obs, atol=1e-5)
+    per_rollout.merge()  # nothing kept since: the statistics stay
+    assert per_rollout.obs_rms.count == pytest.approx(per_step.obs_rms.count)
+
+
 def test_every_rlfleet_variant_resolves_to_valid_settings():
     """A misspelt or mistyped `--set` in a variant would only fail once its runs start: each variant's preset and
     overrides (parsed as `rlfleet up` parses them) must build a PPO config on every suite env, per-env overrides
