@@ -28,6 +28,9 @@ Not matched: SB3 clips the value prediction and keeps that loss alone (CleanRL k
 unclipped losses); SB3 bootstraps at time limits as rlfleet does (CleanRL does not). Its evaluation normalises
 observations with the training statistics at that time.
 
+`--value-clip 0` (with `--preset cleanrl`): no clipped value loss (`clip_range_vf=None`), as the preset with
+`--set value_clip=0`.
+
 `--statistics rollout` (with `--preset cleanrl`): VecNormalize's statistics held fixed through each rollout and
 merged with the rollout's raw observations and discounted returns at its end, before the update, as rlfleet's
 learner updates its normalisers once per update (`RolloutStatisticsNormalize`); SB3's own (`step`) updates them at
@@ -158,17 +161,18 @@ def dqn_kwargs(env_id: str, total_steps: int) -> dict:
     )
 
 
-def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
+def ppo_kwargs(env_id: str, n_envs: int = 0, overrides: dict | None = None) -> dict:
     """SB3 `PPO` arguments from rlfleet's `cleanrl` PPO preset for `env_id` (see the module doc), and the
     VecNormalize arguments and env count under "vec_normalize" and "n_envs". `n_envs` > 0 splits the same batch
-    of env steps over that many envs (1: CleanRL's own layout, one env of 2048 steps).
+    of env steps over that many envs (1: CleanRL's own layout, one env of 2048 steps). `overrides` (PPOConfig
+    field -> value) change the preset as `--set` does.
 
     Raises:
         ValueError: `n_envs` does not divide the preset's batch.
     """
     from rlfleet.algorithms.settings import make_algo_config
 
-    c = make_algo_config("ppo", "cleanrl", env_id, {})
+    c = make_algo_config("ppo", "cleanrl", env_id, dict(overrides or {}))
     batch = c.envs_per_actor * c.unroll_length
     n_envs = n_envs or c.envs_per_actor
     if batch % n_envs:
@@ -187,7 +191,7 @@ def ppo_kwargs(env_id: str, n_envs: int = 0) -> dict:
         gamma=c.discount,
         gae_lambda=c.gae_lambda,
         clip_range=c.clip_epsilon,
-        clip_range_vf=c.value_clip,
+        clip_range_vf=c.value_clip or None,  # SB3 takes None, not 0, for no clipping
         vf_coef=c.value_loss_coef / 2,  # SB3's value loss is the mean squared error, rlfleet's and CleanRL's half of it
         max_grad_norm=c.max_grad_norm,
         ent_coef=0.0,
@@ -215,6 +219,12 @@ def main() -> None:
         help="PPO with its defaults: SB3's VecNormalize on the observations, the rewards or both (see above)",
     )
     p.add_argument(
+        "--value-clip",
+        type=float,
+        default=None,
+        help="--preset cleanrl: the value prediction's clip range (0: none; default: the preset's)",
+    )
+    p.add_argument(
         "--statistics",
         choices=["step", "rollout"],
         default="step",
@@ -234,6 +244,8 @@ def main() -> None:
         p.error("--n-envs goes with --preset cleanrl (SB3's defaults and DQN run one env)")
     if args.statistics != "step" and (args.algo != "ppo" or args.preset != "cleanrl"):
         p.error("--statistics goes with --preset cleanrl (the preset's VecNormalize)")
+    if args.value_clip is not None and (args.algo != "ppo" or args.preset != "cleanrl" or args.value_clip < 0):
+        p.error("--value-clip goes with --preset cleanrl and is >= 0 (0: no clipped value loss)")
 
     try:
         from stable_baselines3 import DQN, PPO
@@ -297,7 +309,8 @@ def main() -> None:
         from stable_baselines3.common.env_util import make_vec_env
         from stable_baselines3.common.vec_env import VecNormalize
 
-        kwargs = ppo_kwargs(args.env, args.n_envs)
+        overrides = {} if args.value_clip is None else dict(value_clip=args.value_clip)
+        kwargs = ppo_kwargs(args.env, args.n_envs, overrides)
         n_envs, vec_kwargs = kwargs.pop("n_envs"), kwargs.pop("vec_normalize")
         wrap = VecNormalize if args.statistics == "step" else rollout_statistics_normalize
         normalizer = wrap(make_vec_env(args.env, n_envs=n_envs, seed=args.seed), **vec_kwargs)

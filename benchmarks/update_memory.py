@@ -5,6 +5,10 @@ With Python 3.11, TensorFlow 2.15 keeps about 100 bytes for every eager op and e
 it trains. `BatchPPO.update` runs as one graph call; the baseline, measured in the same run, is the same
 advantage computation done eagerly (GAE as an eager `tf.scan`, as the learner did before).
 
+A PPO learner also writes a metrics row per update (`MetricsLog.write`: a line of metrics.jsonl and a TensorBoard
+scalar per field); the third phase writes the update's own diagnostics as one row per call, and its baseline, in the
+same run, writes the same rows with eager summary ops (`MetricsLog` with no traced writer).
+
 Each phase runs `--updates` calls on synthetic batches of the preset's shape (HalfCheetah-v5, default preset)
 after 20 warm-up calls, and reports the growth in kB per call.
 
@@ -15,8 +19,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -28,6 +35,7 @@ from rlfleet.actors.envs import env_spec  # noqa: E402
 from rlfleet.algorithms.ppo.config import make_config  # noqa: E402
 from rlfleet.algorithms.ppo.items import ppo_signature  # noqa: E402
 from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
+from rlfleet.learner.run_dir import MetricsLog  # noqa: E402
 
 
 def synthetic_batch(spec, config, rng) -> dict:
@@ -50,6 +58,7 @@ def growth_kb_per_call(fn, calls: int) -> float:
     proc = psutil.Process()
     for _ in range(20):
         fn()
+    gc.collect()
     before = proc.memory_info().rss
     for _ in range(calls):
         fn()
@@ -71,12 +80,29 @@ def main() -> None:
     def eager_gae():  # the learner's GAE before: an eager backward tf.scan
         tf.scan(lambda acc, x: x[0] + 0.99 * 0.95 * x[1] * acc, (deltas, not_end), tf.zeros([n]), reverse=True)
 
+    row = dict(env_steps=0, learner_steps=0, policy_version=0, **ppo.update(batch, 0.5))
+    tmp = tempfile.mkdtemp(prefix="update-memory-")
+    log, eager_log = MetricsLog(os.path.join(tmp, "traced")), MetricsLog(os.path.join(tmp, "eager"))
+    eager_log.TRACED_FIELD_SETS = 0
+
+    def metrics_row(to=log):
+        row["env_steps"] += 2048
+        to.write(row)
+
     results = dict(
         env=args.env,
         calls=args.updates,
         baseline_eager_gae_kb_per_call=round(growth_kb_per_call(eager_gae, args.updates), 2),
         ppo_update_kb_per_call=round(growth_kb_per_call(lambda: ppo.update(batch, 0.5), args.updates), 2),
+        baseline_eager_metrics_row_kb_per_call=round(
+            growth_kb_per_call(lambda: metrics_row(eager_log), args.updates), 2
+        ),
+        metrics_row_kb_per_call=round(growth_kb_per_call(metrics_row, args.updates), 2),
+        metrics_row_fields=len(row) - 1,
     )
+    log.close()
+    eager_log.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(results, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -232,7 +232,15 @@ def run_state(run_dir: str, total_steps: int) -> str:
 
 class MetricsLog:
     """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes) and
-    RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps)."""
+    RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps).
+
+    A row's scalars are written, and the writer flushed, by one traced call per set of field names (up to
+    `TRACED_FIELD_SETS` sets, then eagerly): with Python 3.11, TensorFlow 2.15 keeps about 100 bytes for every eager
+    op it runs (tensorflow/tensorflow#62551), and a row written eagerly is tens of them, which a learner writing a
+    row per update would keep for as long as it trains (`benchmarks/update_memory.py`).
+    """
+
+    TRACED_FIELD_SETS = 16
 
     def __init__(self, logdir: str):
         import tensorflow as tf
@@ -240,6 +248,24 @@ class MetricsLog:
         self._tf = tf
         self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
         self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
+        self._traced: dict[tuple[str, ...], object] = {}
+
+    def _scalars_fn(self, names: tuple[str, ...]):
+        """A tf.function (step int64 [], values float32 [len(names)]) -> None that writes one scalar per name at
+        `step` and flushes the writer; None once `TRACED_FIELD_SETS` other sets have one."""
+        fn = self._traced.get(names)
+        if fn is None and len(self._traced) < self.TRACED_FIELD_SETS:
+            tf = self._tf
+
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([len(names)], tf.float32)])
+            def fn(step, values):
+                with self.writer.as_default(step=step):
+                    for i, name in enumerate(names):
+                        tf.summary.scalar(name, values[i])
+                tf.summary.flush(self.writer)
+
+            self._traced[names] = fn
+        return fn
 
     def write(self, row: dict) -> None:
         """Appends `row` (it must hold "env_steps"; "time" is not plotted).
@@ -253,10 +279,20 @@ class MetricsLog:
             self.file.flush()
         except OSError as e:  # a full disk: StorageError, which the learner's command reports
             raise storage_error(e, "metrics.jsonl", os.path.dirname(self.file.name)) from None
+        scalars = {
+            k: float(v)
+            for k, v in row.items()
+            if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v)
+        }
+        if not scalars:
+            return
+        fn = self._scalars_fn(tuple(scalars))
+        if fn is not None:
+            fn(self._tf.constant(int(row["env_steps"]), self._tf.int64), self._tf.constant(list(scalars.values())))
+            return
         with self.writer.as_default(step=row["env_steps"]):
-            for k, v in row.items():
-                if k not in ("time", "env_steps") and isinstance(v, (int, float)) and not math.isnan(v):
-                    self._tf.summary.scalar(k, v)
+            for k, v in scalars.items():
+                self._tf.summary.scalar(k, v)
         self.writer.flush()
 
     def close(self) -> None:

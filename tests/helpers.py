@@ -4,6 +4,7 @@ Imported as `helpers` (pyproject.toml puts tests/ on sys.path); the pytest fixtu
 conftest.py.
 """
 
+import collections
 import contextlib
 import os
 import shutil
@@ -186,6 +187,18 @@ class NsProc:
     def stop(self, sig=signal.SIGTERM):
         stop_group(self.proc, sig)
         self.log.close()
+
+
+def tensorboard_scalars(tb_dir) -> collections.Counter:
+    """(step, tag, float32 value) of every scalar in tb_dir's event files (not its subfolders), counted."""
+    import tensorflow as tf
+
+    found = collections.Counter()
+    for events in tb_dir.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            for v in event.summary.value:
+                found[(event.step, v.tag, float(tf.make_ndarray(v.tensor)))] += 1
+    return found
 
 
 def stop_group(proc: subprocess.Popen, sig=signal.SIGTERM, timeout=30) -> None:

@@ -207,6 +207,7 @@ def test_the_sb3_peer_takes_the_cleanrl_preset(tmp_path):
     assert kw["vec_normalize"] == dict(gamma=c.discount, clip_obs=10.0, clip_reward=10.0)
     # SB3's loss is policy + vf_coef × mean squared error; CleanRL's policy + 0.5 × (0.5 × mean squared error).
     assert (kw["clip_range_vf"], kw["vf_coef"], kw["max_grad_norm"]) == (0.2, 0.25, 0.5)
+    assert sb3_peer.ppo_kwargs("Hopper-v5", 0, dict(value_clip=0.0))["clip_range_vf"] is None  # SB3's "no clip"
     one = sb3_peer.ppo_kwargs("Hopper-v5", 1)  # CleanRL's own layout: one env of 2048 steps
     assert (one["n_envs"], one["n_steps"], one["batch_size"]) == (1, 2048, 64)
     with pytest.raises(ValueError, match="does not divide"):
