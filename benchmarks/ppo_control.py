@@ -16,7 +16,7 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - sb3-cleanrl-1env: the peer with CleanRL's own layout, one env of 2048 steps per update;
 - sb3-cleanrl-rolloutstats: the peer with its normalisers' statistics updated once per rollout, as the control's are
   once per update;
-- sb3-cleanrl-novalueclip: the peer without its clipped value loss (against the ablation sync-cleanrl-novalueclip);
+- sb3-cleanrl-novclip: the peer without its clipped value loss (against the ablation sync-cleanrl-novclip);
 - sb3-default-normobs, sb3-default-normreward: SB3's defaults with VecNormalize on observations, or on rewards;
 - ablations from the control, from sync-default, async-default or async-cleanrl (`ABLATIONS`): one setting each,
   or a named group of them (sync-default-sb3), run when named with --variants.
@@ -90,9 +90,9 @@ VARIANTS = {
     # The peer with its VecNormalize statistics merged once per rollout, as the control's learner merges them once
     # per update, rather than at every env step.
     "sb3-cleanrl-rolloutstats": ("sb3-ppo", ["--preset", "cleanrl", "--statistics", "rollout"]),
-    # The peer without its clipped value loss, against sync-cleanrl-novalueclip: SB3 clips the value prediction and
+    # The peer without its clipped value loss, against sync-cleanrl-novclip: SB3 clips the value prediction and
     # keeps that loss alone, the control keeps the larger of the clipped and unclipped losses (CleanRL's).
-    "sb3-cleanrl-novalueclip": ("sb3-ppo", ["--preset", "cleanrl", "--value-clip", "0"]),
+    "sb3-cleanrl-novclip": ("sb3-ppo", ["--preset", "cleanrl", "--value-clip", "0"]),
     # SB3's defaults with its own VecNormalize: whether normalising observations, or scaling rewards by the
     # discounted return's std, costs SB3's PPO what it costs rlfleet's.
     "sb3-default-normobs": ("sb3-ppo", ["--normalize", "obs"]),
@@ -206,8 +206,6 @@ ABLATIONS = {
     "sync-cleanrl-targetkl": ("sync-cleanrl", ["--set", "target_kl=0.01"]),
     # Swimmer-v5 with the discount the `default` preset uses for it (see algorithms/ppo/config.py, ENV_OVERRIDES).
     "async-cleanrl-gamma9999": ("async-cleanrl", ["--set", "discount=0.9999"]),
-    # The control without the clipped value loss, against sb3-cleanrl-novalueclip.
-    "sync-cleanrl-novalueclip": ("sync-cleanrl", ["--set", "value_clip=0"]),
 }
 for _name, (_base, _more) in ABLATIONS.items():
     VARIANTS[_name] = ("ppo", VARIANTS[_base][1] + _more)

@@ -155,7 +155,10 @@ _BATCHPPO = dict(
 #   asynchronously, each actor's share of a batch is one long item, so every item an actor writes ahead of the
 #   learner is a policy version of lag (`actor_credit` keeps it within `max_policy_lag`);
 # - Keras' Adam adds ε to the root of the second moment before its bias correction (PyTorch's after), so the same
-#   ε weighs more in the first few hundred gradient steps.
+#   ε weighs more in the first few hundred gradient steps;
+# - the policy acts in [-1, 1], mapped linearly onto the env's action bounds, where CleanRL samples in the env's
+#   units and clips: the same on envs whose bounds are ±1, but on Humanoid-v5 (±0.4) CleanRL's initial std of 1
+#   puts most sampled actions at a bound, where here it spans the range as on the others.
 _CLEANRL = dict(
     policy_hidden=(64, 64),
     value_hidden=(64, 64),
