@@ -181,9 +181,10 @@ class BatchPPO:
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
         steps taken, each measured on its minibatch before its step, and the number of steps taken, int32).
         Stable-Baselines3 averages its clip fraction the same way but its approx KL over the last epoch alone
-        (CleanRL logs the last minibatch's of each), which for the same update is the larger. After a stop the losses are those of the minibatch that stopped it
-        (not stepped on), as Stable-Baselines3 logs them; under `off_policy_objective` behaviour the approx KL
-        returned is to the behaviour policy, while the stop compares the KL to the update's start.
+        (CleanRL logs the last minibatch's of each), which for the same update is the larger. After a stop the
+        losses are those of the minibatch that stopped it (not stepped on), as Stable-Baselines3 logs them; under
+        `off_policy_objective` behaviour the approx KL returned is to the behaviour policy, while the stop compares
+        the KL to the update's start.
         """
         c = self.config
         policy_loss = v_loss = tf.constant(0.0)
