@@ -252,9 +252,12 @@ class MetricsLog:
 
     def _scalars_fn(self, names: tuple[str, ...]):
         """A tf.function (step int64 [], values float32 [len(names)]) -> None that writes one scalar per name at
-        `step` and flushes the writer; None once `TRACED_FIELD_SETS` other sets have one."""
-        fn = self._traced.get(names)
-        if fn is None and len(self._traced) < self.TRACED_FIELD_SETS:
+        `step` and flushes the writer; None once `TRACED_FIELD_SETS` other sets have one, and for a set whose
+        tracing failed."""
+        if names in self._traced:
+            return self._traced[names]
+        fn = None
+        if len(self._traced) < self.TRACED_FIELD_SETS:
             tf = self._tf
 
             @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([len(names)], tf.float32)])
@@ -286,10 +289,15 @@ class MetricsLog:
         }
         if not scalars:
             return
-        fn = self._scalars_fn(tuple(scalars))
+        names = tuple(sorted(scalars))
+        fn = self._scalars_fn(names)
         if fn is not None:
-            fn(self._tf.constant(int(row["env_steps"]), self._tf.int64), self._tf.constant(list(scalars.values())))
-            return
+            tf = self._tf
+            try:
+                fn(tf.constant(int(row["env_steps"]), tf.int64), tf.constant([scalars[k] for k in names]))
+                return
+            except ValueError:  # a name a graph scope refuses (one that starts with "_", say), found when tracing:
+                self._traced[names] = None  # nothing was written; this set is written eagerly from now on
         with self.writer.as_default(step=row["env_steps"]):
             for k, v in scalars.items():
                 self._tf.summary.scalar(k, v)

@@ -12,7 +12,9 @@ from rlfleet.learner.run_dir import MetricsLog
 
 def test_rows_of_many_shapes_reach_tensorboard_as_they_reach_the_jsonl(tmp_path):
     log = MetricsLog(str(tmp_path))
-    rows = []
+    # A name a graph's name scope refuses (it starts with "_"): its set is written eagerly.
+    rows = [dict(env_steps=7, _odd_name=1.5)]
+    log.write(rows[0])
     # More sets of field names than MetricsLog traces a writer for: the later ones are written eagerly.
     for i in range(MetricsLog.TRACED_FIELD_SETS + 4):
         for version in range(3):  # each set of names more than once: the traced writer is reused
@@ -23,10 +25,14 @@ def test_rows_of_many_shapes_reach_tensorboard_as_they_reach_the_jsonl(tmp_path)
             rows.append(row)
             log.write(row)
     log.write(dict(env_steps=5, time=1.0))  # a row with no numbers to plot
+    # One traced writer per set of names, up to the limit; the set that failed to trace holds none.
+    traced = [fn for fn in log._traced.values() if fn is not None]
+    assert len(log._traced) == MetricsLog.TRACED_FIELD_SETS and len(traced) == MetricsLog.TRACED_FIELD_SETS - 1
+    assert log._traced[("_odd_name",)] is None
     log.close()
 
     read = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert len(read) == len(rows) + 1 and read[1]["eval_return_mean"] is None  # NaN written as null
+    assert len(read) == len(rows) + 1 and read[2]["eval_return_mean"] is None  # NaN written as null
     expected = collections.Counter(
         (row["env_steps"], tag, float(np.float32(value)))
         for row in rows

@@ -180,11 +180,11 @@ class BatchPPO:
         its step (Stable-Baselines3's `target_kl`; CleanRL checks once per epoch); the first step is always taken.
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
         steps taken, each measured on its minibatch before its step, and the number of steps taken, int32).
-        Stable-Baselines3 averages its clip fraction the same way but its approx KL over the last epoch alone
-        (CleanRL logs the last minibatch's of each), which for the same update is the larger. After a stop the
-        losses are those of the minibatch that stopped it (not stepped on), as Stable-Baselines3 logs them; under
-        `off_policy_objective` behaviour the approx KL returned is to the behaviour policy, while the stop compares
-        the KL to the update's start.
+        Stable-Baselines3 and CleanRL average their clip fractions the same way, but Stable-Baselines3's approx KL
+        is the last epoch's mean and CleanRL's the last minibatch's, usually the larger for the same update.
+        After a stop the losses are those of the minibatch that stopped it (not stepped on), as Stable-Baselines3
+        logs them; under `off_policy_objective` behaviour the approx KL returned is to the behaviour policy, while
+        the stop compares the KL to the update's start.
         """
         c = self.config
         policy_loss = v_loss = tf.constant(0.0)
