@@ -201,6 +201,18 @@ def tensorboard_scalars(tb_dir) -> collections.Counter:
     return found
 
 
+def rows_as_scalars(rows) -> collections.Counter:
+    """What MetricsLog should have written to TensorBoard for `rows` (dicts as written, or as read back from
+    metrics.jsonl): (env_steps, field, float32 value) for each number but "time" and "env_steps", NaN and null
+    left out, counted as `tensorboard_scalars` counts them."""
+    return collections.Counter(
+        (row["env_steps"], tag, float(np.float32(value)))
+        for row in rows
+        for tag, value in row.items()
+        if tag not in ("time", "env_steps") and isinstance(value, (int, float)) and not np.isnan(value)
+    )
+
+
 def stop_group(proc: subprocess.Popen, sig=signal.SIGTERM, timeout=30) -> None:
     """Sends `sig` to the process group `proc` leads (started with start_new_session), waits up to `timeout`
     seconds, then kills the group."""

@@ -1,13 +1,12 @@
 """PPO's synchronous mode, the on-policy control: every env step trained on was acted on by the policy version
 that trains on it (real processes on loopback), and the asynchronous mode's lag is measured the same way."""
 
-import collections
 import json
 import re
 
 import numpy as np
 import pytest
-from helpers import rlfleet, tensorboard_scalars
+from helpers import rlfleet, rows_as_scalars, tensorboard_scalars
 
 # Pendulum-v1: a continuous-action env cheap enough to step in-process. Two actors of 2 envs, items of 64
 # steps: a batch of 512 env steps is 4 items, 2 from each actor.
@@ -58,14 +57,7 @@ def _run(tmp_path, name, *more, actors=2, total_steps=8000):
     intervals = [r for r in rows if "phase" in r]
     assert intervals and not any("approx_kl" in r for r in intervals), intervals
     # TensorBoard holds each row's numbers, at the row's env steps, and nothing else.
-    written = collections.Counter(
-        (step, tag, float(np.float32(value)))
-        for row in rows
-        for tag, value in row.items()
-        for step in [row["env_steps"]]
-        if tag not in ("time", "env_steps") and isinstance(value, (int, float))
-    )
-    assert written == tensorboard_scalars(logdir / "tb")
+    assert rows_as_scalars(rows) == tensorboard_scalars(logdir / "tb")
     return summary, updates
 
 
