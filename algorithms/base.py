@@ -212,8 +212,8 @@ class Agent(abc.ABC):
         raise NotImplementedError(f"algorithm {self.algo} gives no serving_module() for rlfleet export.")
 
     def status_extras(self) -> dict:
-        """The algorithm's own status values {name: float} (status `algorithm_values`, metrics.jsonl,
-        summary.json; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
+        """The algorithm's own status values {name: int or float} (status `algorithm_values` and metrics.jsonl as
+        doubles, summary.json as given; e.g. kl_beta), plus optionally "phase": a string that replaces the status phase
         while training (QDagger: offline_pretraining, online)."""
         return {}
 

@@ -82,6 +82,8 @@ VARIANTS = {
     "async-default-returnscale": ("ppo", ["--set", "reward_scale=return"]),
     "async-cleanrl-lag1": ("ppo", ["--config", "cleanrl", "--set", "max_policy_lag=1"]),
     "async-default-lag1": ("ppo", ["--set", "max_policy_lag=1"]),
+    # The asynchronous path held to no lag: each actor writes one share of a batch per policy version.
+    "async-default-lag0": ("ppo", ["--set", "max_policy_lag=0"]),
     "async-cleanrl-lag0": ("ppo", ["--config", "cleanrl", "--set", "max_policy_lag=0"]),
     "sync-default": ("ppo", ["--set", "synchronous=true"]),
     "sb3-cleanrl": ("sb3-ppo", ["--preset", "cleanrl"]),

@@ -192,4 +192,4 @@ class PPOAgent(Agent):
     def status_extras(self) -> dict:
         # β is a KL-penalty setting: under the clip objective there is none (status kl_beta stays 0).
         extras = {"kl_beta": self.ppo.beta} if self.ppo.config.policy_objective == "kl_penalty" else {}
-        return dict(extras, off_policy_env_steps=float(self.off_policy_env_steps))
+        return dict(extras, off_policy_env_steps=self.off_policy_env_steps)
