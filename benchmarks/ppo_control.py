@@ -183,6 +183,10 @@ ABLATIONS = {
     "async-default-sb3norm": ("async-default-sb3opt", ["--set", "lr_schedule=constant"]),
     "async-default-sb3norm-1env": ("async-default-sb3norm", ["--set", "envs_per_actor=1"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
+    # `default`'s correction for lagged data, ablated: no importance weights, or GAE over lagged steps weighted by
+    # truncated π/π_behaviour ratios.
+    "async-default-uncorrected": ("async-default", ["--set", "off_policy_objective=uncorrected"]),
+    "async-default-traces": ("async-default", ["--set", "advantage_traces=ratio"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
     # Stable-Baselines3's constant learning rate where `default` anneals it to 0 at the run's budget.
