@@ -8,8 +8,9 @@ Variants (`VARIANTS`), each run with `benchmarks/suite.py`'s runner into OUT/VAR
 - async-default-returnscale: async-default with rewards divided by the std of the discounted return;
 - async-cleanrl-lag1, async-default-lag1: actors at most one policy version ahead (`max_policy_lag=1`): the next
   batch is collected while the learner trains on the last;
-- async-cleanrl-lag0: the asynchronous path held to no lag at all (`max_policy_lag=0`): each actor writes its share
-  of a batch and waits for the next version, as the synchronous control does, but through the asynchronous code;
+- async-cleanrl-lag0, async-default-lag0: the asynchronous path held to no lag at all (`max_policy_lag=0`): each
+  actor writes its share of a batch and waits for the next version, as the synchronous control does, but through
+  the asynchronous code;
 - sync-default: the same preset collected synchronously (what the asynchronous actors cost it);
 - sb3-cleanrl: the peer, Stable-Baselines3's PPO configured to the cleanrl preset (`sb3_peer.py --preset cleanrl`);
 - sb3-default: Stable-Baselines3's PPO with its own defaults;
@@ -183,8 +184,8 @@ ABLATIONS = {
     "async-default-sb3norm": ("async-default-sb3opt", ["--set", "lr_schedule=constant"]),
     "async-default-sb3norm-1env": ("async-default-sb3norm", ["--set", "envs_per_actor=1"]),
     "async-default-rawobs": ("async-default", ["--set", "obs_normalization=false"]),
-    # `default`'s correction for lagged data, ablated: no importance weights, or GAE over lagged steps weighted by
-    # truncated π/π_behaviour ratios.
+    # `default`'s handling of lagged data, changed: no importance weights, or GAE over lagged steps weighted by
+    # truncated π/π_behaviour ratios (a correction `default` does not make).
     "async-default-uncorrected": ("async-default", ["--set", "off_policy_objective=uncorrected"]),
     "async-default-traces": ("async-default", ["--set", "advantage_traces=ratio"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
