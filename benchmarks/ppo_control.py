@@ -176,6 +176,9 @@ ABLATIONS = {
         "async-default",
         [*_SB3_DEFAULTS, "--set", "value_loss_coef=1.0", "--set", "envs_per_actor=1"],
     ),
+    # SB3's settings with `default`'s annealed rate, collected asynchronously: against sync-default-sb3-1env-annealed,
+    # whether the lag costs Ant-v5 with the annealed rate under other settings too.
+    "async-default-sb3-1env-annealed": ("async-default-sb3-1env", ["--set", "lr_schedule=linear"]),
     # SB3's optimisation settings on `default` (one Adam, ε 1e-5, over policy + SB3's value weight, advantages per
     # minibatch, orthogonal initialisation), keeping its observations (normalised, raw on Ant-v5) and annealed rate.
     "async-default-sb3opt": ("async-default", [*_SB3_OPTIMISATION, "--set", "value_loss_coef=1.0"]),
@@ -196,6 +199,7 @@ ABLATIONS = {
     # `default`'s schedule and a constant rate.
     "async-default-lrfloor25": ("async-default", ["--set", "lr_final_fraction=0.25"]),
     "async-default-lrfloor50": ("async-default", ["--set", "lr_final_fraction=0.5"]),
+    "sync-default-lrfloor25": ("sync-default", ["--set", "lr_final_fraction=0.25"]),
     # Raw rewards where `default` scales them (Swimmer-v5's per-env override).
     "async-default-rawrewards": ("async-default", ["--set", "reward_scale=none"]),
     "async-cleanrl-behaviour": ("async-cleanrl", ["--set", "off_policy_objective=behaviour"]),
