@@ -8,6 +8,7 @@ presets and its per-env overrides on its `AlgorithmBuilder`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import io
 import textwrap
@@ -68,7 +69,12 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
     valid, named = ranges(cls), choices(cls)
     bad = sorted(set(values) - set(fields))
     if bad:
-        raise ValueError(f"unknown {name.upper()} setting(s) {bad}; valid settings: {sorted(fields)}.")
+        close = {k: difflib.get_close_matches(k, fields, n=1) for k in bad}
+        hints = "".join(f" {k!r}: did you mean {m[0]!r}?" for k, m in close.items() if m)
+        raise ValueError(
+            f"unknown {name.upper()} setting(s) {bad};{hints} valid settings: {sorted(fields)} "
+            f"(`rlfleet up --algo {algorithm.name} --env ENV --show-config` prints each with its value and meaning)."
+        )
     for k, v in values.items():  # JSON overrides give lists where the config holds tuples
         if isinstance(v, list) and isinstance(fields[k].default, tuple):
             values[k] = v = tuple(v)
