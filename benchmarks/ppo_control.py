@@ -29,7 +29,8 @@ of its budget is not run again, so a benchmark goes on over several sessions fro
 with the report of the envs and variants it was given (and the control, with the peer beside it); `report
 --envs ... --variants ...` keeps to those too.
 `report` prints, per env and variant, the final evaluation return of each seed, their
-IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, and against
+IQM with a stratified-bootstrap 95% CI (rliable) and median, the median wall-clock and env-step rate, the median
+share of off-policy env steps (those trained on that an older policy version acted on; rlfleet's runs), and against
 the control its IQM ratio and the probability that one of its runs beats one of the control's, with their CIs (and
 the same against another variant for each pair `--against VARIANT=OTHER` names); the IQM learning curve on a grid
 of `GRID` env steps with its CI band, and at how many points the control's curve lies inside, above or below the
@@ -339,6 +340,7 @@ def report(
             final_median=float(np.median(finals)),
             wall_seconds_median=float(np.median(walls)),
             env_steps_per_second_median=float(np.median([s / w for s, w in zip(steps, walls)])),
+            off_policy_fraction_median=off_policy_fraction(rs),
             curve_env_steps=list(range(GRID, top + 1, GRID)),
             curve_iqm=[None if b is None else b[0] for b in bands],
             curve_ci95=[None if b is None else [b[1], b[2]] for b in bands],
@@ -431,6 +433,19 @@ def _return(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
+def off_policy_fraction(runs: Sequence[dict]) -> float | None:
+    """The median over `runs` of the share of the env steps trained on that an older policy version acted on
+    (summary.json's off_policy_env_steps ÷ consumed_env_steps, rlfleet's PPO); None where a run has no such count
+    (the peer's) or trained on nothing."""
+    shares = []
+    for r in runs:
+        off, consumed = r["summary"].get("off_policy_env_steps"), r["summary"].get("consumed_env_steps")
+        if off is None or not consumed:
+            return None
+        shares.append(off / consumed)
+    return float(np.median(shares)) if shares else None
+
+
 def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
     """Prints `report`'s result per env: each variant's finals, IQM [95% CI], median, wall-clock and env-step rate,
     its comparisons (the control's and those of `pairs`) and the control's place against the peer's band; then each
@@ -439,13 +454,15 @@ def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
     for env, variants in result.items():
         print(f"\n{env}")
         head = f"  {'variant':{width}s} {'final returns':40s} {'IQM [95% CI]':26s}"
-        print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s}")
+        print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s} {'off-policy':>9s}")
         for variant, v in sorted(variants.items(), key=lambda kv: -kv[1]["final_iqm"]):
             finals = ", ".join(_return(x) for x in v["final_returns"])
             ci = f"{_return(v['final_iqm'])} [{_return(v['final_iqm_ci95'][0])}, {_return(v['final_iqm_ci95'][1])}]"
+            off = v.get("off_policy_fraction_median")
             print(
                 f"  {variant:{width}s} {finals:40s} {ci:26s} {_return(v['final_median']):>8s} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
+                + ("" if off is None else f" {off:9.2f}")
             )
             compared = {v["against_control"]["control"]: v["against_control"]} if "against_control" in v else {}
             for base, c in {**compared, **v.get("against", {})}.items():

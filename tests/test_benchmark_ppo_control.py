@@ -19,7 +19,7 @@ import sb3_peer  # noqa: E402
 GRID = ppo_control.GRID
 
 
-def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
+def _write_run(d, evals, *, final, eval_env_steps=True, seed=0, off_policy=None):
     """A run directory with an evaluation every GRID env steps; rows come later than the evaluations (rlfleet's
     rows carry the evaluation's own env steps in eval_env_steps), and a row of diagnostics between them."""
     os.makedirs(d)
@@ -44,6 +44,7 @@ def _write_run(d, evals, *, final, eval_env_steps=True, seed=0):
                 env_steps=steps,
                 wall_seconds=steps / 1000,
                 final_eval_return_mean=final,
+                **({} if off_policy is None else dict(consumed_env_steps=steps, off_policy_env_steps=off_policy)),
             ),
             f,
         )
@@ -57,7 +58,11 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     for seed in range(3):
         peer = [90 + 10 * seed, 190 + 10 * seed]
         _write_run(str(out / "sb3-cleanrl" / f"Hopper-v5-s{seed}"), peer, final=290 + 10 * seed, eval_env_steps=False)
-        _write_run(str(out / "async-default" / f"Hopper-v5-s{seed}"), [10, 20], final=5000 + seed, seed=seed)
+        off_policy = [0, 3 * GRID // 4, 3 * GRID // 2][seed]  # of the 3 × GRID env steps trained on
+        _write_run(
+            str(out / "async-default" / f"Hopper-v5-s{seed}"), [10, 20], final=5000 + seed, seed=seed,
+            off_policy=off_policy,
+        )  # fmt: skip
     result = ppo_control.report(str(out))["Hopper-v5"]
     control = result["sync-cleanrl"]
     assert control["curve_env_steps"] == [GRID, 2 * GRID, 3 * GRID]
@@ -85,6 +90,10 @@ def test_report_places_evaluations_on_the_grid_and_checks_the_control_against_th
     # Diagnostics: each run's latest row at or before each grid point, the median over runs.
     assert control["diagnostics"]["approx_kl"] == [(2 * GRID, pytest.approx(0.7)), (3 * GRID, pytest.approx(1.2))]
     assert result["async-default"]["env_steps_per_second_median"] == pytest.approx(1000)
+    # The share of off-policy env steps: the median of its three runs' 0, ¼ and ½; none for runs whose summaries
+    # count none (the control's, written here without the counts, and the peer's).
+    assert result["async-default"]["off_policy_fraction_median"] == pytest.approx(0.25)
+    assert control["off_policy_fraction_median"] is None and result["sb3-cleanrl"]["off_policy_fraction_median"] is None
     # Against another variant (--control): the ratios turn over, and only the synchronous control has a peer band.
     other = ppo_control.report(str(out), control="async-default")["Hopper-v5"]
     against = other["sync-cleanrl"]["against_control"]
