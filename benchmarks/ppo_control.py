@@ -194,6 +194,7 @@ ABLATIONS = {
     "async-default-traces": ("async-default", ["--set", "advantage_traces=ratio"]),
     # One env per actor in place of 8 (the batch of 2048 env steps then comes from one env, as SB3's default).
     "async-default-1env": ("async-default", ["--set", "envs_per_actor=1"]),
+    "sync-default-1env": ("sync-default", ["--set", "envs_per_actor=1"]),
     # Stable-Baselines3's constant learning rate where `default` anneals it to 0 at the run's budget.
     "async-default-constant-lr": ("async-default", ["--set", "lr_schedule=constant"]),
     # The rate annealed to a floor of a quarter or half of its start in place of 0 (`lr_final_fraction`): between
