@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import inspect
 import io
+import shlex
 import textwrap
 import tokenize
 import typing
@@ -60,7 +61,7 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
     presets, env_overrides = algorithm.presets(), algorithm.env_overrides()
     if preset not in presets:
         raise ValueError(f"unknown --config preset {preset!r} for {name}; choose one of {sorted(presets)}.")
-    env_id = gym_id(env_id)  # per-env overrides name the gymnasium id, whatever its --env-kwargs
+    env_arg, env_id = env_id, gym_id(env_id)  # per-env overrides name the gymnasium id, whatever its --env-kwargs
     per_env = env_overrides.get((preset, env_id))
     if per_env is None and env_id.startswith("ALE/"):
         per_env = env_overrides.get((preset, "ALE/*"))
@@ -71,9 +72,10 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
     if bad:
         close = {k: difflib.get_close_matches(k, fields, n=1) for k in bad}
         hints = "".join(f" {k!r}: did you mean {m[0]!r}?" for k, m in close.items() if m)
+        show = shlex.join(["rlfleet", "up", "--algo", name, "--env", env_arg, "--config", preset, "--show-config"])
         raise ValueError(
             f"unknown {name.upper()} setting(s) {bad};{hints} valid settings: {sorted(fields)} "
-            f"(`rlfleet up --algo {algorithm.name} --env ENV --show-config` prints each with its value and meaning)."
+            f"(`{show}` prints each with its value and meaning)."
         )
     for k, v in values.items():  # JSON overrides give lists where the config holds tuples
         if isinstance(v, list) and isinstance(fields[k].default, tuple):

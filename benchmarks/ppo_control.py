@@ -291,7 +291,8 @@ def report(
     envs: Sequence[str] | None = None,
     variants: Sequence[str] | None = None,
 ) -> dict:
-    """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, IQM curve with bands;
+    """Per env and variant: final returns, IQM [95% CI], median, wall-clock, env-step rate, share of off-policy
+    env steps (`off_policy_fraction`), IQM curve with bands;
     each variant set against `control` (the synchronous control unless another variant is named), and each
     (variant, other) of `pairs` against that other variant as well (`against`: {other: comparison}). Reads the run
     directories OUT/VARIANT/ENV-sSEED and the records RECORDS/VARIANT/ENV-sSEED.json; a run directory stands in for
@@ -436,8 +437,9 @@ def _return(x: float) -> str:
 
 def off_policy_fraction(runs: Sequence[dict]) -> float | None:
     """The median over `runs` of the share of the env steps trained on that an older policy version acted on
-    (summary.json's off_policy_env_steps ÷ consumed_env_steps, rlfleet's PPO); None where a run has no such count
-    (the peer's) or trained on nothing."""
+    (summary.json's off_policy_env_steps ÷ consumed_env_steps, rlfleet's PPO); None if any run has no such count
+    (the peer's, or a record older than the count) or trained on nothing. The learner counts off-policy env steps
+    per process, so a resumed run's share counts only its last process's off-policy steps: an underestimate."""
     shares = []
     for r in runs:
         off, consumed = r["summary"].get("off_policy_env_steps"), r["summary"].get("consumed_env_steps")
@@ -448,14 +450,15 @@ def off_policy_fraction(runs: Sequence[dict]) -> float | None:
 
 
 def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
-    """Prints `report`'s result per env: each variant's finals, IQM [95% CI], median, wall-clock and env-step rate,
+    """Prints `report`'s result per env: each variant's finals, IQM [95% CI], median, wall-clock, env-step rate and
+    share of off-policy env steps (where its runs count them),
     its comparisons (the control's and those of `pairs`) and the control's place against the peer's band; then each
     pair of `pairs` compared on no env (one side missing, or fewer than MIN_COMPARED_RUNS runs)."""
     width = max([28, *(len(v) for variants in result.values() for v in variants)])
     for env, variants in result.items():
         print(f"\n{env}")
         head = f"  {'variant':{width}s} {'final returns':40s} {'IQM [95% CI]':26s}"
-        print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s} {'off-policy':>9s}")
+        print(f"{head} {'median':>8s} {'wall s':>7s} {'steps/s':>8s} {'off-policy':>10s}")
         for variant, v in sorted(variants.items(), key=lambda kv: -kv[1]["final_iqm"]):
             finals = ", ".join(_return(x) for x in v["final_returns"])
             ci = f"{_return(v['final_iqm'])} [{_return(v['final_iqm_ci95'][0])}, {_return(v['final_iqm_ci95'][1])}]"
@@ -463,7 +466,7 @@ def print_report(result: dict, pairs: Sequence[tuple[str, str]] = ()) -> None:
             print(
                 f"  {variant:{width}s} {finals:40s} {ci:26s} {_return(v['final_median']):>8s} "
                 f"{v['wall_seconds_median']:7.0f} {v['env_steps_per_second_median']:8.0f}"
-                + ("" if off is None else f" {off:9.2f}")
+                + ("" if off is None else f" {off:10.2f}")
             )
             compared = {v["against_control"]["control"]: v["against_control"]} if "against_control" in v else {}
             for base, c in {**compared, **v.get("against", {})}.items():

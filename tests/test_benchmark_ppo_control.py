@@ -312,6 +312,9 @@ def test_every_rlfleet_variant_resolves_to_valid_settings():
     assert differences("sync-default-sb3-vf1-obsnorm", "sync-default-sb3-1env-obsnorm") == {"envs_per_actor"}
     for floor in ("25", "50"):
         assert differences(f"async-default-lrfloor{floor}", "async-default") == {"lr_final_fraction"}
+    # The pairs set against each other on Ant-v5 (async ÷ sync under one change) differ in the collection mode alone.
+    for change in ("", "-constant-lr", "-lrfloor25", "-1env", "-sb3-1env", "-sb3-1env-annealed"):
+        assert differences(f"async-default{change}", f"sync-default{change}", "Ant-v5") == {"synchronous"}
     # With `default`'s optimisation, its rate and its layout back, SB3's settings are `default`'s again.
     assert differences("sync-default-sb3-1env-obsnorm-defaultopt", "sync-default") == {
         "lr_schedule",
