@@ -119,11 +119,22 @@ class Agent(abc.ABC):
     config: object
     spec: EnvSpec
     unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
+    envs_per_item: int = 0  # envs whose steps share one item, side by side (RunConfig.envs_per_item; 0: all)
     prefetch: int = 2  # samples the learner's sampler thread holds ready beyond the one being consumed
 
     @abc.abstractmethod
     def signature(self) -> dict:
         """The replay table signature this agent reads (tf.TensorSpec per field)."""
+
+    def signature_error(self, signature: dict | None, teacher: bool) -> str | None:
+        """Why a replay table of `signature` (tf.TensorSpec per field, None: none) cannot be read by this agent,
+        as the rest of a sentence; None when it can. `teacher`: the table is the teacher's replay. The default
+        asks for `signature()` exactly (field names, shapes and dtypes)."""
+        as_shapes = lambda sig: {k: (tuple(v.shape), v.dtype) for k, v in (sig or {}).items()}
+        if as_shapes(signature) == as_shapes(self.signature()):
+            return None
+        shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
+        return f"the table holds {shapes(signature)}, this run needs {shapes(self.signature())}"
 
     @abc.abstractmethod
     def actor_network(self) -> dict:

@@ -3,9 +3,10 @@ distributed part, the single-process way (a replay buffer of numpy arrays in the
 Stable-Baselines3 keeps it) measured in the same run.
 
 1. Actor loop: the preset's envs per actor (SyncVectorEnv) stepped with the ε-greedy numpy Q-network, with and
-   without per-env Reverb writers in the layout of `rlfleet.algorithms.dqn.items.collect_transitions` (an item of
-   n + 1 steps per env step; see `actor_loop`), into a replay server process (`rlfleet.replay.server.serve`)
-   with the table of `serve_open_table`: the preset's signature and size, a `MinSize(1)` rate limiter.
+   without the Reverb writers in the layout of `rlfleet.algorithms.dqn.items.collect_transitions` (an item of
+   n + 1 steps of `envs_per_item` envs per batch step; see `actor_loop`), into a replay server process
+   (`rlfleet.replay.server.serve`) with the table of `serve_open_table`: the preset's signature and size, a
+   `MinSize(1)` rate limiter.
    Client CPU and the replay server's CPU per env step.
 2. Replay sampling: minibatches of the preset's batch size from that table through
    `rlfleet.algorithms.dqn.items.batches` (the learner's own sampler: Reverb's tf.data dataset), from that table:
@@ -56,7 +57,12 @@ def timed(call, seconds: float) -> dict:
     )
 
 
-def serve_open_table(env_id: str, port: int) -> None:
+def preset(env_id: str, envs_per_item: int):
+    """The DQN `default` preset's config for `env_id`, with `envs_per_item` set."""
+    return make_algo_config("dqn", "default", env_id, {"envs_per_item": envs_per_item})
+
+
+def serve_open_table(env_id: str, port: int, envs_per_item: int = 0) -> None:
     """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
     preset's DQN table, its signature and size, but a `MinSize(1)` rate limiter. Reverb's `SampleToInsertRatio`
     cannot be opened both ways (whatever its ratio, one side blocks once the other stops), and checking a rate
@@ -69,7 +75,7 @@ def serve_open_table(env_id: str, port: int) -> None:
     from rlfleet.algorithms.dqn.items import dqn_tables_for
     from rlfleet.replay.server import serve
 
-    (table,) = dqn_tables_for(env_spec(env_id), make_algo_config("dqn", "default", env_id))
+    (table,) = dqn_tables_for(env_spec(env_id), preset(env_id, envs_per_item))
     info = table.info
     serve(
         [
@@ -86,43 +92,47 @@ def serve_open_table(env_id: str, port: int) -> None:
     )
 
 
-def start_replay(env_id: str, port: int) -> subprocess.Popen:
+def start_replay(env_id: str, port: int, envs_per_item: int = 0) -> subprocess.Popen:
     """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.deploy.parent`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RLFLEET_PARENT_PID=str(os.getpid()))
-    args = [os.path.abspath(__file__), "--env", env_id, "--serve", str(port)]
+    args = [os.path.abspath(__file__), "--env", env_id, "--serve", str(port), "--envs-per-item", str(envs_per_item)]
     return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
 
 
 def actor_loop(env_id: str, cfg, address: str | None, rng):
     """One batch step of the actor's loop as a function: env step on the ε-greedy action of a random Q-network,
-    and with `address` the per-env writers' appends and items in the layout of `collect_transitions`, with its
-    bound on items in flight. An approximation of that writer, a little cheaper: no padding steps, no items
-    withheld at truncations, no finiteness checks or step counting."""
+    and with `address` the writers' appends and items in the layout of `collect_transitions` (one writer per
+    `envs_per_item` envs, an item of n + 1 steps per writer and batch step), with its bound on items in flight.
+    An approximation of that writer, a little cheaper: no finiteness checks or step counting."""
     import reverb
 
     from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
-    from rlfleet.algorithms.dqn.items import TRANSITION_ITEMS_IN_FLIGHT
+    from rlfleet.algorithms.dqn.items import TRANSITION_ITEMS_IN_FLIGHT, envs_per_item
     from rlfleet.algorithms.dqn.networks import export_q, make_q_network
     from rlfleet.algorithms.dqn.policy import epsilon_greedy
 
     spec, b, n = env_spec(env_id), cfg.envs_per_actor, cfg.n_step
+    g = envs_per_item(b, cfg.batch_size, cfg.envs_per_item)
     weights = export_q(make_q_network(spec, cfg, 0, "q"))
     venv = make_batched_env(env_id, b, "sync")
     state = dict(obs=venv.reset(seed=0)[0], t=0)
-    writers = [reverb.Client(address).trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b)] if address else []
+    client = reverb.Client(address) if address else None
+    writers = [client.trajectory_writer(num_keep_alive_refs=n + 1) for _ in range(b // g)] if address else []
 
     def step():
         obs = state["obs"]
-        action = epsilon_greedy(weights, obs, rng, 0.05)
+        action = np.asarray(epsilon_greedy(weights, obs, rng, 0.05), np.int32)
         state["obs"], reward, terminated, truncated, _ = venv.step(action)
         state["t"] += 1
-        for i, w in enumerate(writers):
+        end = (terminated + 2 * (truncated & ~terminated)).astype(np.int8)
+        for k, w in enumerate(writers):
+            part = slice(k * g, (k + 1) * g)
             w.append(
                 dict(
-                    observation=obs[i].astype(np.float32),
-                    action=action[i],
-                    reward=np.float32(reward[i]),
-                    done=bool(terminated[i] or truncated[i]),
+                    observation=obs[part].astype(np.float32),
+                    action=action[part],
+                    reward=reward[part].astype(np.float32),
+                    end=end[part],
                     policy_version=np.int64(0),
                 )
             )
@@ -139,7 +149,7 @@ def actor_loop(env_id: str, cfg, address: str | None, rng):
     return step, close
 
 
-def costs(env_id: str, seconds: float) -> dict:
+def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
     """All four parts (module doc), in milliseconds; `per_env_step` sums them at the preset's schedule."""
     import portpicker
     import psutil
@@ -151,11 +161,11 @@ def costs(env_id: str, seconds: float) -> dict:
     from rlfleet.algorithms.dqn.policy import epsilon_greedy
 
     spec = env_spec(env_id)
-    cfg = make_algo_config("dqn", "default", env_id)
+    cfg = preset(env_id, envs_per_item)
     rng = np.random.default_rng(0)
     port = portpicker.pick_unused_port()
-    replay = start_replay(env_id, port)
-    out = dict(env_id=env_id, envs_per_actor=cfg.envs_per_actor, batch_size=cfg.batch_size)
+    replay = start_replay(env_id, port, envs_per_item)
+    out = dict(env_id=env_id, envs_per_actor=cfg.envs_per_actor, batch_size=cfg.batch_size, envs_per_item=envs_per_item)
     try:
         server = psutil.Process(replay.pid)
         address = f"127.0.0.1:{port}"
@@ -182,7 +192,7 @@ def costs(env_id: str, seconds: float) -> dict:
         r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
         close()
 
-        samples = batches(address, cfg.batch_size)
+        samples = batches(address, cfg.batch_size, cfg.n_step, spec.frame_stack)
         s0 = server_cpu()
         out["reverb_minibatch"] = r = timed(lambda: next(samples), seconds)
         r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
@@ -247,12 +257,18 @@ def main() -> None:
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--seconds", type=float, default=5.0, help="seconds each part is timed")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--envs-per-item",
+        type=int,
+        default=0,
+        help="the envs_per_item setting (0: the preset's; 1: an item per transition)",
+    )
     p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)  # the child of `start_replay`
     args = p.parse_args()
     if args.serve:
-        serve_open_table(args.env, args.serve)
+        serve_open_table(args.env, args.serve, args.envs_per_item)
         return
-    r = costs(args.env, args.seconds)
+    r = costs(args.env, args.seconds, args.envs_per_item)
     b = r["envs_per_actor"]
     for key, what in (
         ("actor_env_and_policy", f"actor batch step ({b} envs), env + ε-greedy Q"),

@@ -70,16 +70,12 @@ class ReplayFeed:
                 f"replay server {address} has no table {table!r} "
                 f"(tables: {sorted(info)}); start it with `{start_hint}`."
             )
-        want = self.agent.signature()
-        got = info[table].signature
-        if {k: (tuple(v.shape), v.dtype) for k, v in want.items()} != {
-            k: (tuple(v.shape), v.dtype) for k, v in (got or {}).items()
-        }:
-            shapes = lambda sig: {k: list(v.shape) for k, v in sorted((sig or {}).items())}
+        problem = self.agent.signature_error(info[table].signature, teacher=what != "the learner")
+        if problem:
             raise LearnerError(
-                f"replay table {table} at {address}: its signature does not match {what}: the table holds "
-                f"{shapes(got)}, {learner} needs {shapes(want)}. Start `rlfleet replay` and `rlfleet learner` with "
-                "the same --algo, --env, --config and --set values (for a teacher's replay: the same n_step)."
+                f"replay table {table} at {address}: its signature does not match {what}: {problem} ({learner}). "
+                "Start `rlfleet replay` and `rlfleet learner` with the same --algo, --env, --config and --set "
+                "values (for a teacher's replay: the same n_step)."
             )
 
     def _server_info(self, address: str, start_hint: str, deadline: float, timeout_s: float) -> dict:

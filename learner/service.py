@@ -212,6 +212,7 @@ class Learner:
             table=self.agent.table,
             num_envs=self.config.envs_per_actor,
             unroll_length=self.agent.unroll_length,
+            envs_per_item=self.agent.envs_per_item,
             seed=run.seed + 1000 * (actor_id + 1),
             network=self.network_spec,
             env_backend=run.env_backend,

@@ -405,9 +405,18 @@ def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_por
     out = rlfleet("replay-checkpoint", "--replay", f"127.0.0.1:{port}", timeout=120)
     assert out.returncode == 0, out.stderr
     assert replay.stop() == 0
+    from rlfleet.actors.envs import env_spec
+    from rlfleet.algorithms.settings import make_algo_config
+    from rlfleet.replay.server import tables_for
+
+    cfg = make_algo_config("dqn", "default", "CartPole-v1")
+    [table] = tables_for("dqn", env_spec("CartPole-v1"), cfg)
     for other, differs in (
         (("--algo", "dqn", "--env", "Acrobot-v1"), "item signature"),
-        (("--algo", "dqn", "--env", "CartPole-v1", "--set", "replay_size=5000"), "max_size 100000 in the checkpoint"),
+        (
+            ("--algo", "dqn", "--env", "CartPole-v1", "--set", "replay_size=5000"),
+            f"max_size {table.info.max_size} in the checkpoint",
+        ),
     ):
         out = rlfleet("replay", *other, "--checkpoint-dir", ckpt, "--port", free_port(), timeout=120)
         assert out.returncode == 2, out.stdout + out.stderr

@@ -17,14 +17,17 @@ SPEC = env_spec("CartPole-v1")
 
 
 def make_batch(cfg, rng, size=None):
-    size = size or cfg.batch_size
-    n1 = cfg.n_step + 1
+    """A minibatch of random CartPole-shaped transitions as the learner's input path gives them
+    (`rlfleet.algorithms.dqn.items.transitions`), about a tenth of them without a bootstrap observation."""
+    size, n = size or cfg.batch_size, cfg.n_step
     return dict(
-        observation=tf.constant(rng.standard_normal((size, n1, 4)), tf.float32),
-        action=tf.constant(rng.integers(0, 2, (size, n1)), tf.int32),
-        reward=tf.constant(rng.standard_normal((size, n1)), tf.float32),
-        done=tf.constant(rng.random((size, n1)) < 0.1),
-        policy_version=tf.zeros((size, n1), tf.int64),
+        observation=tf.constant(rng.standard_normal((size, 4)), tf.float32),
+        next_observation=tf.constant(rng.standard_normal((size, 4)), tf.float32),
+        action=tf.constant(rng.integers(0, 2, size), tf.int32),
+        reward=tf.constant(rng.standard_normal((size, n)), tf.float32),
+        done=tf.constant(rng.random((size, n)) < 0.1, tf.float32),
+        valid=tf.constant(rng.random(size) > 0.1, tf.float32),
+        policy_version=tf.zeros(size, tf.int64),
     )
 
 
@@ -41,6 +44,21 @@ def test_fitting_a_fixed_batch_lowers_the_td_loss_and_target_syncs():
     assert not np.allclose(agent.q(x), agent.target_q(x))
     agent._copy_target()
     np.testing.assert_allclose(agent.q(x), agent.target_q(x))
+
+
+def test_transitions_left_out_of_the_loss_do_not_move_the_network():
+    cfg = make_algo_config("dqn", "default", "CartPole-v1")
+    agent = DQNAgent(SPEC, cfg, seed=0)
+    batch = make_batch(cfg, np.random.default_rng(0))
+    before = [v.numpy() for v in agent.q.trainable_variables]
+    loss, _ = agent._train_step(dict(batch, valid=tf.zeros_like(batch["valid"])))
+    assert loss.numpy() == 0.0
+    for b, v in zip(before, agent.q.trainable_variables):
+        np.testing.assert_array_equal(b, v.numpy())
+    # Only the valid transitions count: the loss equals the loss of the valid rows alone.
+    keep = batch["valid"].numpy() > 0
+    alone = {k: tf.boolean_mask(v, keep) for k, v in batch.items()}
+    np.testing.assert_allclose(agent._td_loss(batch)[0].numpy(), agent._td_loss(alone)[0].numpy(), rtol=1e-5)
 
 
 def test_consume_publishes_every_n_steps_with_decayed_epsilon():
@@ -81,10 +99,11 @@ def test_replay_table_rate_limiter_and_signature():
     server = reverb.Server([table])
     try:
         info = reverb.Client(f"localhost:{server.port}").server_info()[DQN_TABLE]
-        assert info.max_size == cfg.replay_size
+        envs = cfg.envs_per_actor  # CartPole: 4 envs per actor, batch 64: one item per batch step of 4 envs
+        assert info.max_size == cfg.replay_size // envs
         assert info.rate_limiter_info.samples_per_insert == cfg.samples_per_insert
-        assert info.rate_limiter_info.min_size_to_sample == cfg.min_replay_size
-        assert info.signature["observation"].shape == (cfg.n_step + 1, 4)
+        assert info.rate_limiter_info.min_size_to_sample == cfg.min_replay_size // envs
+        assert info.signature["observation"].shape == (cfg.n_step + 1, envs, 4)
     finally:
         server.stop()
 

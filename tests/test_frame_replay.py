@@ -1,6 +1,7 @@
-"""The DQN actor's frame-sharing replay items: each stores the newest frame per step, and the n + 4
-frames of an item rebuild exactly the stacked observations the policy saw (real Reverb server and
-writers; a scripted Atari-like batched env whose frames encode the step that produced them)."""
+"""The DQN actor's frame-sharing replay items: each stores the newest frame per step of G envs side by side,
+and the learner's decoding of the n + 4 frames of an item rebuilds exactly the stacked observations the policy
+saw (real Reverb server and writers, items read through the learner's own input path; a scripted Atari-like
+batched env whose frames encode the step that produced them)."""
 
 import threading
 import types
@@ -12,11 +13,11 @@ import tensorflow as tf
 
 from rlfleet.actors.actor import Actor, Policy
 from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
-from rlfleet.algorithms.dqn.items import collect_transitions, dqn_signature, split_observations
+from rlfleet.algorithms.dqn.items import batches, collect_transitions, dqn_signature, transitions
 from rlfleet.algorithms.dqn.networks import NatureCNN
 from rlfleet.proto import rlfleet_pb2
 
-N_STEP, STACK, ENVS, STEPS = 3, 4, 2, 120
+N_STEP, STACK, ENVS, ENVS_PER_ITEM, STEPS = 3, 4, 4, 2, 120
 
 
 class ScriptedFrames:
@@ -30,6 +31,7 @@ class ScriptedFrames:
         self.seen = {}  # frame id of the newest frame -> the stacked observation the policy was given
         self.acted = [[] for _ in range(ENVS)]  # per env, frame ids of the observations acted on, in order
         self.truncated_tails = set()  # frame ids of the last n steps of truncated episodes
+        self.ends = set()  # frame ids of the observations acted on at the last step of an episode
         self.steps = 0
 
     def _frame(self, env):
@@ -60,6 +62,7 @@ class ScriptedFrames:
             self.left[i] -= 1
             if self.left[i] == 0:
                 (trunc if self.episodes[i] % 3 == 0 else term)[i] = True
+                self.ends.add(self.acted[i][-1])
                 if trunc[i]:
                     self.truncated_tails.update(self.acted[i][-N_STEP:])
                 self.obs[i] = self._reset(i)
@@ -79,11 +82,21 @@ def _bare_actor():
     """A Reverb server with the Atari DQN table, an Actor without a learner (its collection loop alone) writing
     to it, and random-policy weights. Returns (server, actor, weights)."""
     server = reverb.Server(
-        [reverb.Table.queue(DQN_TABLE, 10_000, signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK))]
+        [
+            reverb.Table.queue(
+                DQN_TABLE, 10_000, signature=dqn_signature((84, 84), tf.uint8, N_STEP, STACK, ENVS_PER_ITEM)
+            )
+        ]
     )
     actor = Actor.__new__(Actor)
     actor.config = rlfleet_pb2.RunConfig(
-        algo="dqn", env_id="Scripted-v0", table=DQN_TABLE, num_envs=ENVS, unroll_length=N_STEP, seed=0
+        algo="dqn",
+        env_id="Scripted-v0",
+        table=DQN_TABLE,
+        num_envs=ENVS,
+        unroll_length=N_STEP,
+        envs_per_item=ENVS_PER_ITEM,
+        seed=0,
     )
     actor.replay_address, actor.frame_stack = f"localhost:{server.port}", STACK
     actor.stop, actor.lock = threading.Event(), threading.Lock()
@@ -95,39 +108,62 @@ def _bare_actor():
     return server, actor, weights
 
 
+def _all_items(address):
+    """Every item of the table, in one batch of the signature's shapes ({field: [K, ...]})."""
+    client = reverb.Client(address)
+    size = client.server_info()[DQN_TABLE].current_size
+    items = list(client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False, unpack_as_table_signature=True))
+    return {k: np.stack([item.data[k] for item in items]) for k in items[0].data}
+
+
 def test_items_rebuild_the_stacked_observations():
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     venv = ScriptedFrames(actor.stop)
     collect_transitions(actor, venv, weights, 0)
 
-    client = reverb.Client(address)
-    size = client.server_info()[DQN_TABLE].current_size
-    items = [
-        s for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False, unpack_as_table_signature=True)
-    ]
-    assert size > 0.6 * STEPS * ENVS
+    data = _all_items(address)
+    assert data["observation"].shape[1:] == (N_STEP + STACK, ENVS_PER_ITEM, 84, 84)
+    t = {k: v.numpy() for k, v in transitions(data, N_STEP, STACK).items()}
+    assert len(t["action"]) > 0.6 * STEPS * ENVS
     starts = set()
-    for item in items:
-        d = item.data
-        frames = d["observation"][None]
-        obs, bootstrap = (x[0] for x in split_observations(frames, N_STEP, STACK))
+    for i in range(len(t["action"])):
+        obs, bootstrap = t["observation"][i], t["next_observation"][i]
         fid = _fid(obs[-1])
-        assert fid not in starts  # one item per transition
+        assert fid not in starts  # one transition per env step
         starts.add(fid)
         np.testing.assert_array_equal(obs, venv.seen[fid])  # the stack the policy acted on
-        if not d["done"][:N_STEP].any():  # the bootstrap stack, N_STEP steps later in the same episode
+        env = obs[-1][0, 1]
+        assert t["valid"][i] == (fid not in venv.truncated_tails)  # no bootstrap observation behind a cut
+        if not t["done"][i].any():  # the bootstrap stack, N_STEP steps later in the same episode
             np.testing.assert_array_equal(bootstrap, venv.seen[_fid(bootstrap[-1])])
-            assert bootstrap[-1][0, 1] == obs[-1][0, 1]  # same env
-            assert venv.acted[obs[-1][0, 1]].index(_fid(bootstrap[-1])) == venv.acted[obs[-1][0, 1]].index(fid) + N_STEP
-        assert d["policy_version"][0] == 0
-    # Every transition has its item, except the last n of episodes cut by the time limit (no bootstrap
-    # observation) and, per env, the last n (windows not complete yet) plus up to 4 more (the items a
-    # writer may still have in flight when the actor stops: it closes without flushing).
-    assert venv.truncated_tails and not starts & venv.truncated_tails
-    expected = set(venv.seen) - venv.truncated_tails
-    assert starts <= expected
-    assert expected - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 4) :]}
+            assert bootstrap[-1][0, 1] == env
+            assert venv.acted[env].index(_fid(bootstrap[-1])) == venv.acted[env].index(fid) + N_STEP
+        else:  # the step whose episode ended first is the first done
+            k = int(np.argmax(t["done"][i]))
+            assert venv.acted[env][venv.acted[env].index(fid) + k] in venv.ends
+        assert t["reward"][i].tolist() == [1.0] * N_STEP and t["policy_version"][i] == 0
+    # Every env step has its transition, except, per env, the last n (windows not complete yet) plus up to 32
+    # batch steps (the items a writer may still have in flight when the actor stops: it closes without flushing).
+    assert venv.truncated_tails and venv.truncated_tails & starts
+    assert starts <= set(venv.seen)
+    assert set(venv.seen) - starts <= {f for env_ids in venv.acted for f in env_ids[-(N_STEP + 32) :]}
+    server.stop()
+
+
+def test_the_learner_reads_the_items_inserted():
+    """The learner's input path (`batches`: Reverb's dataset, decoding in its graph) gives minibatches whose
+    transitions are all among those the actor wrote, with the batch size asked for."""
+    server, actor, weights = _bare_actor()
+    venv = ScriptedFrames(actor.stop)
+    collect_transitions(actor, venv, weights, 0)
+    minibatches = batches(actor.replay_address, 5, N_STEP, STACK)
+    for _ in range(3):
+        batch = next(minibatches)
+        assert batch["observation"].shape == (5, STACK, 84, 84) and batch["action"].shape == (5,)
+        for obs in batch["observation"].numpy():
+            np.testing.assert_array_equal(obs, venv.seen[_fid(obs[-1])])
+    minibatches.close()
     server.stop()
 
 
@@ -153,6 +189,5 @@ def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size
     assert size > 0  # what was collected before stays
-    for s in client.sample(DQN_TABLE, num_samples=size, emit_timesteps=False, unpack_as_table_signature=True):
-        assert np.isfinite(s.data["reward"]).all()
+    assert np.isfinite(_all_items(address)["reward"]).all()
     server.stop()

@@ -16,6 +16,7 @@ from helpers import ENV, ROOT, rlfleet, run_exported
 
 from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.agent import evaluate_dqn
+from rlfleet.algorithms.dqn.items import envs_per_item
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.dqn.policy import q_values
 from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED
@@ -90,11 +91,14 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     assert max(late) >= 475, late
     assert summary["final_eval_return_mean"] >= 75, summary
     [table] = summary["replay"]
-    # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer).
-    spi = summary["config"]["samples_per_insert"]
-    error_buffer = 0.1 * spi * summary["config"]["min_replay_size"]
-    expected = spi * (table["inserts"] - summary["config"]["min_replay_size"])
-    assert abs(table["samples"] - expected) <= error_buffer + spi * 200, (table, spi)
+    # The rate limiter held the replay ratio: samples ≈ samples_per_insert × inserts (within its error buffer),
+    # counted in items of G envs' transitions each.
+    cfg = summary["config"]
+    spi, g = cfg["samples_per_insert"], envs_per_item(cfg["envs_per_actor"], cfg["batch_size"], cfg["envs_per_item"])
+    assert g > 1 and table["max_size"] == cfg["replay_size"] // g
+    min_items = cfg["min_replay_size"] // g
+    expected = spi * (table["inserts"] - min_items)
+    assert abs(table["samples"] - expected) <= 0.1 * spi * min_items + spi * 200, (table, spi)
     # Teacher artifacts: Q-network checkpoint and a complete Reverb checkpoint of the replay.
     assert latest_checkpoint(str(cartpole_teacher / "replay")) is not None
     teacher = load_teacher(str(cartpole_teacher), env_spec("CartPole-v1"))

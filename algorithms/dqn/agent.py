@@ -16,7 +16,7 @@ from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.config import DQNConfig
-from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, split_observations
+from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, envs_per_item, table_envs
 from rlfleet.algorithms.dqn.networks import export_q, make_q_network
 from rlfleet.algorithms.dqn.policy import epsilon_greedy
 from rlfleet.learner.evaluation import run_batched_episodes
@@ -56,7 +56,8 @@ class DQNAgent(Agent):
 
     def __init__(self, spec: EnvSpec, config: DQNConfig, seed: int = 0, total_steps: int = 0):
         self.spec, self.config, self.total_steps = spec, config, total_steps
-        self.unroll_length = config.n_step  # the actor makes an item of n+1 steps every step
+        self.unroll_length = config.n_step  # the actor makes an item of n+S steps every step
+        self.envs_per_item = envs_per_item(config.envs_per_actor, config.batch_size, config.envs_per_item)
         self.q = make_q_network(spec, config, seed, "q")
         self.target_q = make_q_network(spec, config, seed, "target_q")
         self.optimizer = tf.keras.optimizers.Adam(config.learning_rate, epsilon=config.adam_epsilon)
@@ -71,7 +72,22 @@ class DQNAgent(Agent):
 
     def signature(self) -> dict:
         s = self.spec
-        return dqn_signature(s.frame_shape, tf.as_dtype(s.obs_dtype), self.config.n_step, s.frame_stack)
+        return dqn_signature(
+            s.frame_shape, tf.as_dtype(s.obs_dtype), self.config.n_step, s.frame_stack, self.envs_per_item
+        )
+
+    def signature_error(self, signature: dict, teacher: bool) -> str | None:
+        """The run's own table must be `signature()`; a teacher's replay may hold items of any number of envs,
+        or the single-env layout (`rlfleet.algorithms.dqn.items.transitions`), of the same frames and n."""
+        if not teacher or table_envs(signature or {}) is None:
+            return super().signature_error(signature, teacher)
+        want, got = self.signature()["observation"], signature["observation"]
+        frame, want_frame = list(got.shape[2 if "end" in signature else 1 :]), list(want.shape[2:])
+        if got.dtype != want.dtype or frame != want_frame:
+            return f"its frames are {got.dtype.name} {frame}, this run's are {want.dtype.name} {want_frame}"
+        if got.shape[0] != want.shape[0]:
+            return f"its items hold {got.shape[0]} steps, this run's n_step and frame stack need {want.shape[0]}"
+        return None
 
     def actor_network(self) -> dict:
         s = self.spec
@@ -92,22 +108,23 @@ class DQNAgent(Agent):
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)
 
     def samples(self, replay_address: str):
-        """Yields minibatches {field: [batch, ...]} of the replay table (`items.dqn_signature`)."""
-        yield from batches(replay_address, self.config.batch_size)
+        """Yields minibatches of transitions (`rlfleet.algorithms.dqn.items.transitions`) of the replay table."""
+        yield from batches(replay_address, self.config.batch_size, self.config.n_step, self.spec.frame_stack)
 
     def _td_loss(self, batch):
-        """Huber TD loss on n-step targets; returns (loss, Q(s_t, ·) [N, A], mean Q(s_t, a_t))."""
+        """Huber TD loss on n-step targets over the batch's valid transitions; returns (loss, Q(s_t, ·) [N, A],
+        mean Q(s_t, a_t))."""
         c = self.config
-        n = c.n_step
-        obs, bootstrap_obs = split_observations(batch["observation"], n, self.spec.frame_stack)
-        rewards = batch["reward"][:, :n]
+        rewards = batch["reward"]
         if c.reward_clip:
             rewards = tf.clip_by_value(rewards, -c.reward_clip, c.reward_clip)
-        q_all = self.q(obs)
+        q_all = self.q(batch["observation"])
+        bootstrap_obs = batch["next_observation"]
         bootstrap = losses.bootstrap_value(self.target_q(bootstrap_obs), self.q(bootstrap_obs) if c.double_q else None)
-        targets, _ = losses.n_step_targets(rewards, tf.cast(batch["done"][:, :n], tf.float32), bootstrap, c.discount)
-        q_selected = tf.gather(q_all, tf.cast(batch["action"][:, 0], tf.int32), batch_dims=1)
-        return losses.huber_td_loss(q_selected, targets), q_all, tf.reduce_mean(q_selected)
+        targets, _ = losses.n_step_targets(rewards, batch["done"], bootstrap, c.discount)
+        q_selected = tf.gather(q_all, batch["action"], batch_dims=1)
+        valid = batch["valid"]
+        return losses.huber_td_loss(q_selected, targets, weights=valid), q_all, losses.weighted_mean(q_selected, valid)
 
     @tf.function
     def _train_step(self, batch):

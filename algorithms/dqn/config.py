@@ -27,10 +27,10 @@ class DQNConfig:
     discount: Discount = 0.99  # γ per env step
     learning_rate: Positive = 1e-4  # Adam step size (per gradient step)
     adam_epsilon: Positive = 1.5e-4  # Adam ε, added to the root of the second-moment estimate
-    batch_size: Count = 32  # items per gradient step
-    samples_per_insert: Positive = 8.0  # items sampled per item inserted (batch_size × learner steps per env step)
-    replay_size: Count = 1_000_000  # replay capacity (items = env steps); oldest removed first
-    min_replay_size: Count = 20_000  # items in replay before the first gradient step
+    batch_size: Count = 32  # transitions per gradient step
+    samples_per_insert: Positive = 8.0  # transitions sampled per inserted one (batch × learner steps per env step)
+    replay_size: Count = 1_000_000  # replay capacity (transitions = env steps); oldest removed first
+    min_replay_size: Count = 20_000  # transitions in replay before the first gradient step
     target_update_period: Count = 2000  # learner steps between target-network copies
     publish_every: Count = 100  # learner steps between weights versions pushed to actors
     epsilon_start: Fraction = 1.0  # actors' ε at env step 0
@@ -38,6 +38,7 @@ class DQNConfig:
     epsilon_decay_env_steps: Count0 = 250_000  # env steps (all actors) over which ε decays linearly
     epsilon_eval: Fraction = 0.001  # ε of the evaluation policy
     envs_per_actor: Count = 8  # envs each actor steps as one batch
+    envs_per_item: Count0 = 0  # envs per replay item (0: largest divisor of envs_per_actor ≤ batch_size/4)
     eval_episodes: Count = 10  # episodes per evaluation
     eval_every_updates: Count = 20  # weights versions between evaluations
     prioritized: bool = False  # prioritized replay sampling (else uniform)
@@ -48,6 +49,12 @@ class DQNConfig:
     lr_final_fraction: Fraction = 0.0  # linear schedule: the learning rate at the budget, as a fraction
 
     def __post_init__(self):
+        if self.envs_per_item and self.envs_per_actor % self.envs_per_item:
+            raise ValueError(
+                f"envs_per_item = {self.envs_per_item} does not divide envs_per_actor = {self.envs_per_actor}: "
+                "every replay item holds the same number of envs. Set envs_per_item to a divisor of "
+                "envs_per_actor, or to 0 to let rlfleet choose, in --set or the --config-file."
+            )
         if self.min_replay_size > self.replay_size:
             raise ValueError(
                 f"min_replay_size = {self.min_replay_size} is above replay_size = {self.replay_size}: the "

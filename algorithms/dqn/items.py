@@ -9,8 +9,6 @@ Python package when called; the writer's side imports neither (it writes through
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
 from rlfleet.actors.replay_client import Client
@@ -18,31 +16,66 @@ from rlfleet.algorithms.dqn.policy import epsilon_greedy_q, q_values
 
 TABLE = "dqn_replay"
 
+# How a step ended its episode, in the items' `end` field: it did not; the env terminated (a terminal state:
+# nothing to bootstrap from); the episode was cut (a time limit, or a padding step before the first observation
+# of an actor's writer): no terminal state, but the next step is another episode's.
+NOT_ENDED, TERMINATED, TRUNCATED = 0, 1, 2
 
-def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int = 1) -> dict:
-    """Signature of one DQN item: n+1 consecutive steps of one env, plus the frames their stacks need.
+# The automatic number of envs per item (`envs_per_item` 0) keeps at least this many items in each minibatch.
+MIN_ITEMS_PER_BATCH = 4
 
-    "observation" holds the newest frame of each of the last n + S steps
-    (S = `frame_stack`): the observation of the item's first step t is frames
-    [0, S) and the bootstrap observation of step t+n is frames [n, n+S). The
-    other fields have leading shape [n+1]: step k holds the action taken, the
-    reward and `done` (episode ended after step k) that followed, and the
-    behaviour policy version. Consecutive items overlap and reference the same
-    Reverb chunks, so each frame is stored about once (not S times, as stacked
-    observations per transition would be). For S > 1 the actor writes the
-    S − 1 older frames of each episode's first stack as padding steps (action
-    0, reward 0, not done, version −1) that no item starts on.
+
+def envs_per_item(envs_per_actor: int, batch_size: int, setting: int = 0) -> int:
+    """How many of an actor's envs share one replay item (G): `setting` when it is not 0, else the largest
+    divisor of `envs_per_actor` that is at most batch_size / MIN_ITEMS_PER_BATCH (at least 1).
+
+    Every Reverb item costs the learner and the replay server about the same whatever it holds (a sample
+    request, a chunk per field, decompression, a tensor per field), so items of G envs' transitions cost about
+    1/G as much per transition to write and to read (docs: Throughput and CPU cost). The transitions of one
+    item are the G envs' steps at the same moment: independent episodes of the same behaviour policy.
+
+    Raises:
+        ValueError: a `setting` that does not divide `envs_per_actor`.
+    """
+    if setting:
+        if envs_per_actor % setting:
+            raise ValueError(
+                f"envs_per_item = {setting} does not divide envs_per_actor = {envs_per_actor}: every item holds "
+                "the same number of envs. Choose a divisor of envs_per_actor, or 0 to let rlfleet choose."
+            )
+        return setting
+    cap = max(1, batch_size // MIN_ITEMS_PER_BATCH)
+    return max(g for g in range(1, envs_per_actor + 1) if envs_per_actor % g == 0 and g <= cap)
+
+
+def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int = 1, envs: int = 1) -> dict:
+    """Signature of one DQN item: the last n + S steps of G envs side by side (S = `frame_stack`, G = `envs`).
+
+    Every field has leading shape [n + S, G]: "observation" holds each step's newest frame (the whole
+    observation for S = 1); "action", "reward" and "end" the action taken at the step, the reward that followed
+    and how the step ended its episode (`NOT_ENDED`, `TERMINATED`, `TRUNCATED`); "policy_version" ([n + S]
+    only: one behaviour policy per batch step) the version that acted. Step S − 1 of the item is the transition
+    it stands for: its observation is frames [0, S) and its bootstrap observation frames [n, n + S), where the
+    frames before an episode's first step are zeros (the zero-padded stack the env gave the policy;
+    `transitions` masks them from the `end` field). Consecutive items overlap and reference the same Reverb
+    chunks, so each frame is stored about once.
     """
     import tensorflow as tf
 
-    lead = [n_step + 1]
+    lead = [n_step + frame_stack, envs]
     return {
-        "observation": tf.TensorSpec([n_step + frame_stack] + list(frame_shape), obs_dtype),
+        "observation": tf.TensorSpec(lead + list(frame_shape), obs_dtype),
         "action": tf.TensorSpec(lead, tf.int32),
         "reward": tf.TensorSpec(lead, tf.float32),
-        "done": tf.TensorSpec(lead, tf.bool),
-        "policy_version": tf.TensorSpec(lead, tf.int64),
+        "end": tf.TensorSpec(lead, tf.int8),
+        "policy_version": tf.TensorSpec(lead[:1], tf.int64),
     }
+
+
+def items_per_batch(batch_size: int, envs: int) -> int:
+    """Items one minibatch of `batch_size` transitions reads from a table of items of `envs` envs each (the
+    last item's surplus transitions are dropped)."""
+    return -(-batch_size // envs)
 
 
 def dqn_tables(
@@ -55,30 +88,37 @@ def dqn_tables(
     prioritized: bool = False,
     priority_exponent: float = 0.6,
     frame_stack: int = 1,
+    envs: int = 1,
+    batch_size: int = 0,
 ) -> list:
-    """The DQN replay table: uniform (or prioritized) sampling, FIFO removal at `replay_size` items,
-    and a `SampleToInsertRatio` rate limiter holding `samples_per_insert` (±10% of
-    `min_replay_size` worth of slack) once `min_replay_size` items are in.
+    """The DQN replay table of items of `envs` envs each (`dqn_signature`): uniform (or prioritized) sampling,
+    FIFO removal at `replay_size` transitions, and a `SampleToInsertRatio` rate limiter holding
+    `samples_per_insert` transitions sampled per transition inserted (±10% of `min_replay_size` worth of slack)
+    once `min_replay_size` transitions are in. Sizes and the ratio are converted to items here; with
+    `batch_size` given, the ratio counts the surplus transitions a minibatch reads (`items_per_batch`).
 
     Raises:
         ValueError: non-positive sizes or ratio.
     """
-    if min(n_step, replay_size, min_replay_size) <= 0 or samples_per_insert <= 0:
+    if min(n_step, replay_size, min_replay_size, envs) <= 0 or samples_per_insert <= 0:
         raise ValueError("replay: n_step, replay_size, min_replay_size and samples_per_insert must be positive")
     if min_replay_size > replay_size:
         raise ValueError(f"replay: min_replay_size {min_replay_size} exceeds replay_size {replay_size}")
     import reverb
 
-    error_buffer = max(1.0, samples_per_insert, 0.1 * samples_per_insert * min_replay_size)
+    read = items_per_batch(batch_size, envs) * envs / batch_size if batch_size else 1.0
+    ratio = samples_per_insert * read
+    min_items = -(-min_replay_size // envs)
+    error_buffer = max(1.0, ratio, 0.1 * ratio * min_items)
     sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
     return [
         reverb.Table(
             name=TABLE,
             sampler=sampler,
             remover=reverb.selectors.Fifo(),
-            max_size=replay_size,
-            rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert, min_replay_size, error_buffer),
-            signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack),
+            max_size=-(-replay_size // envs),
+            rate_limiter=reverb.rate_limiters.SampleToInsertRatio(ratio, min_items, error_buffer),
+            signature=dqn_signature(frame_shape, obs_dtype, n_step, frame_stack, envs),
         )
     ]
 
@@ -95,38 +135,48 @@ def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
         config.prioritized,
         config.priority_exponent,
         spec.frame_stack,
+        envs_per_item(config.envs_per_actor, config.batch_size, config.envs_per_item),
+        config.batch_size,
     )
 
 
 # Items a DQN writer may have in flight (created, not yet confirmed by the replay server) before the actor waits:
 # enough that an Atari actor does not spend its time waiting on Reverb round trips (the docs' Atari benchmark
-# page); the rate limiter still stops an actor within this many steps of each env.
+# page); the rate limiter still stops an actor within this many batch steps.
 TRANSITION_ITEMS_IN_FLIGHT = 32
 
 
 def collect_transitions(actor, venv, weights, epoch: int) -> None:
-    """DQN / QDagger: one writer per env; every step, an item of that env's last n+1 steps.
+    """DQN / QDagger: the actor's B envs in B / G groups of G envs (`envs_per_item`), one Reverb writer each;
+    every batch step appends each group's step and makes an item of its last n + S steps (`dqn_signature`).
 
-    Each step stores only the newest frame of its observation (S =
-    frame_stack frames per observation: 4 for Atari, 1 for vectors); an
-    item references the n + S frames its first and bootstrap observations
-    need (`dqn_signature`). At each episode start the S − 1
-    older frames of the first stack are written as padding steps, on which
-    no item starts. An episode cut by a time limit (truncated, not
-    terminated) gives no items to its last n steps: their n-step targets
-    would need the bootstrap observation the reset replaced, and treating
-    the cut as terminal would teach that good states end episodes.
-    Consecutive items reference the same Reverb chunks, so every frame is
-    stored about once. The table's `SampleToInsertRatio` rate limiter
-    blocks inserts when actors run ahead of the learner's replay ratio.
+    Each step stores only the newest frame of its observation (S = frame_stack frames per observation: 4 for
+    Atari, 1 for vectors), and how it ended its episode: the learner (`transitions`) rebuilds the stacks,
+    with zeros before an episode's first frame as the env gives them, and leaves out the transitions whose
+    n-step window reaches a time-limit cut (their bootstrap observation is gone: the env reset; treating the
+    cut as terminal would teach that good states end episodes). A writer starts with S − 1 padding steps (zero
+    frames, `TRUNCATED`) so that the first real step already starts an item. The table's `SampleToInsertRatio`
+    rate limiter blocks inserts when actors run ahead of the learner's replay ratio.
     """
     cfg = actor.config
     n, b, stack = cfg.unroll_length, cfg.num_envs, actor.frame_stack
+    g = cfg.envs_per_item or 1
+    if b % g:
+        raise ValueError(f"the run's items hold {g} envs each, which does not divide this actor's {b} envs")
     rng, obs = actor.start_episodes(venv)
     client = Client(actor.replay_address)
-    envs = [_EnvWriter(client, cfg.table, n, stack) for _ in range(b)]
-    for i in range(b):
-        envs[i].pad(obs[i])
+    writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b // g)]
+    frame_shape = obs.shape[2:] if stack > 1 else obs.shape[1:]
+    padding = dict(
+        observation=np.zeros((g, *frame_shape), np.float32 if stack == 1 else obs.dtype),
+        action=np.zeros(g, np.int32),
+        reward=np.zeros(g, np.float32),
+        end=np.full(g, TRUNCATED, np.int8),
+        policy_version=np.int64(-1),
+    )
+    for writer in writers:
+        for _ in range(stack - 1):
+            writer.append(padding)
     try:
         while not actor.stop.is_set():
             version, arrays, exploration = weights.latest
@@ -136,72 +186,113 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
             action = epsilon_greedy_q(q, rng, exploration.epsilon)
             next_obs, reward, terminated, truncated, _ = venv.step(action)
             actor.check_finite(next_obs, reward)
-            done = np.logical_or(terminated, truncated)
             frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
-            for i, env in enumerate(envs):
-                step = dict(
-                    observation=frames[i],
-                    action=action[i],
-                    reward=np.float32(reward[i]),
-                    done=done[i],
-                    policy_version=np.int64(version),
+            end = np.where(terminated, TERMINATED, np.where(truncated, TRUNCATED, NOT_ENDED)).astype(np.int8)
+            action, reward = np.asarray(action, np.int32), np.asarray(reward, np.float32)
+            for k, writer in enumerate(writers):
+                part = slice(k * g, (k + 1) * g)
+                writer.append(
+                    dict(
+                        observation=frames[part],
+                        action=action[part],
+                        reward=reward[part],
+                        end=end[part],
+                        policy_version=np.int64(version),
+                    )
                 )
-                env.append(step, True)
-                if truncated[i] and not terminated[i]:
-                    env.cut_by_time_limit()
-                if done[i]:  # next_obs[i] starts the next episode
-                    env.pad(next_obs[i])
-            if not all(actor.wait_written(e.writer, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for e in envs):
+                if writer.episode_steps >= n + stack:
+                    history = writer.history
+                    writer.create_item(cfg.table, 1.0, {key: col[-(n + stack) :] for key, col in history.items()})
+            if not all(actor.wait_written(w, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for w in writers):
                 break
             obs = next_obs
-            actor.count_steps(reward, done)
+            actor.count_steps(reward, np.logical_or(terminated, truncated))
     finally:
-        for env in envs:
-            env.writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
-        envs.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
-        env = client = None
+        for writer in writers:
+            writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
+        writers.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
+        writer = client = None
 
 
-class _EnvWriter:
-    """One env's Reverb writer in `collect_transitions`, and which of its last n + S steps are real (padding
-    steps, on which no item starts, are not)."""
+def _stack(frames, end, first: int, frame_stack: int):
+    """The stacked observations [N, S, *frame] of window steps first .. first + S − 1 of `frames` [N, W, *frame],
+    with the frames before the newest frame's episode began set to zero (`end` [N, W] int: a step that ended an
+    episode makes every frame up to it belong to an earlier one)."""
+    import tensorflow as tf
 
-    def __init__(self, client, table: str, n: int, stack: int):
-        self.table, self.n, self.stack = table, n, stack
-        self.writer = client.trajectory_writer(num_keep_alive_refs=n + stack)
-        self.real = collections.deque(maxlen=n + stack)
+    window = frames[:, first : first + frame_stack]
+    ended = tf.cast(end[:, first : first + frame_stack - 1] != NOT_ENDED, tf.int32)  # [N, S − 1]
+    later_ends = tf.cumsum(ended, axis=1, reverse=True)  # episode ends from frame j to the newest one
+    keep = tf.concat([tf.equal(later_ends, 0), tf.ones_like(later_ends[:, :1], tf.bool)], axis=1)
+    keep = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([tf.rank(window) - 2], tf.int32)], 0))
+    return tf.where(keep, window, tf.zeros_like(window))
 
-    def append(self, step: dict, is_real: bool) -> None:
-        """Appends `step`, then makes the item whose first step is n steps back, if that one is real."""
-        n, stack = self.n, self.stack
-        self.writer.append(step)
-        self.real.append(is_real)
-        if len(self.real) == n + stack and self.real[-(n + 1)]:
-            history = self.writer.history
-            columns = {k: col[-(n + stack) :] if k == "observation" else col[-(n + 1) :] for k, col in history.items()}
-            self.writer.create_item(self.table, 1.0, columns)
 
-    def pad(self, first_obs: np.ndarray) -> None:
-        """The S − 1 older frames of an episode's first observation stack, as padding steps."""
-        for k in range(self.stack - 1):
-            step = dict(
-                observation=first_obs[k],
-                action=np.int32(0),
-                reward=np.float32(0.0),
-                done=False,
-                policy_version=np.int64(-1),
-            )
-            self.append(step, False)
+def transitions(data: dict, n_step: int, frame_stack: int, batch_size: int | None = None) -> dict:
+    """The n-step transitions of a batch of sampled items, as the learner trains on them (pure TensorFlow).
 
-    def cut_by_time_limit(self) -> None:
-        """A time limit is not a terminal state, but the observation to bootstrap from is gone (the env reset):
-        the last n steps, whose n-step windows reach it, get no item."""
-        for k in range(1, self.n + 1):
-            self.real[-k] = False
+    Args:
+        data: a batch of K items of the table's signature: either `dqn_signature`'s (fields [K, n + S, G, ...],
+            "policy_version" [K, n + S]) or the single-env layout of rlfleet before items held several envs
+            ("observation" [K, n + S, ...], "action", "reward", "done", "policy_version" [K, n + 1], with the
+            older frames of each episode's first stack written as steps, and items only for usable
+            transitions), which teachers' replays from that time hold.
+        n_step: n; frame_stack: S.
+        batch_size: keep the first this many transitions (None: all K·G).
+    Returns:
+        {"observation": [N, *obs_shape] (N = K·G or batch_size; obs_shape = [S, *frame] for S > 1),
+         "next_observation": the bootstrap observation n steps later, like "observation",
+         "action": int32 [N], "reward": float32 [N, n], "done": float32 [N, n] (1 where the episode ended
+         after step k), "valid": float32 [N] (0 for a transition whose n-step window reaches a time-limit cut:
+         it has no bootstrap observation and must not be trained on), "policy_version": int64 [N]}.
+    """
+    import tensorflow as tf
+
+    n, s = n_step, frame_stack
+    if "end" not in data:  # the single-env layout
+        first, bootstrap = split_observations(data["observation"], n, s)
+        rows = tf.shape(data["action"])[0]
+        out = dict(
+            observation=first,
+            next_observation=bootstrap,
+            action=tf.cast(data["action"][:, 0], tf.int32),
+            reward=tf.cast(data["reward"][:, :n], tf.float32),
+            done=tf.cast(data["done"][:, :n], tf.float32),
+            valid=tf.ones([rows], tf.float32),
+            policy_version=tf.cast(data["policy_version"][:, 0], tf.int64),
+        )
+    else:
+        envs = tf.shape(data["action"])[2]
+
+        def per_env(x):  # [K, W, G, ...] -> [K·G, W, ...]
+            x = tf.transpose(x, tf.concat([[0, 2, 1], tf.range(3, tf.rank(x))], 0))
+            return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
+
+        frames, end = per_env(data["observation"]), per_env(data["end"])
+        window_end = end[:, s - 1 : s - 1 + n]
+        done = tf.cast(window_end != NOT_ENDED, tf.float32)
+        before_first_end = tf.math.cumprod(1.0 - done, axis=1, exclusive=True)
+        cut = tf.reduce_sum(before_first_end * tf.cast(window_end == TRUNCATED, tf.float32), axis=1)
+        if s == 1:
+            first, bootstrap = frames[:, 0], frames[:, n]
+        else:
+            first, bootstrap = _stack(frames, end, 0, s), _stack(frames, end, n, s)
+        out = dict(
+            observation=first,
+            next_observation=bootstrap,
+            action=per_env(data["action"])[:, s - 1],
+            reward=per_env(data["reward"])[:, s - 1 : s - 1 + n],
+            done=done,
+            valid=1.0 - tf.minimum(cut, 1.0),
+            policy_version=tf.repeat(data["policy_version"][:, s - 1], envs),
+        )
+    if batch_size is not None:
+        out = {k: v[:batch_size] for k, v in out.items()}
+    return out
 
 
 def split_observations(frames, n_step: int, frame_stack: int):
-    """The first and bootstrap observations of DQN items (see `dqn_signature`).
+    """The first and bootstrap observations of single-env items whose frames need no masking.
 
     Args:
         frames: [N, n + S, *frame_shape] item frames.
@@ -213,14 +304,35 @@ def split_observations(frames, n_step: int, frame_stack: int):
     return frames[:, :frame_stack], frames[:, n_step : n_step + frame_stack]
 
 
-def batches(replay_address: str, batch_size: int, table: str = TABLE, rate_limiter_timeout_ms: int = 1000):
-    """Yields minibatches {field: [batch_size, ...]} drawn from `table` through Reverb's tf.data dataset, forever.
+def table_envs(signature: dict) -> int | None:
+    """G, the envs per item of a table with `signature` (1 for the single-env layout); None for a signature
+    that is neither DQN layout."""
+    if {"observation", "action", "reward", "policy_version"} - set(signature):
+        return None
+    if "end" in signature and signature["action"].shape.rank == 2:
+        return int(signature["action"].shape[1])
+    if "done" in signature and signature["action"].shape.rank == 1:
+        return 1
+    return None
 
-    A dataset whose sample requests wait on the rate limiter for longer than
-    `rate_limiter_timeout_ms` ends (Reverb's semantics) and is opened again, so
-    no request stays blocked for long: a learner whose actors have stopped
-    still exits promptly (an indefinitely blocked request held the process
-    for minutes at exit).
+
+def batches(
+    replay_address: str,
+    batch_size: int,
+    n_step: int,
+    frame_stack: int,
+    table: str = TABLE,
+    rate_limiter_timeout_ms: int = 1000,
+):
+    """Yields minibatches of `batch_size` transitions (`transitions`) drawn from `table`, forever.
+
+    Reverb's tf.data dataset (`TrajectoryDataset`, its documented path for training) reads the items, K per
+    minibatch (`items_per_batch`: G envs' transitions each, G read from the table's signature, so a teacher's
+    replay of another layout reads too), and turns them into transitions inside the dataset's graph; the next
+    minibatch is prefetched while this one trains. A dataset whose sample requests wait on the rate limiter for
+    longer than `rate_limiter_timeout_ms` ends (Reverb's semantics) and is opened again, so no request stays
+    blocked for long: a learner whose actors have stopped still exits promptly (an indefinitely blocked request
+    held the process for minutes at exit).
     """
     import reverb
 
@@ -231,5 +343,8 @@ def batches(replay_address: str, batch_size: int, table: str = TABLE, rate_limit
             max_in_flight_samples_per_worker=2 * batch_size,
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
         )
-        for sample in dataset.batch(batch_size, drop_remainder=True):
-            yield sample.data
+        k = items_per_batch(batch_size, table_envs(dataset.element_spec.data) or 1)
+        dataset = dataset.batch(k, drop_remainder=True).map(
+            lambda sample: transitions(sample.data, n_step, frame_stack, batch_size)
+        )
+        yield from dataset.prefetch(1)

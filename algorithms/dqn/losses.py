@@ -88,8 +88,8 @@ def bootstrap_value(q_target_next, q_online_next=None):
     return tf.gather(q_target_next, best, batch_dims=1)
 
 
-def huber_td_loss(q_selected, targets, delta=1.0):
-    """Mean Huber loss between Q(s, a) and TD targets.
+def huber_td_loss(q_selected, targets, delta=1.0, weights=None):
+    """Mean Huber loss between Q(s, a) and TD targets (weighted mean with `weights`).
 
     err = q_selected - targets
     per-sample = 0.5 * err^2               if |err| <= delta
@@ -99,8 +99,10 @@ def huber_td_loss(q_selected, targets, delta=1.0):
       q_selected: float32 [N], Q_online(s, a) for the taken actions.
       targets: float32 [N] (treated as constants: gradients are stopped).
       delta: positive python float, the quadratic-to-linear switch point.
+      weights: optional float32 [N] >= 0 (0 leaves a sample out, e.g. a transition without a bootstrap
+        observation); the loss is then sum(w * per-sample) / max(sum(w), 1).
     Returns:
-      float32 scalar, the mean over N.
+      float32 scalar, the (weighted) mean over N.
     Raises:
       ValueError if delta <= 0 (python number) or shapes are incompatible.
     Source: DQN Huber loss (delta 1) used by the QDagger student in the
@@ -115,7 +117,16 @@ def huber_td_loss(q_selected, targets, delta=1.0):
     abs_err = tf.abs(q_selected - targets)
     quadratic = tf.minimum(abs_err, delta)
     linear = abs_err - quadratic
-    return tf.reduce_mean(0.5 * tf.square(quadratic) + delta * linear)
+    return weighted_mean(0.5 * tf.square(quadratic) + delta * linear, weights)
+
+
+def weighted_mean(values, weights=None):
+    """sum(weights * values) / max(sum(weights), 1) for float32 [N] `values` (the plain mean without weights)."""
+    values = _f32(values)
+    if weights is None:
+        return tf.reduce_mean(values)
+    weights = _f32(weights)
+    return tf.reduce_sum(weights * values) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
 
 def distillation_loss(q_student, q_teacher, temperature=0.1):

@@ -35,7 +35,7 @@ from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn
-from rlfleet.algorithms.dqn.items import batches, split_observations
+from rlfleet.algorithms.dqn.items import batches
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.teacher import Teacher
@@ -140,18 +140,22 @@ class QDaggerAgent(DQNAgent):
 
     def samples(self, replay_address: str):
         """The remaining offline minibatches from the teacher's replay, then the student's own."""
-        remaining = max(0, self.config.offline_steps - int(self.learner_steps.numpy()))
+        c = self.config
+        remaining = max(0, c.offline_steps - int(self.learner_steps.numpy()))
+        stack = self.spec.frame_stack
         if remaining:
-            yield from itertools.islice(batches(self.teacher_replay, self.config.batch_size), remaining)
-        yield from batches(replay_address, self.config.batch_size)
+            yield from itertools.islice(batches(self.teacher_replay, c.batch_size, c.n_step, stack), remaining)
+        yield from batches(replay_address, c.batch_size, c.n_step, stack)
 
     @tf.function
     def _qdagger_step(self, batch):
         c = self.config
         with tf.GradientTape() as tape:
             td, q_all, mean_q = self._td_loss(batch)
-            obs, _ = split_observations(batch["observation"], c.n_step, self.spec.frame_stack)
-            distill = tf.reduce_mean(losses.distillation_loss(q_all, self.teacher.q(obs), c.distillation_temperature))
+            distill = losses.weighted_mean(
+                losses.distillation_loss(q_all, self.teacher.q(batch["observation"]), c.distillation_temperature),
+                batch["valid"],
+            )
             loss = td + self.coefficient * distill
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
