@@ -124,12 +124,15 @@ def learner_rates(env_id: str, seconds: float) -> dict:
     for algo in ("dqn", "qdagger"):
         cfg = make_algo_config(algo, "default", env_id)
         n, b = cfg.n_step, cfg.batch_size
-        batch = {
-            "observation": tf.constant(rng.integers(0, 255, (b, n + 4, 84, 84), dtype=np.uint8)),
-            "action": tf.constant(rng.integers(0, spec.action_dim, (b, n + 1), dtype=np.int32)),
-            "reward": tf.constant(rng.choice([-1.0, 0.0, 1.0], (b, n + 1)).astype(np.float32)),
-            "done": tf.constant(np.zeros((b, n + 1), bool)),
-            "policy_version": tf.constant(np.zeros((b, n + 1), np.int64)),
+        frames = lambda b=b: tf.constant(rng.integers(0, 255, (b, 4, 84, 84), dtype=np.uint8))
+        batch = {  # a minibatch as the learner's input path gives it (`rlfleet.algorithms.dqn.items.transitions`)
+            "observation": frames(),
+            "next_observation": frames(),
+            "action": tf.constant(rng.integers(0, spec.action_dim, b, dtype=np.int32)),
+            "reward": tf.constant(rng.choice([-1.0, 0.0, 1.0], (b, n)).astype(np.float32)),
+            "done": tf.zeros((b, n), tf.float32),
+            "valid": tf.ones(b, tf.float32),
+            "policy_version": tf.zeros(b, tf.int64),
         }
         if algo == "dqn":
             agent = DQNAgent(spec, cfg)

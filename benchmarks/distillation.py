@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -65,6 +66,7 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
     import reverb
 
     from rlfleet.actors.envs import env_spec
+    from rlfleet.algorithms.dqn.agent import passed_multiple
     from rlfleet.algorithms.qdagger.agent import make_agent
     from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
     from rlfleet.algorithms.settings import make_algo_config
@@ -79,6 +81,8 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
     check_teacher_dir(teacher_dir, spec)  # without run.json (spec None) it raises before looking at spec
     # All steps offline: the student never waits on a replay of its own.
     config = make_algo_config("qdagger", "default", env_id, dict(overrides, offline_steps=steps))
+    # Calls of gradient steps that divide `every`, so that each evaluation falls on its step.
+    config.gradient_steps_per_call = math.gcd(every, config.gradient_steps_per_call)
     work = tempfile.mkdtemp(prefix="rlfleet-distil-")
     server = batches = None
     try:
@@ -89,12 +93,14 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
         agent.on_start()  # R_T and the random policy's return, as a QDagger run measures them
         batches = agent.samples("")
         evals, start = [], time.monotonic()
-        for step in range(1, steps + 1):
+        step = 0
+        while step < steps:  # `samples` ends the offline phase on its step: `step` reaches `steps` exactly
             result = agent.consume(next(batches), 0, 0)
+            step += result.gradient_steps
             for name in ("td_loss", "distillation_loss"):
                 if name in result.metrics and not np.isfinite(result.metrics[name]):
-                    raise FloatingPointError(f"{name} is {result.metrics[name]} at gradient step {step}")
-            if step % every == 0:
+                    raise FloatingPointError(f"{name} is {result.metrics[name]} by gradient step {step}")
+            if passed_multiple(step, result.gradient_steps, every):
                 first = evaluation_seed(seed) + (step // every) * episodes
                 evals.append((step, float(np.mean(agent.evaluate(episodes, first)))))
         seconds = time.monotonic() - start

@@ -196,7 +196,8 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
         s0 = server_cpu()
         out["reverb_minibatch"] = r = timed(lambda: next(samples), seconds)
         r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
-        batch = next(samples)
+        stacked = next(samples)  # one minibatch, [1, N, ...] (what `consume` takes)
+        batch = {k: v[0] for k, v in stacked.items()}  # [N, ...] (what `_train_step` takes)
         samples.close()  # its dataset's threads would go on fetching, counted in this process's CPU below
         # Baseline: the same minibatch out of numpy arrays in memory (a replay of the preset's size).
         memory = {k: np.resize(v.numpy(), (cfg.replay_size, *v.shape[1:])) for k, v in batch.items()}
@@ -216,7 +217,7 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
 
     agent = DQNAgent(spec, cfg, total_steps=10**6)
     out["train_step"] = timed(lambda: agent._train_step(batch)[0].numpy(), seconds)
-    out["consume"] = timed(lambda: agent.consume(batch, 0, 1000), seconds)
+    out["consume"] = timed(lambda: agent.consume(stacked, 0, 1000), seconds)
 
     weights = agent.export_weights()
     venv = make_batched_env(env_id, cfg.eval_episodes, "sync")

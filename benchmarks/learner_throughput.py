@@ -9,15 +9,18 @@ own agent (`AlgorithmBuilder.make_agent`) and input path (`Agent.samples`):
 
 (a) input alone: minibatches drawn through `Agent.samples` and thrown away;
 (b) train step alone: `Agent.consume` on one resident minibatch;
-(c) both: `Agent.consume` on each minibatch `Agent.samples` yields, as the learner's training loop runs them
+(c) both: `Agent.consume` on each sample `Agent.samples` yields (K minibatches: `gradient_steps_per_call`), as
+    the learner's training loop runs them
     (the input path's prefetching overlaps the two);
 and the physical reference: the same minibatch gathered from numpy arrays in this process.
 
 Each is reported per transition sampled and per gradient step: wall time, this process's CPU and the replay
 server's CPU, and from them samples/s and gradient steps/s per learner core (learner and replay server CPU
-together). Each workload runs twice in the same run: with the preset's items (`envs_per_item` 0: G envs'
-transitions per item) and with one item per transition (`envs_per_item` 1, the cost structure of rlfleet's
-earlier layout), so the layout's gain is measured against a baseline on the same machine, in the same hour.
+together). Each workload runs three times in the same run (`VARIANTS`):
+with one item per transition and one gradient step per learner call (`envs_per_item` 1,
+`gradient_steps_per_call` 1: the cost structure of rlfleet's earlier layout and loop), with the preset's items
+(G envs' transitions per item) and one step per call, and with the preset's items and steps per call, so each
+change's gain is measured against a baseline on the same machine, in the same hour.
 
 Usage:
     python benchmarks/learner_throughput.py [--workloads cartpole atari] [--seconds 5] [--out results.json]
@@ -68,13 +71,21 @@ def timed(call, seconds: float, server) -> dict:
     )
 
 
-def workload_config(name: str, envs_per_item: int):
-    """(algo, env id, spec, config) of workload `name` with `envs_per_item` set."""
+# The layouts each workload is measured with: (envs_per_item, gradient_steps_per_call), 0 for the preset's.
+VARIANTS = ((1, 1), (0, 1), (0, 0))
+
+
+def workload_config(name: str, envs_per_item: int, steps_per_call: int = 0):
+    """(algo, env id, spec, config) of workload `name` with `envs_per_item` and, unless 0,
+    `gradient_steps_per_call` set."""
     from rlfleet.actors.envs import env_spec
     from rlfleet.algorithms.settings import make_algo_config
 
     algo, env_id, overrides, _ = WORKLOADS[name]
-    config = make_algo_config(algo, "default", env_id, dict(overrides, envs_per_item=envs_per_item))
+    overrides = dict(overrides, envs_per_item=envs_per_item)
+    if steps_per_call:
+        overrides["gradient_steps_per_call"] = steps_per_call
+    config = make_algo_config(algo, "default", env_id, overrides)
     return algo, env_id, env_spec(env_id), config
 
 
@@ -164,7 +175,7 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
     (an `Actor` without a learner: its collection loop alone, ε = 1); returns the writer's cost: {"env_steps",
     "cpu_ms", "server_cpu_ms"} per batch step of the actor's envs (env stepping and ε-greedy included)."""
     from rlfleet.actors.actor import Actor, Policy
-    from rlfleet.actors.envs import make_batched_env
+    from rlfleet.actors.envs import make_batched_env, resolve_backend
     from rlfleet.algorithms import get as get_algorithm
     from rlfleet.proto import rlfleet_pb2
 
@@ -190,7 +201,7 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
         latest=Policy(0, agent.export_weights(), rlfleet_pb2.Exploration(**dict(agent.exploration(), epsilon=1.0)))
     )
     batch_steps = WORKLOADS[name][3] // b
-    venv = make_batched_env(env_id, b, "auto")
+    venv = make_batched_env(env_id, b, resolve_backend(env_id, "auto"))
     c0, s0 = time.process_time(), cpu_seconds(server)
     try:
         builder.collect(actor, _StopAfter(venv, batch_steps, actor.stop), weights, 0)
@@ -203,15 +214,16 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
     )
 
 
-def measure(name: str, envs_per_item: int, seconds: float) -> dict:
-    """Parts (a)-(c) and the numpy reference (module doc) for workload `name` with `envs_per_item`."""
+def measure(name: str, envs_per_item: int, steps_per_call: int, seconds: float) -> dict:
+    """Parts (a)-(c) and the numpy reference (module doc) for workload `name` with `envs_per_item` and
+    `steps_per_call` (`workload_config`), per minibatch (= gradient step)."""
     import portpicker
     import psutil
     import tensorflow as tf
 
     from rlfleet.algorithms import get as get_algorithm
 
-    algo, env_id, spec, config = workload_config(name, envs_per_item)
+    algo, env_id, spec, config = workload_config(name, envs_per_item, steps_per_call)
     port = portpicker.pick_unused_port()
     address = f"127.0.0.1:{port}"
     replay = start_replay(name, envs_per_item, port)
@@ -221,7 +233,8 @@ def measure(name: str, envs_per_item: int, seconds: float) -> dict:
         out = dict(workload=name, algo=algo, env_id=env_id, batch_size=config.batch_size)
         out["actor_writer"] = fill(name, address, envs_per_item, server)
         agent = get_algorithm(algo).make_agent(spec, config, 0, 10**7)
-        out["envs_per_item"] = agent.envs_per_item
+        k = config.gradient_steps_per_call
+        out.update(envs_per_item=agent.envs_per_item, gradient_steps_per_call=k)
         samples = agent.samples(address)
         out["input"] = timed(lambda: next(samples), seconds, server)
         batch = next(samples)
@@ -230,13 +243,15 @@ def measure(name: str, envs_per_item: int, seconds: float) -> dict:
         samples.close()
     finally:
         stop(replay)
+    for part in ("input", "train_step", "both"):  # per call of K minibatches -> per minibatch
+        out[part].update({key: out[part][key] / k for key in ("wall_ms", "cpu_ms", "server_cpu_ms")})
     rng = np.random.default_rng(0)
     size = min(config.replay_size, 100_000)
-    memory = {k: np.resize(v.numpy(), (size, *v.shape[1:])) for k, v in batch.items()}
+    memory = {f: np.resize(v.numpy(), (size, *v.shape[2:])) for f, v in batch.items()}
 
     def gather():
         idx = rng.integers(0, size, config.batch_size)
-        return {k: tf.constant(v[idx]) for k, v in memory.items()}
+        return {f: tf.constant(v[idx]) for f, v in memory.items()}
 
     out["numpy_gather"] = timed(gather, seconds, None)
     n = config.batch_size
@@ -262,12 +277,13 @@ def main() -> None:
         return
     results = []
     for name in args.workloads:
-        for envs_per_item in (1, 0):  # the baseline layout first, then the preset's
-            r = measure(name, envs_per_item, args.seconds)
+        for envs_per_item, steps_per_call in VARIANTS:  # the baseline layout first, then the preset's
+            r = measure(name, envs_per_item, steps_per_call, args.seconds)
             results.append(r)
             w = r["actor_writer"]
             print(
-                f"{name} ({r['env_id']}), {r['envs_per_item']} env(s) per item, batch {r['batch_size']}: actor "
+                f"{name} ({r['env_id']}), {r['envs_per_item']} env(s) per item, {r['gradient_steps_per_call']} "
+                f"gradient step(s) per call, batch {r['batch_size']}: actor "
                 f"batch step {w['cpu_ms']:.3f} ms CPU + {w['server_cpu_ms']:.3f} ms replay server",
                 flush=True,
             )

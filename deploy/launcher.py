@@ -249,6 +249,7 @@ class _Cluster:
         self.children: list[_Child] = []
         self.actors: list[_Child] = []
         self.learner: _Child | None = None
+        self._pending: list[tuple] = []  # (ready(), what, timeout s) of processes started, not yet seen ready
 
     def _start(self, name: str, args: list[str]) -> _Child:
         child = _Child(name, args, self.plan.logdir)
@@ -256,16 +257,14 @@ class _Cluster:
         return child
 
     def start_replay(self, teacher: str | None) -> None:
-        """The replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and, with a
-        teacher, a second one holding the teacher's replay; waits until each answers."""
+        """Starts the replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and, with
+        a teacher, a second one holding the teacher's replay; `wait_ready` waits until each answers."""
         p, common = self.plan, ["--run-config", self.plan.settings_path]
         args = ["replay", *common, "--port", p.replay_address.split(":")[1]]
         if p.algorithm.keeps_replay:
             args += ["--checkpoint-dir", os.path.join(p.logdir, REPLAY_SUBDIR)]
         self._start("replay", args)
-        _wait_until(
-            lambda: check_health(replay=p.replay_address, timeout_s=1)[0], self.children, "the replay server", 300
-        )
+        self._pending.append((lambda: check_health(replay=p.replay_address, timeout_s=1)[0], "the replay server", 300))
         if teacher:
             teacher_dir = os.path.join(p.logdir, "teacher_replay")
             port = p.teacher_address.split(":")[1]
@@ -274,11 +273,11 @@ class _Cluster:
                 ["replay", *common, "--port", port, "--teacher", teacher, "--checkpoint-dir", teacher_dir],
             )
             ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
-            _wait_until(ready, self.children, "the teacher's replay server", 300)
+            self._pending.append((ready, "the teacher's replay server", 300))
 
     def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str, video_every: int = 0) -> None:
-        """The learner, on the plan's settings and replay server (with `video_every`: its `--video-every`); waits
-        until it answers."""
+        """Starts the learner, on the plan's settings and replay server (with `video_every`: its `--video-every`);
+        `wait_ready` waits until it answers."""
         p = self.plan
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
         args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
@@ -293,7 +292,18 @@ class _Cluster:
         if teacher:
             args += ["--teacher", teacher, "--teacher-replay", p.teacher_address]
         self.learner = self._start("learner", args)
-        _wait_until(lambda: check_health(p.learner_address, timeout_s=1)[0], self.children, "the learner", 180)
+        self._pending.append((lambda: check_health(p.learner_address, timeout_s=1)[0], "the learner", 180))
+
+    def wait_ready(self) -> None:
+        """Waits until every process started so far answers, in the order they were started (their start-ups
+        overlap: a learner waits for its replay server by itself), each within its own time limit.
+
+        Raises:
+            LaunchError: one exited first, or did not answer in time.
+        """
+        while self._pending:
+            ready, what, timeout = self._pending.pop(0)
+            _wait_until(ready, self.children, what, timeout)
 
     def start_actors(self) -> None:
         p = self.plan
@@ -430,6 +440,7 @@ def launch(
     try:
         cluster.start_replay(teacher)
         cluster.start_learner(seed, env_backend, resume, teacher, bind, video_every)
+        cluster.wait_ready()
         print(
             f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
             f"{plan.learner_address})",

@@ -16,9 +16,13 @@ from rlfleet.replay.server import tables_for
 SPEC = env_spec("CartPole-v1")
 
 
-def make_batch(cfg, rng, size=None):
-    """A minibatch of random CartPole-shaped transitions as the learner's input path gives them
-    (`rlfleet.algorithms.dqn.items.transitions`), about a tenth of them without a bootstrap observation."""
+def make_batch(cfg, rng, size=None, minibatches=None):
+    """Random CartPole-shaped transitions as the learner's input path gives them: `minibatches` minibatches
+    ([K, N, ...] fields, what `consume` takes) or with None one ([N, ...], what `_train_step` takes), about a
+    tenth of them without a bootstrap observation."""
+    if minibatches is not None:
+        parts = [make_batch(cfg, rng, size) for _ in range(minibatches)]
+        return {k: tf.stack([p[k] for p in parts]) for k in parts[0]}
     size, n = size or cfg.batch_size, cfg.n_step
     return dict(
         observation=tf.constant(rng.standard_normal((size, 4)), tf.float32),
@@ -65,11 +69,35 @@ def test_consume_publishes_every_n_steps_with_decayed_epsilon():
     cfg = make_algo_config("dqn", "default", "CartPole-v1", {"publish_every": 3})
     agent = DQNAgent(SPEC, cfg, seed=0)
     rng = np.random.default_rng(1)
-    results = [agent.consume(make_batch(cfg, rng), 0, env_steps=cfg.epsilon_decay_env_steps // 2) for _ in range(6)]
+    half = cfg.epsilon_decay_env_steps // 2
+    results = [agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=half) for _ in range(6)]
     assert [r.updated for r in results] == [False, False, True, False, False, True]
     assert all(r.gradient_steps == 1 for r in results)
+    # Two minibatches per call: published whenever the learner steps pass a multiple of 3 (steps 8, 10, 12).
+    results = [agent.consume(make_batch(cfg, rng, minibatches=2), 0, env_steps=half) for _ in range(3)]
+    assert [r.updated for r in results] == [False, True, True] and int(agent.learner_steps.numpy()) == 12
     expected = cfg.epsilon_start + 0.5 * (cfg.epsilon_end - cfg.epsilon_start)
     assert agent.exploration()["epsilon"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_several_gradient_steps_in_one_call_are_the_same_steps_one_by_one():
+    """`_train_steps` on K stacked minibatches trains exactly as K single steps do, the target network copied at
+    the same learner steps in between."""
+    cfg = make_algo_config("dqn", "default", "CartPole-v1", {"target_update_period": 3})
+    minibatches = make_batch(cfg, np.random.default_rng(0), minibatches=5)
+    together, apart = DQNAgent(SPEC, cfg, seed=0), DQNAgent(SPEC, cfg, seed=0)
+    together._train_steps(minibatches)
+    for i in range(5):
+        apart._train_step({k: v[i] for k, v in minibatches.items()})
+        apart.learner_steps.assign_add(1)
+        if int(apart.learner_steps.numpy()) % cfg.target_update_period == 0:
+            apart._copy_target()
+    assert int(together.learner_steps.numpy()) == 5
+    for a, b in zip(together.q.variables + together.target_q.variables, apart.q.variables + apart.target_q.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    # The target network was copied at step 3 and has not moved since: it differs from the online network.
+    x = tf.constant(np.ones((1, 4), np.float32))
+    assert not np.allclose(together.q(x), together.target_q(x))
 
 
 def test_resumed_agent_publishes_the_scheduled_epsilon():

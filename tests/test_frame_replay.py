@@ -153,15 +153,15 @@ def test_items_rebuild_the_stacked_observations():
 
 def test_the_learner_reads_the_items_inserted():
     """The learner's input path (`batches`: Reverb's dataset, decoding in its graph) gives minibatches whose
-    transitions are all among those the actor wrote, with the batch size asked for."""
+    transitions are all among those the actor wrote, as many and of the size asked for."""
     server, actor, weights = _bare_actor()
     venv = ScriptedFrames(actor.stop)
     collect_transitions(actor, venv, weights, 0)
-    minibatches = batches(actor.replay_address, 5, N_STEP, STACK)
+    minibatches = batches(actor.replay_address, 5, N_STEP, STACK, minibatches=2)
     for _ in range(3):
         batch = next(minibatches)
-        assert batch["observation"].shape == (5, STACK, 84, 84) and batch["action"].shape == (5,)
-        for obs in batch["observation"].numpy():
+        assert batch["observation"].shape == (2, 5, STACK, 84, 84) and batch["action"].shape == (2, 5)
+        for obs in batch["observation"].numpy().reshape(10, STACK, 84, 84):
             np.testing.assert_array_equal(obs, venv.seen[_fid(obs[-1])])
     minibatches.close()
     server.stop()

@@ -27,11 +27,11 @@ def test_offline_phase_ends_after_offline_steps_and_then_publishes():
     agent, cfg = make_agent()
     rng = np.random.default_rng(0)
     assert agent.phase == OFFLINE and not agent.ready_for_actors()
-    results = [agent.consume(make_batch(cfg, rng), 0, env_steps=0) for _ in range(3)]
+    results = [agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0) for _ in range(3)]
     assert [r.updated for r in results] == [False, False, True]
     assert results[-1].evaluate and results[-1].metrics["distillation_loss"] >= 0
     assert agent.phase == ONLINE and agent.ready_for_actors()
-    online = [agent.consume(make_batch(cfg, rng), 1, env_steps=100) for _ in range(2)]
+    online = [agent.consume(make_batch(cfg, rng, minibatches=1), 1, env_steps=100) for _ in range(2)]
     assert [r.updated for r in online] == [True, False]  # learner steps 4 and 5; publish_every = 2
 
 
@@ -41,12 +41,12 @@ def test_coefficient_follows_the_student_return_online_only():
     agent.on_evaluation([110.0], env_steps=0)  # offline: stays at the base coefficient
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
     for _ in range(3):
-        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+        agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0)
     # The evaluation at the end of pretraining: actors step while it runs, so env steps have moved on, but the
     # student has learned nothing online yet.
     agent.on_evaluation([250.0], env_steps=40)
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
-    agent.consume(make_batch(cfg, rng), 1, env_steps=60)
+    agent.consume(make_batch(cfg, rng, minibatches=1), 1, env_steps=60)
     agent.on_evaluation([110.0], env_steps=1000)  # halfway from random (20) to teacher (200)
     assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
     lr = float(agent.optimizer.learning_rate.numpy())
@@ -62,7 +62,7 @@ def test_coefficient_waits_for_a_window_of_episodes_and_uses_their_mean():
     agent, cfg = make_agent(distillation_score_episodes=4)
     rng = np.random.default_rng(3)
     for _ in range(4):  # 3 offline steps, 1 online
-        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+        agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0)
     base = cfg.distillation_base
     agent.on_evaluation([300.0, 300.0], env_steps=1000)  # one lucky evaluation, 2 of 4 episodes: λ holds
     assert float(agent.coefficient.numpy()) == pytest.approx(base) and math.isnan(agent.score_return)
@@ -88,7 +88,7 @@ def test_without_a_score_window_each_evaluation_sets_the_coefficient():
     assert "distillation_score_returns" not in agent.checkpoint_items()
     rng = np.random.default_rng(5)
     for _ in range(4):
-        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+        agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0)
     agent.on_evaluation([110.0], env_steps=100)
     assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
 
@@ -97,7 +97,7 @@ def test_without_offline_pretraining_the_online_phase_starts_at_the_first_step()
     agent, cfg = make_agent(offline_steps=0, distillation_score_episodes=1)
     rng = np.random.default_rng(6)
     assert agent.phase == ONLINE
-    agent.consume(make_batch(cfg, rng), 0, env_steps=500)
+    agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=500)
     assert int(agent.online_start_env_steps.numpy()) == 500
     agent.on_evaluation([110.0], env_steps=900)
     assert float(agent.coefficient.numpy()) == pytest.approx(0.5 * cfg.distillation_base)
@@ -107,7 +107,7 @@ def test_online_phase_starts_with_the_target_network_copied_from_the_student():
     agent, cfg = make_agent(target_update_period=1000)
     rng = np.random.default_rng(4)
     for _ in range(3):
-        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
+        agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0)
     assert agent.phase == ONLINE
     for t, s in zip(agent.target_q.trainable_variables, agent.q.trainable_variables):
         np.testing.assert_array_equal(t.numpy(), s.numpy())
@@ -117,9 +117,9 @@ def test_hard_cutoff_stops_distillation():
     agent, cfg = make_agent(distillation_cutoff_env_steps=500)
     rng = np.random.default_rng(2)
     for _ in range(3):
-        agent.consume(make_batch(cfg, rng), 0, env_steps=0)
-    agent.consume(make_batch(cfg, rng), 1, env_steps=499)
+        agent.consume(make_batch(cfg, rng, minibatches=1), 0, env_steps=0)
+    agent.consume(make_batch(cfg, rng, minibatches=1), 1, env_steps=499)
     assert float(agent.coefficient.numpy()) == pytest.approx(cfg.distillation_base)
-    agent.consume(make_batch(cfg, rng), 1, env_steps=500)
+    agent.consume(make_batch(cfg, rng, minibatches=1), 1, env_steps=500)
     assert float(agent.coefficient.numpy()) == 0.0
     assert math.isclose(float(agent.optimizer.learning_rate.numpy()), cfg.learning_rate_final, rel_tol=1e-5)

@@ -68,9 +68,9 @@ def cartpole_teacher(tmp_path_factory):
     teacher that ends in a drop too (checked with a 6k-step teacher at 277.2: the student test's command
     evaluated its student at 260-337 in the offline phase)."""
     logdir = tmp_path_factory.mktemp("teacher") / "cartpole-dqn"
-    # A metrics row every 2 s: enough evaluation rows in the second half for the test below.
+    # A metrics row every second: enough evaluation rows in the second half for the test below.
     _up("--algo", "dqn", "--env", "CartPole-v1", "--total-steps", TEACHER_STEPS, "--logdir", logdir,
-        "--report-interval", 2, timeout=1800)  # fmt: skip
+        "--report-interval", 1, timeout=1800)  # fmt: skip
     return logdir
 
 
@@ -81,7 +81,7 @@ def test_dqn_teacher_learns_cartpole_and_leaves_teacher_artifacts(cartpole_teach
     assert summary["algo"] == "dqn" and summary["env_steps"] >= TEACHER_STEPS
     # It solves the task (500 is the maximum; a random policy scores ~22), solves it again in the second half of
     # the run (a policy that forgot for good evaluates ~115-125 on CartPole), and over the second half its latest
-    # evaluation return (one metrics row per 2 s, so a time-weighted mean) averages at least 200, well above the
+    # evaluation return (one metrics row per second, so a time-weighted mean) averages at least 200, well above the
     # ~110-170 of the low drops. The final policy alone is one sample of the oscillation (see the fixture), so
     # it is held only to more than 3x a random policy's return.
     rows = _rows(cartpole_teacher)

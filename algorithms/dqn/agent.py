@@ -36,6 +36,11 @@ def evaluate_dqn(
     return run_batched_episodes(env_id, episodes, seed, policy, progress=progress).returns
 
 
+def passed_multiple(steps: int, k: int, period: int) -> bool:
+    """Whether the last `k` learner steps, which ended at `steps`, passed a multiple of `period`."""
+    return steps // period > (steps - k) // period
+
+
 def dqn_policy(arrays: dict, epsilon: float, seed: int):
     """ε-greedy on the Q-network `arrays` (`export_q`), observations [B, ...] -> int32 actions [B], its random
     draws seeded by `seed`."""
@@ -108,8 +113,10 @@ class DQNAgent(Agent):
         return dict(q=self.q, target_q=self.target_q, optimizer=self.optimizer, dqn_learner_steps=self.learner_steps)
 
     def samples(self, replay_address: str):
-        """Yields minibatches of transitions (`rlfleet.algorithms.dqn.items.transitions`) of the replay table."""
-        yield from batches(replay_address, self.config.batch_size, self.config.n_step, self.spec.frame_stack)
+        """Yields `gradient_steps_per_call` minibatches of transitions at a time ([K, batch, ...] fields of
+        `rlfleet.algorithms.dqn.items.transitions`) from the replay table."""
+        c = self.config
+        yield from batches(replay_address, c.batch_size, c.n_step, self.spec.frame_stack, c.gradient_steps_per_call)
 
     def _td_loss(self, batch):
         """Huber TD loss on n-step targets over the batch's valid transitions; returns (loss, Q(s_t, ·) [N, A],
@@ -126,13 +133,41 @@ class DQNAgent(Agent):
         valid = batch["valid"]
         return losses.huber_td_loss(q_selected, targets, weights=valid), q_all, losses.weighted_mean(q_selected, valid)
 
-    @tf.function
-    def _train_step(self, batch):
+    def _td_step(self, batch):
+        """One gradient step of the TD loss on a minibatch ([N, ...] fields); returns (loss, mean Q)."""
         with tf.GradientTape() as tape:
             loss, _, mean_q = self._td_loss(batch)
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
         return loss, mean_q
+
+    @tf.function
+    def _train_step(self, batch):
+        """`_td_step` as a graph of its own (one minibatch, learner steps not counted)."""
+        return self._td_step(batch)
+
+    @tf.function
+    def _train_steps(self, minibatches):
+        """`_td_step` on each of the K minibatches of `minibatches` in one graph (`_steps_in_graph`)."""
+        return self._steps_in_graph(self._td_step, minibatches)
+
+    def _steps_in_graph(self, step, minibatches):
+        """Traced inside a `tf.function`: `step` (a gradient step, minibatch -> tensors) on each of the K
+        minibatches of `minibatches` ([K, N, ...] fields), `learner_steps` counted and the target network copied
+        every `target_update_period` learner steps in between, as K calls would; returns the last step's
+        tensors."""
+        k = tf.shape(minibatches["action"])[0]
+        out = self._counted_step(step, {f: v[0] for f, v in minibatches.items()})
+        for i in tf.range(1, k):
+            out = self._counted_step(step, {f: v[i] for f, v in minibatches.items()})
+        return out
+
+    def _counted_step(self, step, batch):
+        out = step(batch)
+        self.learner_steps.assign_add(1)
+        if self.learner_steps % self.config.target_update_period == 0:
+            self._copy_target()
+        return out
 
     def on_resume(self, env_steps: int) -> None:
         """Puts ε where its schedule is at `env_steps` (the first weights after a resume carry it)."""
@@ -140,19 +175,20 @@ class DQNAgent(Agent):
         self.epsilon = losses.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
 
     def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
+        """K gradient steps on the K minibatches of `batch` (`samples`); a policy version is published when
+        the learner steps pass a multiple of `publish_every`."""
         c = self.config
         if c.lr_schedule == "linear" and self.total_steps:
             progress = min(1.0, env_steps / self.total_steps)
             self.optimizer.learning_rate.assign(c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * progress))
-        loss, mean_q = self._train_step(batch)
-        steps = int(self.learner_steps.assign_add(1).numpy())
-        if steps % c.target_update_period == 0:
-            self._copy_target()
-        if steps % c.publish_every:
-            return StepResult(gradient_steps=1)
+        k = int(batch["action"].shape[0])
+        loss, mean_q = self._train_steps(batch)
+        steps = int(self.learner_steps.numpy())
+        if not passed_multiple(steps, k, c.publish_every):
+            return StepResult(gradient_steps=k)
         self.epsilon = losses.linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
         return StepResult(
-            gradient_steps=1,
+            gradient_steps=k,
             updated=True,
             metrics={"td_loss": float(loss), "mean_q": float(mean_q), "epsilon": self.epsilon},
         )

@@ -33,6 +33,7 @@ class DQNConfig:
     min_replay_size: Count = 20_000  # transitions in replay before the first gradient step
     target_update_period: Count = 2000  # learner steps between target-network copies
     publish_every: Count = 100  # learner steps between weights versions pushed to actors
+    gradient_steps_per_call: Count = 8  # gradient steps per compiled learner call, each on a minibatch of its own
     epsilon_start: Fraction = 1.0  # actors' ε at env step 0
     epsilon_end: Fraction = 0.01  # actors' ε after the decay
     epsilon_decay_env_steps: Count0 = 250_000  # env steps (all actors) over which ε decays linearly

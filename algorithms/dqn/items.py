@@ -321,18 +321,20 @@ def batches(
     batch_size: int,
     n_step: int,
     frame_stack: int,
+    minibatches: int = 1,
     table: str = TABLE,
     rate_limiter_timeout_ms: int = 1000,
 ):
-    """Yields minibatches of `batch_size` transitions (`transitions`) drawn from `table`, forever.
+    """Yields `minibatches` minibatches of `batch_size` transitions at a time (`transitions`' fields with a
+    leading [minibatches] axis: [minibatches, batch_size, ...]) drawn from `table`, forever.
 
     Reverb's tf.data dataset (`TrajectoryDataset`, its documented path for training) reads the items, K per
     minibatch (`items_per_batch`: G envs' transitions each, G read from the table's signature, so a teacher's
     replay of another layout reads too), and turns them into transitions inside the dataset's graph; the next
-    minibatch is prefetched while this one trains. A dataset whose sample requests wait on the rate limiter for
+    yield is prefetched while this one trains. A dataset whose sample requests wait on the rate limiter for
     longer than `rate_limiter_timeout_ms` ends (Reverb's semantics) and is opened again, so no request stays
     blocked for long: a learner whose actors have stopped still exits promptly (an indefinitely blocked request
-    held the process for minutes at exit).
+    held the process for minutes at exit); the minibatches it had begun are dropped.
     """
     import reverb
 
@@ -347,4 +349,4 @@ def batches(
         dataset = dataset.batch(k, drop_remainder=True).map(
             lambda sample: transitions(sample.data, n_step, frame_stack, batch_size)
         )
-        yield from dataset.prefetch(1)
+        yield from dataset.batch(minibatches, drop_remainder=True).prefetch(1)

@@ -34,7 +34,7 @@ import tensorflow as tf
 from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.dqn import losses
-from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn
+from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn, passed_multiple
 from rlfleet.algorithms.dqn.items import batches
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
@@ -139,16 +139,31 @@ class QDaggerAgent(DQNAgent):
         )
 
     def samples(self, replay_address: str):
-        """The remaining offline minibatches from the teacher's replay, then the student's own."""
+        """The remaining offline minibatches from the teacher's replay, then the student's own, K =
+        `gradient_steps_per_call` at a time (the offline phase's last ones fewer, so that it ends on its step)."""
         c = self.config
         remaining = max(0, c.offline_steps - int(self.learner_steps.numpy()))
-        stack = self.spec.frame_stack
-        if remaining:
-            yield from itertools.islice(batches(self.teacher_replay, c.batch_size, c.n_step, stack), remaining)
-        yield from batches(replay_address, c.batch_size, c.n_step, stack)
+        k, stack = c.gradient_steps_per_call, self.spec.frame_stack
+        teacher = lambda minibatches: batches(self.teacher_replay, c.batch_size, c.n_step, stack, minibatches)
+        if remaining >= k:
+            yield from itertools.islice(teacher(k), remaining // k)
+        if remaining % k:
+            yield from itertools.islice(teacher(1), remaining % k)
+        yield from batches(replay_address, c.batch_size, c.n_step, stack, k)
 
     @tf.function
     def _qdagger_step(self, batch):
+        """`_distillation_step` as a graph of its own (one minibatch, learner steps not counted)."""
+        return self._distillation_step(batch)
+
+    @tf.function
+    def _qdagger_steps(self, minibatches):
+        """`_distillation_step` on each of the K minibatches of `minibatches` in one graph (`_steps_in_graph`)."""
+        return self._steps_in_graph(self._distillation_step, minibatches)
+
+    def _distillation_step(self, batch):
+        """One gradient step of the QDagger loss (TD + λ·distillation) on a minibatch ([N, ...] fields); returns
+        (TD loss, distillation loss, mean Q)."""
         c = self.config
         with tf.GradientTape() as tape:
             td, q_all, mean_q = self._td_loss(batch)
@@ -163,13 +178,12 @@ class QDaggerAgent(DQNAgent):
 
     def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
+        k = int(batch["action"].shape[0])
         if float(self.coefficient.numpy()) > 0:
-            td, distill, mean_q = self._qdagger_step(batch)
+            td, distill, mean_q = self._qdagger_steps(batch)
         else:  # λ = 0: plain DQN, no teacher forward pass
-            (td, mean_q), distill = self._train_step(batch), tf.constant(0.0)
-        steps = int(self.learner_steps.assign_add(1).numpy())
-        if steps % c.target_update_period == 0:
-            self._copy_target()
+            (td, mean_q), distill = self._train_steps(batch), tf.constant(0.0)
+        steps = int(self.learner_steps.numpy())
 
         def metrics() -> dict:  # read back only when reported (each read waits for the step)
             return {
@@ -182,8 +196,8 @@ class QDaggerAgent(DQNAgent):
 
         if steps < c.offline_steps:
             self._offline_progress.update(steps, c.offline_steps)
-            evaluate = steps % (c.publish_every * c.eval_every_updates) == 0
-            return StepResult(gradient_steps=1, evaluate=evaluate, metrics=metrics() if evaluate else {})
+            evaluate = passed_multiple(steps, k, c.publish_every * c.eval_every_updates)
+            return StepResult(gradient_steps=k, evaluate=evaluate, metrics=metrics() if evaluate else {})
         start = int(self.online_start_env_steps.numpy())
         if steps == c.offline_steps or start < 0:
             # The offline phase's end (with offline_steps 0: the first step): actors start with these weights.
@@ -192,7 +206,7 @@ class QDaggerAgent(DQNAgent):
                 self._copy_target()
             done = f"offline pretraining done ({steps} gradient steps)" if c.offline_steps else "no offline pretraining"
             print(f"rlfleet learner: {done}; online phase", flush=True)
-            return StepResult(gradient_steps=1, updated=True, evaluate=True, metrics=metrics())
+            return StepResult(gradient_steps=k, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - start
         if (
             c.distillation_cutoff_env_steps
@@ -201,10 +215,10 @@ class QDaggerAgent(DQNAgent):
         ):
             self.coefficient.assign(0.0)
             self._set_learning_rate()
-        if steps % c.publish_every:
-            return StepResult(gradient_steps=1)
+        if not passed_multiple(steps, k, c.publish_every):
+            return StepResult(gradient_steps=k)
         self.epsilon = losses.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
-        return StepResult(gradient_steps=1, updated=True, metrics=metrics())
+        return StepResult(gradient_steps=k, updated=True, metrics=metrics())
 
     def on_resume(self, env_steps: int) -> None:
         """ε at its schedule's point in the online phase (ε_start before it)."""
