@@ -100,9 +100,21 @@ class PPOAgent(Agent):
         self.trained_env_steps = int(self._trained_variable.numpy())
 
     def samples(self, replay_address: str):
-        client = reverb.Client(replay_address)
-        for sample in client.sample(TABLE, num_samples=2**62, emit_timesteps=False, unpack_as_table_signature=True):
-            yield sample.data
+        """Yields the queue's items ({field: numpy array [T + 1, B, ...]}, `ppo_signature`) in the order they
+        arrive, forever, through Reverb's tf.data dataset (`TrajectoryDataset`, its documented path for training)
+        with one item in flight, so that no more items leave the queue than the learner is about to use. A
+        dataset that waits on an empty queue for a second ends (Reverb's semantics) and is opened again, so that
+        a learner whose actors have stopped exits promptly."""
+        while True:
+            dataset = reverb.TrajectoryDataset.from_table_signature(
+                server_address=replay_address,
+                table=TABLE,
+                max_in_flight_samples_per_worker=1,
+                num_workers_per_iterator=1,
+                rate_limiter_timeout_ms=1000,
+            )
+            for sample in dataset:
+                yield {k: v.numpy() for k, v in sample.data.items()}
 
     def items_per_actor(self, num_actors: int) -> int:
         """Synchronous: the batch's items shared out over `num_actors` (at least 1), rounded up; the count is
