@@ -43,6 +43,7 @@ import numpy as np
 WORKLOADS = {
     "cartpole": ("dqn", "CartPole-v1", {}, 20_000),
     "acrobot": ("dqn", "Acrobot-v1", {}, 20_000),
+    "acrobot-8envs": ("dqn", "Acrobot-v1", {"envs_per_actor": 8}, 20_000),  # items of 8 envs
     "atari": ("dqn", "ALE/Pong-v5", {}, 8_000),
 }
 
