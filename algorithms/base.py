@@ -119,7 +119,7 @@ class Agent(abc.ABC):
     config: object
     spec: EnvSpec
     unroll_length: int  # items hold unroll_length + 1 consecutive steps (RunConfig.unroll_length)
-    envs_per_item: int = 0  # envs whose steps share one item, side by side (RunConfig.envs_per_item; 0: all)
+    envs_per_item: int = 0  # envs whose steps share one item, side by side (RunConfig.envs_per_item; 0: not used)
     prefetch: int = 2  # samples the learner's sampler thread holds ready beyond the one being consumed
 
     @abc.abstractmethod

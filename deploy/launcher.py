@@ -30,10 +30,13 @@ from rlfleet.deploy.files import StorageError, check_writable
 from rlfleet.deploy.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, run_state, write_json
+from rlfleet.learner.run_spec import START_TIMEOUT_S
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
 LOOPBACK = "127.0.0.1"
+REPLAY_READY_S = 300.0  # how long `up` waits for a replay server to answer (restoring a large checkpoint takes time)
+LEARNER_READY_S = 180.0  # how long `up` waits for the learner to answer once its replay servers do
 # What a line that `rlfleet` itself wrote in a child's log holds for `up` to print it on the terminal too.
 RELAYED = (
     ": warning:",
@@ -110,7 +113,13 @@ def _fail_child(child: _Child) -> LaunchError:
     )
 
 
-def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> None:
+def _wait_until(ready, children: list[_Child], what: str, timeout: float, log_path: str | None = None) -> None:
+    """Waits until `ready()` (relaying the children's output), for at most `timeout` seconds.
+
+    Raises:
+        LaunchError: a child exited first (with its last lines), or `what` was not ready in time (naming
+            `log_path`, by default the last child's log).
+    """
     deadline = time.monotonic() + timeout
     while not ready():
         for c in children:
@@ -118,7 +127,8 @@ def _wait_until(ready, children: list[_Child], what: str, timeout: float) -> Non
             if c.proc.poll() is not None:
                 raise _fail_child(c)
         if time.monotonic() > deadline:
-            raise LaunchError(f"{what} did not become ready within {timeout:.0f}s; see {children[-1].log_path}")
+            log = log_path or children[-1].log_path
+            raise LaunchError(f"{what} did not become ready within {timeout:.0f}s; see {log}")
         time.sleep(0.3)
 
 
@@ -249,7 +259,7 @@ class _Cluster:
         self.children: list[_Child] = []
         self.actors: list[_Child] = []
         self.learner: _Child | None = None
-        self._pending: list[tuple] = []  # (ready(), what, timeout s) of processes started, not yet seen ready
+        self._pending: list[tuple] = []  # (ready(), what, timeout s, log) of processes started, not yet seen ready
 
     def _start(self, name: str, args: list[str]) -> _Child:
         child = _Child(name, args, self.plan.logdir)
@@ -263,17 +273,18 @@ class _Cluster:
         args = ["replay", *common, "--port", p.replay_address.split(":")[1]]
         if p.algorithm.keeps_replay:
             args += ["--checkpoint-dir", os.path.join(p.logdir, REPLAY_SUBDIR)]
-        self._start("replay", args)
-        self._pending.append((lambda: check_health(replay=p.replay_address, timeout_s=1)[0], "the replay server", 300))
+        replay = self._start("replay", args)
+        ready = lambda: check_health(replay=p.replay_address, timeout_s=1)[0]
+        self._pending.append((ready, "the replay server", REPLAY_READY_S, replay.log_path))
         if teacher:
             teacher_dir = os.path.join(p.logdir, "teacher_replay")
             port = p.teacher_address.split(":")[1]
-            self._start(
+            teacher_replay = self._start(
                 "teacher-replay",
                 ["replay", *common, "--port", port, "--teacher", teacher, "--checkpoint-dir", teacher_dir],
             )
             ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
-            self._pending.append((ready, "the teacher's replay server", 300))
+            self._pending.append((ready, "the teacher's replay server", REPLAY_READY_S, teacher_replay.log_path))
 
     def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str, video_every: int = 0) -> None:
         """Starts the learner, on the plan's settings and replay server (with `video_every`: its `--video-every`);
@@ -282,7 +293,9 @@ class _Cluster:
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
         args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
         args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
-        args += ["--linger", "3"]
+        # Its wait for the replay servers starts with theirs: it gets their time to become ready besides its own.
+        replay_servers = 2 if teacher else 1
+        args += ["--linger", "3", "--start-timeout", str(START_TIMEOUT_S + replay_servers * REPLAY_READY_S)]
         if video_every:
             args += ["--video-every", str(video_every)]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
@@ -292,7 +305,8 @@ class _Cluster:
         if teacher:
             args += ["--teacher", teacher, "--teacher-replay", p.teacher_address]
         self.learner = self._start("learner", args)
-        self._pending.append((lambda: check_health(p.learner_address, timeout_s=1)[0], "the learner", 180))
+        ready = lambda: check_health(p.learner_address, timeout_s=1)[0]
+        self._pending.append((ready, "the learner", LEARNER_READY_S, self.learner.log_path))
 
     def wait_ready(self) -> None:
         """Waits until every process started so far answers, in the order they were started (their start-ups
@@ -302,8 +316,8 @@ class _Cluster:
             LaunchError: one exited first, or did not answer in time.
         """
         while self._pending:
-            ready, what, timeout = self._pending.pop(0)
-            _wait_until(ready, self.children, what, timeout)
+            ready, what, timeout, log_path = self._pending.pop(0)
+            _wait_until(ready, self.children, what, timeout, log_path)
 
     def start_actors(self) -> None:
         p = self.plan

@@ -73,7 +73,8 @@ class ReplayFeed:
         problem = self.agent.signature_error(info[table].signature, teacher=what != "the learner")
         if problem:
             raise LearnerError(
-                f"replay table {table} at {address}: its signature does not match {what}: {problem} ({learner}). "
+                f"replay table {table} at {address}{'' if what == 'the learner' else f' ({what})'}: its signature "
+                f"does not match {learner}: {problem}. "
                 "Start `rlfleet replay` and `rlfleet learner` with the same --algo, --env, --config and --set "
                 "values (for a teacher's replay: the same n_step)."
             )

@@ -165,9 +165,10 @@ def _check_restored(server: reverb.Server, requested: dict, restoring: str) -> N
         server.stop()
         raise ValueError(
             f"the replay checkpoint {restoring} was written with other settings than this server was started "
-            f"with: {'; '.join(differences)}. Start it with the settings of the run that wrote the checkpoint "
-            "(its run directory's settings.json: --run-config), or give another --checkpoint-dir to start "
-            "with empty tables; nothing was served."
+            f"with, or by a version of rlfleet whose replay items were laid out differently: "
+            f"{'; '.join(differences)}. Start it with the settings of the run that wrote the checkpoint "
+            "(its run directory's settings.json: --run-config) and the same rlfleet version, or give another "
+            "--checkpoint-dir to start with empty tables; nothing was served."
         )
 
 

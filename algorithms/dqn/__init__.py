@@ -3,8 +3,9 @@ directory (Q-network and replay checkpoint) can teach a QDagger student.
 
 The folder holds all of it: `config` (settings and per-env presets), `items` (the replay item layout end to
 end: a uniform or prioritized table with a SampleToInsertRatio rate limiter, its signature, the actor-side
-ε-greedy writer, one writer per env, and the learner-side decoding), `policy` (numpy Q-values and ε-greedy),
-`networks` (MLP and Nature CNN Q-networks), `losses` (the pure-TF math) and `agent` (`DQNAgent`).
+ε-greedy writer, one writer per group of `envs_per_item` envs, and the learner-side decoding), `policy` (numpy
+Q-values and ε-greedy), `networks` (MLP and Nature CNN Q-networks), `losses` (the pure-TF math) and `agent`
+(`DQNAgent`).
 """
 
 from __future__ import annotations
