@@ -33,28 +33,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
+from learner_throughput import open_tables, stop, timed, wait_for_server  # this script's folder is on sys.path
 
 from rlfleet.actors.envs import env_spec, make_batched_env
 from rlfleet.algorithms.settings import make_algo_config
-
-
-def timed(call, seconds: float) -> dict:
-    """Runs `call` (no arguments) repeatedly for `seconds` after 3 untimed calls; returns {"calls", "wall_ms",
-    "cpu_ms"}: calls made, and wall and this process's CPU milliseconds per call."""
-    for _ in range(3):
-        call()
-    calls, c0, t0 = 0, time.process_time(), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        call()
-        calls += 1
-    return dict(
-        calls=calls,
-        wall_ms=1e3 * (time.perf_counter() - t0) / calls,
-        cpu_ms=1e3 * (time.process_time() - c0) / calls,
-    )
 
 
 def preset(env_id: str, envs_per_item: int):
@@ -64,32 +48,15 @@ def preset(env_id: str, envs_per_item: int):
 
 def serve_open_table(env_id: str, port: int, envs_per_item: int = 0) -> None:
     """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
-    preset's DQN table, its signature and size, but a `MinSize(1)` rate limiter. Reverb's `SampleToInsertRatio`
-    cannot be opened both ways (whatever its ratio, one side blocks once the other stops), and checking a rate
-    limiter is a comparison: what sampling costs is the same."""
+    preset's DQN table, opened (`learner_throughput.open_tables`: its signature and size, a `MinSize(1)` rate
+    limiter)."""
     from rlfleet.deploy.parent import die_with_parent
 
     die_with_parent()
-    import reverb
-
     from rlfleet.algorithms.dqn.items import dqn_tables_for
     from rlfleet.replay.server import serve
 
-    (table,) = dqn_tables_for(env_spec(env_id), preset(env_id, envs_per_item))
-    info = table.info
-    serve(
-        [
-            reverb.Table(
-                name=info.name,
-                sampler=reverb.selectors.Uniform(),
-                remover=reverb.selectors.Fifo(),
-                max_size=info.max_size,
-                rate_limiter=reverb.rate_limiters.MinSize(1),
-                signature=info.signature,
-            )
-        ],
-        port,
-    )
+    serve(open_tables(dqn_tables_for(env_spec(env_id), preset(env_id, envs_per_item))), port)
 
 
 def start_replay(env_id: str, port: int, envs_per_item: int = 0) -> subprocess.Popen:
@@ -153,7 +120,6 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
     """All four parts (module doc), in milliseconds; `per_env_step` sums them at the preset's schedule."""
     import portpicker
     import psutil
-    import reverb
     import tensorflow as tf
 
     from rlfleet.algorithms.dqn.agent import DQNAgent
@@ -169,33 +135,16 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
     try:
         server = psutil.Process(replay.pid)
         address = f"127.0.0.1:{port}"
-
-        def server_cpu() -> float:
-            t = server.cpu_times()
-            return t.user + t.system
-
-        deadline = time.monotonic() + 120
-        while True:  # wait for the server before timing anything (its start-up takes the same cores)
-            try:
-                reverb.Client(address).server_info(timeout=2)
-                break
-            except Exception:
-                if time.monotonic() > deadline or replay.poll() is not None:
-                    raise RuntimeError(f"the replay server did not start on {address}") from None
-                time.sleep(0.5)
+        wait_for_server(address, replay)  # before timing anything: its start-up takes the same cores
         step, close = actor_loop(env_id, cfg, None, rng)
-        out["actor_env_and_policy"] = timed(step, seconds)
+        out["actor_env_and_policy"] = timed(step, seconds, None)
         close()
         step, close = actor_loop(env_id, cfg, address, rng)
-        s0 = server_cpu()
-        out["actor_with_writes"] = r = timed(step, seconds)
-        r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
+        out["actor_with_writes"] = timed(step, seconds, server)
         close()
 
         samples = batches(address, cfg.batch_size, cfg.n_step, spec.frame_stack)
-        s0 = server_cpu()
-        out["reverb_minibatch"] = r = timed(lambda: next(samples), seconds)
-        r["server_cpu_ms"] = 1e3 * (server_cpu() - s0) / r["calls"]
+        out["reverb_minibatch"] = timed(lambda: next(samples), seconds, server)
         stacked = next(samples)  # one minibatch, [1, N, ...] (what `consume` takes)
         batch = {k: v[0] for k, v in stacked.items()}  # [N, ...] (what `_train_step` takes)
         samples.close()  # its dataset's threads would go on fetching, counted in this process's CPU below
@@ -206,18 +155,13 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
             idx = rng.integers(0, cfg.replay_size, cfg.batch_size)
             return {k: tf.constant(v[idx]) for k, v in memory.items()}
 
-        out["numpy_minibatch"] = timed(gather, seconds)
+        out["numpy_minibatch"] = timed(gather, seconds, None)
     finally:
-        replay.terminate()
-        try:
-            replay.wait(60)
-        except subprocess.TimeoutExpired:
-            replay.kill()
-            replay.wait()
+        stop(replay)
 
     agent = DQNAgent(spec, cfg, total_steps=10**6)
-    out["train_step"] = timed(lambda: agent._train_step(batch)[0].numpy(), seconds)
-    out["consume"] = timed(lambda: agent.consume(stacked, 0, 1000), seconds)
+    out["train_step"] = timed(lambda: agent._train_step(batch)[0].numpy(), seconds, None)
+    out["consume"] = timed(lambda: agent.consume(stacked, 0, 1000), seconds, None)
 
     weights = agent.export_weights()
     venv = make_batched_env(env_id, cfg.eval_episodes, "sync")
@@ -226,7 +170,7 @@ def costs(env_id: str, seconds: float, envs_per_item: int = 0) -> dict:
     def eval_step():
         obs[0] = venv.step(epsilon_greedy(weights, obs[0], rng, cfg.epsilon_eval))[0]
 
-    out["eval_batch_step"] = timed(eval_step, seconds)
+    out["eval_batch_step"] = timed(eval_step, seconds, None)
     venv.close()
 
     ratio = cfg.samples_per_insert / cfg.batch_size  # gradient steps per env step
@@ -273,7 +217,7 @@ def main() -> None:
     b = r["envs_per_actor"]
     for key, what in (
         ("actor_env_and_policy", f"actor batch step ({b} envs), env + ε-greedy Q"),
-        ("actor_with_writes", "  the same with the per-env Reverb writers"),
+        ("actor_with_writes", "  the same with the Reverb writers"),
         ("reverb_minibatch", f"minibatch of {r['batch_size']} through Reverb"),
         ("numpy_minibatch", "  the same from numpy arrays in memory"),
         ("train_step", "learner gradient step (_train_step)"),
@@ -281,7 +225,7 @@ def main() -> None:
         ("eval_batch_step", "evaluation batch step"),
     ):
         v = r[key]
-        server = f", replay server CPU {v['server_cpu_ms']:.3f} ms" if "server_cpu_ms" in v else ""
+        server = f", replay server CPU {v['server_cpu_ms']:.3f} ms" if v["server_cpu_ms"] else ""
         print(f"{what}: {v['wall_ms']:.3f} ms wall, {v['cpu_ms']:.3f} ms CPU{server}")
     ratio = r["gradient_steps_per_env_step"]
     print(f"CPU per env step at {ratio:g} gradient steps per env step (ms):")

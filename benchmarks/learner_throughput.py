@@ -90,32 +90,35 @@ def workload_config(name: str, envs_per_item: int, steps_per_call: int = 0):
     return algo, env_id, env_spec(env_id), config
 
 
+def open_tables(tables: list) -> list:
+    """Copies of Reverb `tables` (names, signatures and sizes kept) with uniform sampling and a `MinSize(1)` rate
+    limiter: Reverb's `SampleToInsertRatio` cannot be opened both ways (whatever its ratio, one side blocks once
+    the other stops), and checking a rate limiter is a comparison, so what sampling costs is the same."""
+    import reverb
+
+    return [
+        reverb.Table(
+            name=t.info.name,
+            sampler=reverb.selectors.Uniform(),
+            remover=reverb.selectors.Fifo(),
+            max_size=t.info.max_size,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+            signature=t.info.signature,
+        )
+        for t in tables
+    ]
+
+
 def serve_open_table(name: str, envs_per_item: int, port: int) -> None:
     """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
-    workload's table, its signature and size, but a `MinSize(1)` rate limiter: Reverb's `SampleToInsertRatio`
-    cannot be opened both ways (whatever its ratio, one side blocks once the other stops), and checking a rate
-    limiter is a comparison, so what sampling costs is the same."""
+    workload's tables, opened (`open_tables`)."""
     from rlfleet.deploy.parent import die_with_parent
 
     die_with_parent()
-    import reverb
-
     from rlfleet.replay.server import serve, tables_for
 
     algo, _, spec, config = workload_config(name, envs_per_item)
-    tables = []
-    for table in tables_for(algo, spec, config):
-        info = table.info
-        tables.append(
-            reverb.Table(
-                name=info.name,
-                sampler=reverb.selectors.Uniform(),
-                remover=reverb.selectors.Fifo(),
-                max_size=info.max_size,
-                rate_limiter=reverb.rate_limiters.MinSize(1),
-                signature=info.signature,
-            )
-        )
+    tables = open_tables(tables_for(algo, spec, config))
     serve(tables, port)
 
 
