@@ -13,8 +13,10 @@ from helpers import rlfleet, start_replay_and_learner, status_or_none, wait_for
 CASES = {
     # Adam moves every weight by about the learning rate per step: PPO's policy std overflows at once.
     "ppo": ("--algo", "ppo", "--env", "InvertedPendulum-v5", "--set", "learning_rate=1000"),
-    # DQN's Huber loss keeps it finite at 1e6 (the policy is ruined, not NaN); at 1e20 the Q-values overflow.
-    "dqn": ("--algo", "dqn", "--env", "CartPole-v1", "--set", "learning_rate=1e20", "--set", "min_replay_size=300"),
+    # DQN's Huber loss keeps it finite at 1e6 (the policy is ruined, not NaN); at 1e20 the Q-values overflow within a
+    # few gradient steps: one step per learner call, so that a checkpoint follows each and the finite ones are kept.
+    "dqn": ("--algo", "dqn", "--env", "CartPole-v1", "--set", "learning_rate=1e20", "--set", "min_replay_size=300")
+    + ("--set", "gradient_steps_per_call=1"),
 }
 
 
