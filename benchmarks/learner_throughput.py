@@ -302,8 +302,10 @@ def main() -> None:
                     flush=True,
                 )
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(machine=f"{os.cpu_count()} cores", seconds=args.seconds, results=results), f, indent=2)
+        from rlfleet.deploy.files import atomic_write
+
+        record = dict(machine=f"{os.cpu_count()} cores", seconds=args.seconds, results=results)
+        atomic_write(args.out, json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
