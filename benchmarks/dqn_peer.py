@@ -5,12 +5,12 @@ budget and to a return threshold, and the final return, over several seeds.
 order shuffled once (`--order-seed`), so that the machine's load falls on both systems alike: rlfleet with
 `rlfleet up` (replay, learner and one actor as local processes, the `default` preset) and the peer with
 `benchmarks/sb3_peer.py --algo dqn` (SB3 2.9.2's DQN with the same preset wherever SB3 has the setting). Each
-run's whole process is timed (start-up of every process included) into RUN/process.json. `report` prints and
-writes, per system: the final evaluation return (10 episodes), the whole process's wall-clock to the budget,
-the training wall-clock to the threshold (the first evaluation at or above it, each system's own training
-clock: rlfleet's learner from its start, the peer's without the time its evaluations took), each as the
-median and IQM over seeds with stratified-bootstrap 95% CIs (rliable), and rlfleet's medians as a fraction of
-the peer's.
+run's whole process is timed (start-up of every process included), and the CPU seconds of all its processes
+counted, into RUN/process.json. `report` prints and writes, per system: the final evaluation return (10
+episodes), the whole process's wall-clock to the budget and its CPU seconds, the training wall-clock to the
+threshold (the first evaluation at or above it, each system's own training clock: rlfleet's learner from its
+start, the peer's without the time its evaluations took), each as the median and IQM over seeds with
+stratified-bootstrap 95% CIs (rliable), and rlfleet's medians as a fraction of the peer's.
 
 Usage (with `pip install -e ".[cpu,report,bench]"`):
     python benchmarks/dqn_peer.py run --env CartPole-v1 --seeds 0 1 2 3 4 --total-steps 50000 --out runs/dqn-peer
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import time
 
@@ -52,11 +53,17 @@ def run(env: str, seeds: list[int], total_steps: int, out: str, order_seed: int)
         if os.path.exists(summary) and finished(json.load(open(summary)), total_steps):
             continue
         extra = ["--eval-every", str(PEER_EVAL_EVERY)] if system.startswith("sb3-") else []
-        start = time.monotonic()
+        start, cpu = time.monotonic(), _children_cpu_seconds()
         run_one(system, env, seed, total_steps, logdir, extra)
-        atomic_write(
-            os.path.join(logdir, "process.json"), json.dumps(dict(process_wall_seconds=time.monotonic() - start))
-        )
+        measured = dict(process_wall_seconds=time.monotonic() - start, cpu_seconds=_children_cpu_seconds() - cpu)
+        atomic_write(os.path.join(logdir, "process.json"), json.dumps(measured))
+
+
+def _children_cpu_seconds() -> float:
+    """User + system CPU seconds of every process this one started and waited for, their own children (waited
+    for by them) included: a run's processes, summed over all of them."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _first_at(rows: list[dict], threshold: float) -> float | None:
@@ -74,10 +81,13 @@ def report(out: str, env: str, threshold: float) -> dict:
     for system in SYSTEMS:
         dirs = sorted(d for d in os.listdir(out) if d.startswith(f"{system}-{env.replace('/', '_')}-s"))
         runs = load_runs([os.path.join(out, d) for d in dirs])
-        finals, walls, to_threshold, never = [], [], [], 0
+        finals, walls, cpus, to_threshold, never = [], [], [], [], 0
         for d, r in zip(dirs, runs):
             with open(os.path.join(out, d, "process.json")) as f:
-                walls.append(json.load(f)["process_wall_seconds"])
+                process = json.load(f)
+            walls.append(process["process_wall_seconds"])
+            if "cpu_seconds" in process:  # records of runs made before it was measured have none
+                cpus.append(process["cpu_seconds"])
             finals.append(float(r["summary"]["final_eval_return_mean"]))
             t = _first_at(r["rows"], threshold)
             never += t is None
@@ -88,6 +98,8 @@ def report(out: str, env: str, threshold: float) -> dict:
             final=interval_estimates(finals),
             process_wall_seconds=walls,
             process_wall=interval_estimates(walls),
+            cpu_seconds=cpus,
+            cpu=interval_estimates(cpus) if len(cpus) == len(walls) else None,
             seconds_to_threshold=to_threshold,
             to_threshold=interval_estimates(to_threshold),
             never_reached_threshold=never,
@@ -131,6 +143,8 @@ def main() -> None:
         print(f"{system} ({len(s['runs'])} seeds)")
         print(f"  final eval return: {_estimate(s['final'], '{:.1f}')}")
         print(f"  whole process wall-clock to the budget (s): {_estimate(s['process_wall'], '{:.1f}')}")
+        if s["cpu"]:
+            print(f"  CPU seconds, all its processes: {_estimate(s['cpu'], '{:.1f}')}")
         print(
             f"  training wall-clock to {res['threshold']:g} (s): {_estimate(s['to_threshold'], '{:.1f}')}"
             f" ({s['never_reached_threshold']} never reached it: their whole training time counted)"

@@ -15,6 +15,7 @@ import click
 from rlfleet import algorithms
 from rlfleet.actors import ENV_BACKENDS
 from rlfleet.deploy.cli_common import fail as _fail
+from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
 
@@ -923,6 +924,7 @@ def learner_cmd(
     from rlfleet.deploy.stopping import on_stop_signals
 
     _quiet_tf()
+    one_blas_thread()  # its evaluations' numpy products
     if video_every:
         from rlfleet.learner.video import use_offscreen_rendering
 
@@ -1070,6 +1072,7 @@ def _auto_resume(logdir: str) -> str | None:
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout, security):
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()
+    one_blas_thread()
     from rlfleet.actors.actor import Actor, ActorError
     from rlfleet.actors.envs import EnvError
     from rlfleet.proto.security import SecurityError

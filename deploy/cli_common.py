@@ -1,4 +1,5 @@
-"""What every `rlfleet` command shares: its error exit and the TensorFlow check of commands that run it."""
+"""What every `rlfleet` command shares: its error exit, the TensorFlow check of commands that run it, and the
+BLAS thread limit of the services that run numpy products."""
 
 from __future__ import annotations
 
@@ -39,3 +40,20 @@ def quiet_tf() -> None:
             '"rlfleet[cpu]" or "rlfleet[gpu]".'
         )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread() -> None:
+    """Limits numpy's BLAS library to one thread in this process (threadpoolctl), unless one of
+    `BLAS_THREAD_VARIABLES` is set (the user's choice stands).
+
+    An actor's policy and a learner's evaluation are small numpy products ([envs, obs] @ [obs, 256] and
+    [envs, 256] @ [256, 256]): a second BLAS thread spins beside the first and doubles their CPU for little
+    speed, CPU that the machine's other rlfleet processes (one per core) need."""
+    if any(os.environ.get(v) for v in BLAS_THREAD_VARIABLES):
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")

@@ -1,0 +1,66 @@
+"""benchmarks/dqn_peer.py: each run's whole process timed and its CPU counted, finished runs skipped, and the
+report's wall-clock to the threshold and ratios (the runs themselves stand in for rlfleet and SB3: a child process
+that burns CPU and writes a summary)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+import dqn_peer  # noqa: E402
+
+BURN = """
+import json, os, sys, time
+logdir, seconds, final = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+end = time.process_time() + seconds
+while time.process_time() < end:
+    pass
+os.makedirs(logdir, exist_ok=True)
+rows = [dict(env_steps=1000 * i, wall_seconds=float(i), eval_return_mean=100.0 * i) for i in range(1, 6)]
+with open(os.path.join(logdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\\n" for r in rows)
+with open(os.path.join(logdir, "summary.json"), "w") as f:
+    json.dump(dict(completed=True, env_steps=5000, wall_seconds=5.0, final_eval_return_mean=final), f)
+"""
+
+
+@pytest.mark.slow
+def test_run_times_each_process_counts_its_cpu_and_skips_finished_runs(tmp_path, monkeypatch):
+    started = []
+
+    def fake_run_one(system, env, seed, total_steps, logdir, extra):
+        started.append((system, seed))
+        cpu = 0.6 if system == "dqn" else 0.3
+        subprocess.run([sys.executable, "-c", BURN, logdir, str(cpu), str(400 + seed)], check=True, timeout=60)
+
+    monkeypatch.setattr(dqn_peer, "run_one", fake_run_one)
+    out = str(tmp_path / "peer")
+    dqn_peer.run("CartPole-v1", [0, 1, 2], 5000, out, order_seed=0)
+    assert sorted(started) == sorted((s, seed) for s in dqn_peer.SYSTEMS for seed in (0, 1, 2))
+    for system, seed in started:
+        with open(os.path.join(dqn_peer.run_dir(out, system, "CartPole-v1", seed), "process.json")) as f:
+            process = json.load(f)
+        burned = 0.6 if system == "dqn" else 0.3
+        assert burned <= process["cpu_seconds"] < burned + 2.0, process
+        assert process["process_wall_seconds"] >= burned * 0.9, process
+    started.clear()
+    dqn_peer.run("CartPole-v1", [0, 1, 2], 5000, out, order_seed=0)
+    assert started == []  # every run finished: nothing is run again
+
+    result = dqn_peer.report(out, "CartPole-v1", threshold=250)
+    for system in dqn_peer.SYSTEMS:
+        s = result[system]
+        assert s["final_eval_return"] == [400.0, 401.0, 402.0]
+        assert s["seconds_to_threshold"] == [3.0, 3.0, 3.0]  # the first row whose evaluation is >= 250
+        assert s["never_reached_threshold"] == 0 and len(s["cpu_seconds"]) == 3
+    assert result["ratios"]["to_threshold"] == pytest.approx(1.0)
+    # rlfleet's stand-in burned twice the CPU: the report shows it.
+    assert result["dqn"]["cpu"]["median"] > 1.3 * result["sb3-dqn"]["cpu"]["median"]
+
+    never = dqn_peer.report(out, "CartPole-v1", threshold=1000)
+    assert never["dqn"]["never_reached_threshold"] == 3
+    assert never["dqn"]["seconds_to_threshold"] == [5.0, 5.0, 5.0]  # the whole training time counted
