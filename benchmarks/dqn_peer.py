@@ -108,6 +108,9 @@ def report(out: str, env: str, threshold: float) -> dict:
     result["ratios"] = dict(
         process_wall=statistics.median(a["process_wall_seconds"]) / statistics.median(b["process_wall_seconds"]),
         to_threshold=statistics.median(a["seconds_to_threshold"]) / statistics.median(b["seconds_to_threshold"]),
+        cpu=statistics.median(a["cpu_seconds"]) / statistics.median(b["cpu_seconds"])
+        if a["cpu"] and b["cpu"]
+        else None,
     )
     result.update(env=env, threshold=threshold)
     return result
@@ -149,8 +152,9 @@ def main() -> None:
             f"  training wall-clock to {res['threshold']:g} (s): {_estimate(s['to_threshold'], '{:.1f}')}"
             f" ({s['never_reached_threshold']} never reached it: their whole training time counted)"
         )
+    cpu = f", CPU seconds {res['ratios']['cpu']:.2f}x" if res["ratios"]["cpu"] else ""
     print(f"rlfleet / SB3, medians: whole process {res['ratios']['process_wall']:.2f}x, to the threshold "
-          f"{res['ratios']['to_threshold']:.2f}x")  # fmt: skip
+          f"{res['ratios']['to_threshold']:.2f}x{cpu}")  # fmt: skip
     if args.json:
         atomic_write(args.json, json.dumps(res, indent=2) + "\n")
 

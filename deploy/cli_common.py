@@ -42,18 +42,19 @@ def quiet_tf() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # what OpenBLAS (numpy's BLAS) reads
 
 
 def one_blas_thread() -> None:
-    """Limits numpy's BLAS library to one thread in this process (threadpoolctl), unless one of
+    """Limits numpy's BLAS library (OpenBLAS) to one thread in this process (threadpoolctl), unless one of
     `BLAS_THREAD_VARIABLES` is set (the user's choice stands).
 
-    An actor's policy and a learner's evaluation are small numpy products ([envs, obs] @ [obs, 256] and
-    [envs, 256] @ [256, 256]): a second BLAS thread spins beside the first and doubles their CPU for little
-    speed, CPU that the machine's other rlfleet processes (one per core) need."""
+    Actors compute their policies, and learners their evaluations, as numpy products of a few envs' rows:
+    there a second BLAS thread adds more CPU than speed, CPU that the machine's other processes (one actor per
+    core) need. TensorFlow's own thread pools are not BLAS and keep their size."""
     if any(os.environ.get(v) for v in BLAS_THREAD_VARIABLES):
         return
+    import numpy  # noqa: F401  (loads the BLAS library: threadpoolctl limits only those already loaded)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")

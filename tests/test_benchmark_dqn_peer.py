@@ -14,11 +14,16 @@ sys.path.insert(0, BENCHMARKS)
 import dqn_peer  # noqa: E402
 
 BURN = """
-import json, os, sys, time
+import json, os, subprocess, sys, time
 logdir, seconds, final = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+if final >= 0:  # a child of its own burns half of it, as rlfleet up's replay, learner and actors burn theirs
+    subprocess.run([sys.executable, __file__, logdir, str(seconds / 2), "-1"], check=True)
+    seconds /= 2
 end = time.process_time() + seconds
 while time.process_time() < end:
     pass
+if final < 0:
+    sys.exit(0)
 os.makedirs(logdir, exist_ok=True)
 rows = [dict(env_steps=1000 * i, wall_seconds=float(i), eval_return_mean=100.0 * i) for i in range(1, 6)]
 with open(os.path.join(logdir, "metrics.jsonl"), "w") as f:
@@ -32,10 +37,13 @@ with open(os.path.join(logdir, "summary.json"), "w") as f:
 def test_run_times_each_process_counts_its_cpu_and_skips_finished_runs(tmp_path, monkeypatch):
     started = []
 
+    burn = tmp_path / "burn.py"
+    burn.write_text(BURN)
+
     def fake_run_one(system, env, seed, total_steps, logdir, extra):
         started.append((system, seed))
         cpu = 0.6 if system == "dqn" else 0.3
-        subprocess.run([sys.executable, "-c", BURN, logdir, str(cpu), str(400 + seed)], check=True, timeout=60)
+        subprocess.run([sys.executable, burn, logdir, str(cpu), str(400 + seed)], check=True, timeout=60)
 
     monkeypatch.setattr(dqn_peer, "run_one", fake_run_one)
     out = str(tmp_path / "peer")
@@ -58,8 +66,9 @@ def test_run_times_each_process_counts_its_cpu_and_skips_finished_runs(tmp_path,
         assert s["seconds_to_threshold"] == [3.0, 3.0, 3.0]  # the first row whose evaluation is >= 250
         assert s["never_reached_threshold"] == 0 and len(s["cpu_seconds"]) == 3
     assert result["ratios"]["to_threshold"] == pytest.approx(1.0)
-    # rlfleet's stand-in burned twice the CPU: the report shows it.
+    # rlfleet's stand-in burned twice the CPU (half of it in its own child): the report shows it.
     assert result["dqn"]["cpu"]["median"] > 1.3 * result["sb3-dqn"]["cpu"]["median"]
+    assert result["ratios"]["cpu"] > 1.3
 
     never = dqn_peer.report(out, "CartPole-v1", threshold=1000)
     assert never["dqn"]["never_reached_threshold"] == 3
