@@ -833,6 +833,13 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "every actor has left and the replay server has stopped).",
 )
 @click.option(
+    "--linger-for-replay/--no-linger-for-replay",
+    default=True,
+    show_default=True,
+    help="Whether --linger also waits for the replay server to stop; --no-linger-for-replay where a supervisor "
+    "stops it after the learner (rlfleet up does).",
+)
+@click.option(
     "--exit-code-if-stopped",
     default=0,
     show_default=True,
@@ -905,6 +912,7 @@ def learner_cmd(
     video_every,
     checkpoint_interval,
     linger,
+    linger_for_replay,
     exit_code_if_stopped,
     port_file,
     teacher,
@@ -971,7 +979,8 @@ def learner_cmd(
             preset=preset, overrides=overrides or {}, seed=seed, resume=resume, teacher=teacher,
             teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
             bind=bind, tls=tls, token=token, report_interval_s=report_interval,
-            checkpoint_interval_s=checkpoint_interval, linger_s=linger, actor_timeout_s=actor_timeout,
+            checkpoint_interval_s=checkpoint_interval, linger_s=linger, linger_for_replay=linger_for_replay,
+            actor_timeout_s=actor_timeout,
             start_timeout_s=start_timeout, start_deadline=deadline, video_every=video_every,
         )  # fmt: skip
         learner = Learner(run, server, stop_event=stop)

@@ -295,7 +295,9 @@ class _Cluster:
         args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
         # Its wait for the replay servers starts with theirs: it gets their time to become ready besides its own.
         replay_servers = 2 if teacher else 1
-        args += ["--linger", "3", "--start-timeout", str(START_TIMEOUT_S + replay_servers * REPLAY_READY_S)]
+        # This process stops the replay servers after the learner: the learner lingers for the actors alone.
+        args += ["--linger", "3", "--no-linger-for-replay"]
+        args += ["--start-timeout", str(START_TIMEOUT_S + replay_servers * REPLAY_READY_S)]
         if video_every:
             args += ["--video-every", str(video_every)]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
@@ -320,9 +322,14 @@ class _Cluster:
             _wait_until(ready, self.children, what, timeout, log_path)
 
     def start_actors(self) -> None:
+        """Starts the actors. They may start with the learner: each waits for it to serve (and registers then)
+        for as long as `up` gives the learner and its replay servers to become ready."""
         p = self.plan
+        replay_servers = 2 if p.teacher_address else 1
+        wait = START_TIMEOUT_S + replay_servers * REPLAY_READY_S + LEARNER_READY_S
         for i in range(p.num_actors):
-            self.actors.append(self._start(f"actor-{i}", ["actor", "--learner", p.learner_address]))
+            args = ["actor", "--learner", p.learner_address, "--connect-timeout", str(wait)]
+            self.actors.append(self._start(f"actor-{i}", args))
 
     def watch(self) -> None:
         """Relays what the children say and prints a progress row every report interval until the learner
@@ -454,6 +461,7 @@ def launch(
     try:
         cluster.start_replay(teacher)
         cluster.start_learner(seed, env_backend, resume, teacher, bind, video_every)
+        cluster.start_actors()  # their start-up overlaps the learner's
         cluster.wait_ready()
         print(
             f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
@@ -465,7 +473,6 @@ def launch(
             f"{os.path.join(logdir, 'logs')}",
             flush=True,
         )
-        cluster.start_actors()
         cluster.watch()
         _print_summary(logdir)
         return 0

@@ -35,6 +35,9 @@ class RunSpec:
         report_interval_s: seconds between metrics rows; checkpoint_interval_s: seconds between checkpoints.
         linger_s: the most seconds the finished learner keeps answering status before it exits (less once the
             actors and the replay server have stopped).
+        linger_for_replay: whether the linger also waits for the run's replay server to stop (it stops by itself
+            once it sees the run's end); False where a supervisor stops it after the learner (`rlfleet up`): the
+            linger then ends once every actor has left.
         actor_timeout_s: seconds without a heartbeat after which an actor leaves the status list (its env
             steps stay counted; a heartbeat later re-admits it).
         start_timeout_s / start_deadline: the learner waits for the replay servers to answer until the monotonic
@@ -64,6 +67,7 @@ class RunSpec:
     report_interval_s: float = 5.0
     checkpoint_interval_s: float = 120.0
     linger_s: float = 0.0
+    linger_for_replay: bool = True
     actor_timeout_s: float = ACTOR_TIMEOUT_S
     start_timeout_s: float = START_TIMEOUT_S
     start_deadline: float | None = None

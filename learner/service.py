@@ -66,7 +66,7 @@ from rlfleet.proto import rlfleet_pb2
 log = logging.getLogger("rlfleet.learner")
 
 # After the run's end (`Learner._linger`): seconds between looks at who is still there; the least time it serves
-# on (actors that left ask for status every 2 s, `rlfleet.actors.actor.RUN_END_POLL_S`, until they see the end);
+# on (actors that left ask for status every `rlfleet.actors.actor.RUN_END_POLL_S` seconds until they see the end);
 # seconds without an answer that say the replay server has stopped; how recent (seconds before the end) an
 # answer of the replay server must be for it to count as running at the end.
 LINGER_POLL_S = 1.0
@@ -553,7 +553,8 @@ class Learner:
         have passed (each actor that left has asked for status since), no actor is in the registry (each said
         it is leaving or timed out), and the run's replay server, answering at the end, has not answered the
         housekeeping thread's status reads for `LINGER_REPLAY_GONE_S` (a server that restarts is not taken for
-        one that stopped)."""
+        one that stopped). Without `linger_for_replay` (a supervisor stops the replay server and the actors after
+        the learner) it returns once no actor is in the registry."""
         start = time.monotonic()
         deadline = start + seconds
         while not self.stop_event.wait(min(LINGER_POLL_S, max(0.0, deadline - time.monotonic()))):
@@ -564,6 +565,9 @@ class Learner:
             replay_stopped = last is not None and start - LINGER_REPLAY_RECENT_S <= last <= now - LINGER_REPLAY_GONE_S
             with self.lock:
                 actors_left = bool(self.registry.actors)  # evicted after their timeout by housekeeping
+            if not actors_left and not self.run_spec.linger_for_replay:
+                print("rlfleet learner: the actors have stopped; exiting", flush=True)
+                return
             if replay_stopped and not actors_left and now - start >= LINGER_MIN_S:
                 print("rlfleet learner: the actors and the replay server have stopped; exiting", flush=True)
                 return
