@@ -47,7 +47,7 @@ REPLAY_STALL_PROBES = 2
 # finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
 # so that under docker-compose --exit-code-from learner no actor's exit stops the learner's final evaluation.
 RUN_END_WAIT_S = 3600.0
-RUN_END_POLL_S = 0.5
+RUN_END_POLL_S = 2.0
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
 RETRYABLE = (
     grpc.StatusCode.UNAVAILABLE,

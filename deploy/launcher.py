@@ -293,11 +293,9 @@ class _Cluster:
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
         args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
         args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
-        # Its wait for the replay servers starts with theirs: it gets their time to become ready besides its own.
-        replay_servers = 2 if teacher else 1
         # This process stops the replay servers after the learner: the learner lingers for the actors alone.
         args += ["--linger", "3", "--no-linger-for-replay"]
-        args += ["--start-timeout", str(START_TIMEOUT_S + replay_servers * REPLAY_READY_S)]
+        args += ["--start-timeout", str(self._learner_start_timeout())]
         if video_every:
             args += ["--video-every", str(video_every)]
         if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
@@ -321,12 +319,17 @@ class _Cluster:
             ready, what, timeout, log_path = self._pending.pop(0)
             _wait_until(ready, self.children, what, timeout, log_path)
 
+    def _learner_start_timeout(self) -> float:
+        """The learner's --start-timeout: its wait for the replay servers starts with theirs, so it gets their
+        time to become ready besides its own."""
+        replay_servers = 2 if self.plan.teacher_address else 1
+        return START_TIMEOUT_S + replay_servers * REPLAY_READY_S
+
     def start_actors(self) -> None:
         """Starts the actors. They may start with the learner: each waits for it to serve (and registers then)
-        for as long as `up` gives the learner and its replay servers to become ready."""
+        for as long as the learner may take to start (its --start-timeout, then `LEARNER_READY_S`)."""
         p = self.plan
-        replay_servers = 2 if p.teacher_address else 1
-        wait = START_TIMEOUT_S + replay_servers * REPLAY_READY_S + LEARNER_READY_S
+        wait = self._learner_start_timeout() + LEARNER_READY_S
         for i in range(p.num_actors):
             args = ["actor", "--learner", p.learner_address, "--connect-timeout", str(wait)]
             self.actors.append(self._start(f"actor-{i}", args))
@@ -367,11 +370,8 @@ class _Cluster:
             c.relay()
         if learner.proc.returncode != 0:
             raise _fail_child(learner)
-        for a in self.actors:  # they were told to stop; give them a moment to flush
-            try:
-                a.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        # The run is over: the actors have left (they wait for the run's end, which `up` tells them by this).
+        _stop_together(self.actors, 10)
 
     def interrupt(self) -> None:
         """Ctrl-C: stops the actors, lets the learner checkpoint, and says how to resume."""

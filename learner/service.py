@@ -66,7 +66,7 @@ from rlfleet.proto import rlfleet_pb2
 log = logging.getLogger("rlfleet.learner")
 
 # After the run's end (`Learner._linger`): seconds between looks at who is still there; the least time it serves
-# on (actors that left ask for status every `rlfleet.actors.actor.RUN_END_POLL_S` seconds until they see the end);
+# on (actors that left ask for status every 2 s, `rlfleet.actors.actor.RUN_END_POLL_S`, until they see the end);
 # seconds without an answer that say the replay server has stopped; how recent (seconds before the end) an
 # answer of the replay server must be for it to count as running at the end.
 LINGER_POLL_S = 1.0
@@ -560,13 +560,17 @@ class Learner:
         while not self.stop_event.wait(min(LINGER_POLL_S, max(0.0, deadline - time.monotonic()))):
             now = time.monotonic()
             if now >= deadline:
+                with self.lock:
+                    still = sorted(self.registry.actors)
+                if still:
+                    print(f"rlfleet learner: --linger is over, actors {still} still registered; exiting", flush=True)
                 return
             last = self.feed.last_answer  # refreshed every second (`_housekeeping_loop`)
             replay_stopped = last is not None and start - LINGER_REPLAY_RECENT_S <= last <= now - LINGER_REPLAY_GONE_S
             with self.lock:
                 actors_left = bool(self.registry.actors)  # evicted after their timeout by housekeeping
             if not actors_left and not self.run_spec.linger_for_replay:
-                print("rlfleet learner: the actors have stopped; exiting", flush=True)
+                print("rlfleet learner: no actor is registered; exiting", flush=True)
                 return
             if replay_stopped and not actors_left and now - start >= LINGER_MIN_S:
                 print("rlfleet learner: the actors and the replay server have stopped; exiting", flush=True)
