@@ -325,7 +325,8 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         reason += "" if reason.endswith((".", "?", "!")) else "."  # gymnasium's "Did you mean: `X`?" keeps its "?"
         raise EnvError(
             f"unknown or unavailable environment id {env_id!r}: {reason} "
-            "Use a gymnasium id such as HalfCheetah-v5 or InvertedPendulum-v5."
+            "Use a gymnasium id such as CartPole-v1 or ALE/Pong-v5 (discrete actions) or HalfCheetah-v5 (continuous "
+            "actions)."
         ) from e
 
 

@@ -23,6 +23,8 @@ def test_unknown_env_id_fails_fast(tmp_path):
     )
     assert out.returncode == 2
     assert "unknown or unavailable environment id 'HalfCheeta-v5'" in out.stderr
+    # The ids it suggests fit either kind of algorithm: discrete and continuous actions both named.
+    assert "CartPole-v1" in out.stderr and "HalfCheetah-v5 (continuous" in out.stderr, out.stderr
     assert time.monotonic() - start < 60
     assert not (tmp_path / "r" / "logs").exists()  # nothing was started
 
