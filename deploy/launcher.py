@@ -145,7 +145,7 @@ def progress_line(st: dict, total_steps: int) -> str:
     """One progress row for people: env steps, speed, learner steps, returns."""
     return (
         f"[{st['uptime_seconds']:7.1f}s] {st['phase']:<10} env steps {st['env_steps']:>10,}/{total_steps:,} "
-        f"({st['env_steps_per_second']:,.0f}/s) | learner steps {st['learner_steps']:,} | "
+        f"({_fmt(st['env_steps_per_second'], '{:,.0f}')}/s) | learner steps {st['learner_steps']:,} | "
         f"policy v{st['policy_version']} | return {_fmt(st['episode_return_mean'])} | "
         f"eval {_fmt(st['eval_return_mean'])}"
         + (f" | dropped (policy lag) {st['dropped_env_steps']:,}" if st.get("dropped_env_steps") else "")

@@ -39,7 +39,8 @@ class RunStatus:
         self.recent_returns: collections.deque = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.eval_env_steps: int | None = None  # the run's env steps when that evaluation ran (None: none yet)
-        self.rates = {"env_steps_per_second": 0.0, "learner_steps_per_second": 0.0}
+        # Measured at each metrics row (`measure_rates`); NaN ("-" on status) until the first one.
+        self.rates = {"env_steps_per_second": math.nan, "learner_steps_per_second": math.nan}
 
     def wall_seconds(self, now: float) -> float:
         """Seconds this run has trained at monotonic time `now`, summed over its processes (a resumed run
