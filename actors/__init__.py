@@ -2,7 +2,7 @@
 
 # The env backends an actor can step its envs with (`rlfleet.actors.envs.make_batched_env`), defined here so that
 # the CLI can offer them without importing the env libraries.
-ENV_BACKENDS = ("async", "sync", "envpool", "ale")
+ENV_BACKENDS = ("sync", "workers", "envpool", "async", "ale")
 
 # An env id that carries constructor arguments (`--env-kwargs`): ID?{"key": value}
 # (`rlfleet.actors.envs.env_with_kwargs`).

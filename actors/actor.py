@@ -23,6 +23,7 @@ import numpy as np
 
 from rlfleet import algorithms
 from rlfleet.actors import replay_client
+from rlfleet.actors.backend_choice import choose_backend
 from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
@@ -182,7 +183,8 @@ class Actor:
         num_envs: 0 to take the run's envs per actor; otherwise must equal it.
         replay_address: override the replay address the learner announces
             (an actor on another machine may reach Reverb under another name).
-        backend: override the env backend ("async" or "sync").
+        backend: override the run's env backend (`rlfleet.actors.envs.BACKENDS`, or "auto": chosen by
+            measurement, `rlfleet.actors.backend_choice`).
         connect_timeout_s: how long to wait for the learner before failing.
         security: TLS and token for the learner connection (`rlfleet.proto.security.ClientSecurity`).
     Raises:
@@ -218,7 +220,13 @@ class Actor:
                 "the same rlfleet and algorithm plugins as the learner machine, with the same $RLFLEET_PLUGINS."
             ) from None
         self.replay_address = replay_address or self.config.replay_address
-        self.backend = resolve_backend(self.config.env_id, backend or self.config.env_backend or "auto")
+        requested = backend or self.config.env_backend or "auto"
+        self.backend = resolve_backend(self.config.env_id, requested)
+        if requested == "auto":  # Atari: "ale"; else chosen by measurement when the envs are built (`_open_envs`)
+            atari = self.backend == "ale"
+            self.backend_reason = "auto: Atari ids step on ale (ale-py's C++ vector env)" if atari else ""
+        else:
+            self.backend_reason = f"--env-backend {requested} ({'this actor' if backend else 'the run'})"
         self.net = self.config.network  # rlfleet_pb2.NetworkSpec
         self.obs_shape = tuple(self.net.observation_shape)
         self.frame_stack = self.net.frame_stack or 1
@@ -336,6 +344,8 @@ class Actor:
                     num_envs=self.config.num_envs,
                     host=self.host,
                     leaving=leaving,
+                    env_backend="" if self.backend == "auto" else self.backend,
+                    env_backend_reason=self.backend_reason,
                 ),
                 timeout_s=5,
             )
@@ -426,12 +436,24 @@ class Actor:
                 return False
         return True
 
+    def _open_envs(self):
+        """The actor's batch of envs on its backend; "auto" measures the candidates first and says which it
+        chose and why (`rlfleet.actors.backend_choice.choose_backend`)."""
+        cfg = self.config
+        if self.backend != "auto":
+            return make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+        venv, choice = choose_backend(cfg.env_id, cfg.num_envs)
+        with self.lock:
+            self.backend, self.backend_reason = choice.backend, f"auto chose {choice.reason}"
+        print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)
+        return venv
+
     def run(self) -> int:
         """Collects until the learner says stop or SIGTERM/SIGINT; returns env steps taken."""
         cfg = self.config
         on_stop_signals(self.terminated.set, self.stop.set)
         replay_client.load()  # before the threads below: see `replay_client.load`
-        venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+        venv = self._open_envs()
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
             self._check_spec(venv)

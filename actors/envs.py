@@ -1,14 +1,15 @@
 """Environment specs and batched environments for actors and evaluation.
 
-BatchPPO (Hafner et al. 2017, Sec. 2) steps each environment of a batch in its
-own process so that stepping runs in parallel without GIL contention:
-gymnasium's `AsyncVectorEnv` (backend "async": one process per env,
-observations returned through shared memory) implements exactly that.
-The "envpool" backend steps the batch in C++ threads instead (also outside
-the interpreter, and 2x faster than either gymnasium backend on HalfCheetah
-here), wrapped to the same gymnasium interface; "auto" picks it when envpool is
-installed and knows the env (Box actions), "sync" (in-process) for gymnasium's
-classic-control envs, else "async". Every backend resets a finished episode in
+An actor steps its envs as one batch on one of several backends, all with the
+same interface (`make_batched_env`): "sync" (every env in the actor process,
+gymnasium's `SyncVectorEnv`: best where a step costs less than a process round
+trip), "workers" (a few worker processes of several envs each,
+`rlfleet.actors.worker_envs`: for envs expensive enough that processes pay),
+"envpool" (envpool's C++ threads, for the envs it has), "async" (one process
+per env, gymnasium's `AsyncVectorEnv` with observations in shared memory: the
+layout of BatchPPO, Hafner et al. 2017, Sec. 2) and "ale" (Atari). "auto", the
+default, is chosen by measurement on each actor
+(`rlfleet.actors.backend_choice`). Every backend resets a finished episode in
 the same step and hands its last observation over in the step's info
 (`truncation_observations`).
 
@@ -32,9 +33,10 @@ import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
 from rlfleet.actors import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
+from rlfleet.actors.worker_envs import WorkerVectorEnv
 
 BACKENDS = ENV_BACKENDS
-DEFAULT_BACKEND = "auto"  # ale for Atari; envpool where it is installed and has the env; else async
+DEFAULT_BACKEND = "auto"  # ale for Atari; else the fastest measured on the actor (rlfleet.actors.backend_choice)
 
 # Atari preprocessing (Dopamine / reincarnating_rl Atari settings).
 ATARI = dict(
@@ -418,8 +420,8 @@ def _is_classic_control(env_id: str) -> bool:
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
-    """Turns "auto" into "ale" (Atari), "sync" (gymnasium's classic-control envs, whose steps are
-    far cheaper than a process round trip), "envpool" (installed, knows `env_id`, Box actions) or "async".
+    """Checks that `backend` fits `env_id` and returns it, "auto" turned into "ale" for Atari ids; for other
+    ids "auto" stays "auto": the actor chooses by measurement (`rlfleet.actors.backend_choice.choose_backend`).
 
     Raises:
         EnvError: an Atari id with a backend other than "ale", or a non-Atari id with "ale".
@@ -427,22 +429,12 @@ def resolve_backend(env_id: str, backend: str) -> str:
     if is_atari(env_id) != (backend == "ale") and backend != "auto":
         raise EnvError(
             f"env backend {backend!r} does not fit {env_id}: Atari ids (ALE/...) step on the "
-            "'ale' backend (ale-py's AtariVectorEnv) and other envs on async/sync/envpool; "
+            "'ale' backend (ale-py's AtariVectorEnv) and other envs on sync/workers/envpool/async; "
             "leave --env-backend at auto."
         )
-    if backend != "auto":
-        return backend
-    if is_atari(env_id):
+    if backend == "auto" and is_atari(env_id):
         return "ale"
-    if _is_classic_control(env_id):
-        return "sync"  # a step costs microseconds: a process round trip per step would cost far more
-    try:
-        import envpool
-    except ImportError:
-        return "async"
-    if env_id not in envpool.list_all_envs() or env_spec(env_id).action_kind != "continuous":
-        return "async"  # the envpool wrapper here covers Box-action envs (and takes no --env-kwargs)
-    return "envpool"
+    return backend
 
 
 def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.vector.VectorEnv:
@@ -453,9 +445,10 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
     observation after a `done` is the first of the next episode.
 
     Args:
-        backend: "async" (one process per env, shared memory: the BatchPPO
-            layout), "sync" (all envs in the calling process) or "envpool"
-            (C++ threads, see `EnvPoolVectorEnv`; needs the envpool extra).
+        backend: "sync" (all envs in the calling process), "workers" (worker
+            processes of several envs each, `WorkerVectorEnv`), "envpool" (C++
+            threads, see `EnvPoolVectorEnv`), "async" (one process per env,
+            shared memory: the BatchPPO layout) or "ale" (Atari ids).
     Raises:
         EnvError: unknown backend or env id; for "envpool" also envpool not
             installed, an env id envpool lacks, a non-Box env, or spaces that
@@ -468,10 +461,15 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
         return make_atari_env(env_id, num_envs)
     if backend == "envpool":
         if split_env_id(env_id)[1]:
-            raise EnvError(f"{env_id}: envpool makes its own envs and takes no --env-kwargs; use --env-backend async.")
+            raise EnvError(
+                f"{env_id}: envpool makes its own envs and takes no --env-kwargs; leave --env-backend at auto, or "
+                "choose sync or workers."
+            )
         return EnvPoolVectorEnv(env_id, num_envs)
     make_env(env_id).close()  # fail fast here, not inside a worker process
     fns = [functools.partial(make_env, env_id) for _ in range(num_envs)]  # by reference: workers import this module
+    if backend == "workers":
+        return WorkerVectorEnv(fns)
     mode = gym.vector.AutoresetMode.SAME_STEP
     if backend == "async":
         venv = gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="spawn", autoreset_mode=mode)
@@ -541,7 +539,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             import envpool
         except ImportError as e:
             raise EnvError(
-                "env backend 'envpool' needs envpool: pip install envpool==1.2.5 (or use --env-backend async)."
+                "env backend 'envpool' needs envpool: pip install envpool==1.2.5 (or leave --env-backend at auto)."
             ) from e
         ref = make_env(env_id)
         try:
@@ -549,7 +547,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             limit = ref.spec.max_episode_steps if ref.spec else None
         finally:
             ref.close()
-        hint = "use --env-backend async"
+        hint = "leave --env-backend at auto, or choose sync or workers"
         if env_id not in envpool.list_all_envs():
             raise EnvError(f"envpool has no environment {env_id!r}; {hint}.")
         if not (isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)):

@@ -1,19 +1,29 @@
-"""rlfleet's DQN against Stable-Baselines3's single-process DQN on one machine, end to end: wall-clock to the
-budget and to a return threshold, and the final return, over several seeds.
+"""rlfleet's DQN against single-process DQN on one machine (Stable-Baselines3's, and CleanRL's `dqn.py`), end to
+end: wall-clock to the budget and to a return threshold, and the final return, over several seeds.
 
 `run` trains every (system, seed) of one batch that has no finished run directory yet, one at a time, in an
-order shuffled once (`--order-seed`), so that the machine's load falls on both systems alike: rlfleet with
-`rlfleet up` (replay, learner and one actor as local processes, the `default` preset) and the peer with
-`benchmarks/sb3_peer.py --algo dqn` (SB3 2.9.2's DQN with the same preset wherever SB3 has the setting). Each
-run's whole process is timed (start-up of every process included), and the CPU seconds of all its processes
-counted, into RUN/process.json. `report` prints and writes, per system: the final evaluation return (10
-episodes), the whole process's wall-clock to the budget and its CPU seconds, the training wall-clock to the
-threshold (the first evaluation at or above it, each system's own training clock: rlfleet's learner from its
-start, the peer's without the time its evaluations took), each as the median and IQM over seeds with
-stratified-bootstrap 95% CIs (rliable), and rlfleet's medians as a fraction of the peer's.
+order shuffled once (`--order-seed`), so that the machine's load falls on every system alike: rlfleet with
+`rlfleet up` (replay, learner and one actor as local processes, the `default` preset), SB3 with
+`benchmarks/sb3_peer.py --algo dqn` (SB3 2.9.2's DQN with the same preset wherever SB3 has the setting,
+evaluated on the preset's evaluation schedule), and, given `--cleanrl-python` and `--cleanrl-dir`, CleanRL's
+own `cleanrl/dqn.py` from a checkout, unchanged, with the preset's values for the flags it has
+(`cleanrl_flags`). Each run's whole process is timed (start-up of every process included), and the CPU seconds
+of all its processes counted, into RUN/process.json. `report` prints and writes, per system: the final
+evaluation return (10 episodes), the whole process's wall-clock to the budget and its CPU seconds, the training
+wall-clock to the threshold (the first evaluation at or above it, each system's own training clock without the time its
+evaluations took: rlfleet's learner from its start, less its `evaluation_seconds`; CleanRL evaluates only once,
+at the end, so it has none), each as the median and IQM over seeds with stratified-bootstrap 95% CIs (rliable), and
+rlfleet's medians as a fraction of each peer's.
+
+CleanRL's `dqn.py` reads the vector env's `final_observation`, which gymnasium 1.x no longer gives, so it runs
+in an environment of its own (Python 3.11 works):
+    git clone https://github.com/vwxyzjn/cleanrl /tmp/cleanrl
+    python3.11 -m venv /tmp/cleanrl-venv
+    /tmp/cleanrl-venv/bin/pip install "gymnasium==0.29.1" "numpy<2" "torch==2.13.0" tyro tensorboard
 
 Usage (with `pip install -e ".[cpu,report,bench]"`):
-    python benchmarks/dqn_peer.py run --env CartPole-v1 --seeds 0 1 2 3 4 --total-steps 50000 --out runs/dqn-peer
+    python benchmarks/dqn_peer.py run --env CartPole-v1 --seeds 0 1 2 3 4 --total-steps 50000 --out runs/dqn-peer \
+        --cleanrl-python /tmp/cleanrl-venv/bin/python --cleanrl-dir /tmp/cleanrl
     python benchmarks/dqn_peer.py report runs/dqn-peer --env CartPole-v1 --threshold 475 --json results.json
 """
 
@@ -23,19 +33,121 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
+import signal
 import statistics
+import subprocess
 import time
 
 from report import finished, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 from suite import interval_estimates, run_one
 
+from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.deploy.files import atomic_write
 
 SYSTEMS = ("dqn", "sb3-dqn")
-# The peer's evaluations: as many as rlfleet's progress rows show, a few per run, each 10 episodes (its own
-# evaluation time is left out of its training clock, so this costs it nothing in the comparison).
-PEER_EVAL_EVERY = 2500
+CLEANRL = "cleanrl-dqn"  # the third system, when `run` is given a CleanRL checkout
+# CleanRL's dqn.py prints these: the line after training, and one per episode of its evaluation at the end.
+CLEANRL_TRAINED = re.compile(r"^model saved to ")
+CLEANRL_EVAL = re.compile(r"^eval_episode=\d+, episodic_return=\[?\s*([-+0-9.eE]+)")
+
+
+def preset_eval_every(env: str) -> int:
+    """Env steps between two evaluations of rlfleet's `default` DQN preset for `env` (weights versions between
+    evaluations × learner steps per version × env steps per learner step): SB3's evaluation schedule here."""
+    c = make_algo_config("dqn", "default", env, {})
+    return round(c.eval_every_updates * c.publish_every * c.batch_size / c.samples_per_insert)
+
+
+def cleanrl_flags(env: str, total_steps: int) -> list[str]:
+    """CleanRL `dqn.py` flags with rlfleet's `default` DQN preset for `env` wherever the script has the setting:
+    learning rate (constant: the script has no schedule), replay size, warm-up, batch, γ, ε schedule, one gradient
+    step every `train_frequency` env steps (the preset's replay ratio) and the target period in env steps. Its
+    network (120-84), one-step single-Q targets and MSE loss are fixed in the script. Its evaluation after
+    training (`--save-model`: 10 episodes at ε = end_e) gives the final return; no video.
+
+    Raises:
+        ValueError: the preset makes a fractional number of env steps per gradient step, which the script cannot.
+    """
+    c = make_algo_config("dqn", "default", env, {})
+    per_step = c.batch_size / c.samples_per_insert
+    if per_step < 1 or per_step != int(per_step):
+        raise ValueError(
+            f"{env}'s preset makes {per_step:g} env steps per gradient step; CleanRL's dqn.py trains once every "
+            "whole number of env steps. Compare on an env whose preset has batch_size a multiple of "
+            "samples_per_insert."
+        )
+    values = dict(
+        env_id=env,
+        total_timesteps=total_steps,
+        learning_rate=c.learning_rate,
+        buffer_size=c.replay_size,
+        gamma=c.discount,
+        target_network_frequency=round(c.target_update_period * per_step),
+        batch_size=c.batch_size,
+        start_e=c.epsilon_start,
+        end_e=c.epsilon_end,
+        exploration_fraction=min(1.0, c.epsilon_decay_env_steps / total_steps),
+        learning_starts=c.min_replay_size,
+        train_frequency=int(per_step),
+    )
+    flags = [x for k, v in values.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    return flags + ["--save-model", "--no-cuda", "--no-capture-video", "--no-track"]
+
+
+def run_cleanrl(python: str, checkout: str, env: str, seed: int, total_steps: int, logdir: str) -> dict:
+    """Runs CleanRL's `dqn.py` from `checkout` with `python` (in `logdir`, its output into
+    `logdir`/cleanrl.log) and writes `logdir`/process.json: the whole process's wall-clock and CPU seconds up to
+    the end of training (its line "model saved to"; its evaluation and exit after it are left out, as they are
+    out of SB3's), the total with them, and its final evaluation's returns. Returns that record.
+
+    Raises:
+        SystemExit: the script failed, or printed no evaluation (its log says why).
+    """
+    import psutil
+
+    script = os.path.join(checkout, "cleanrl", "dqn.py")
+    if not os.path.isfile(script):
+        raise SystemExit(f"--cleanrl-dir {checkout!r} holds no cleanrl/dqn.py: give a checkout of CleanRL.")
+    os.makedirs(logdir, exist_ok=True)
+    cmd = [python, script, "--seed", str(seed), *cleanrl_flags(env, total_steps)]
+    env_vars = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))  # its cleanrl_utils
+    log_path = os.path.join(logdir, "cleanrl.log")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=logdir, env=env_vars, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    trained, returns = None, []
+    try:
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            for line in proc.stdout:
+                log.write(line)
+                if trained is None and CLEANRL_TRAINED.match(line):
+                    cpu = psutil.Process(proc.pid).cpu_times()
+                    trained = (time.monotonic() - start, cpu.user + cpu.system)
+                m = CLEANRL_EVAL.match(line)
+                if m:
+                    returns.append(float(m.group(1)))
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if code or trained is None or not returns:
+        raise SystemExit(f"{logdir}: CleanRL's dqn.py failed (exit status {code}); see {log_path}.")
+    record = dict(
+        process_wall_seconds=trained[0],
+        cpu_seconds=trained[1],
+        process_total_seconds=time.monotonic() - start,
+        final_eval_returns=returns,
+        final_eval_return_mean=sum(returns) / len(returns),
+        command=cmd,
+    )
+    atomic_write(os.path.join(logdir, "process.json"), json.dumps(record))
+    return record
 
 
 def run_dir(out: str, system: str, env: str, seed: int) -> str:
@@ -43,16 +155,24 @@ def run_dir(out: str, system: str, env: str, seed: int) -> str:
     return os.path.join(out, f"{system}-{env.replace('/', '_')}-s{seed}")
 
 
-def run(env: str, seeds: list[int], total_steps: int, out: str, order_seed: int) -> None:
-    """Trains the batch's runs that did not finish yet, in the shuffled order (module doc)."""
-    batch = [(system, seed) for system in SYSTEMS for seed in seeds]
+def run(
+    env: str, seeds: list[int], total_steps: int, out: str, order_seed: int, cleanrl: tuple[str, str] | None = None
+) -> None:
+    """Trains the batch's runs that did not finish yet, in the shuffled order (module doc); `cleanrl` is
+    (its Python, its checkout) to add CleanRL's runs to the batch."""
+    systems = SYSTEMS + ((CLEANRL,) if cleanrl else ())
+    batch = [(system, seed) for system in systems for seed in seeds]
     random.Random(order_seed).shuffle(batch)
     for system, seed in batch:
         logdir = run_dir(out, system, env, seed)
+        if system == CLEANRL:
+            if not os.path.exists(os.path.join(logdir, "process.json")):
+                run_cleanrl(*cleanrl, env, seed, total_steps, logdir)
+            continue
         summary = os.path.join(logdir, "summary.json")
         if os.path.exists(summary) and finished(json.load(open(summary)), total_steps):
             continue
-        extra = ["--eval-every", str(PEER_EVAL_EVERY)] if system.startswith("sb3-") else []
+        extra = ["--eval-every", str(preset_eval_every(env))] if system.startswith("sb3-") else []
         start, cpu = time.monotonic(), _children_cpu_seconds()
         run_one(system, env, seed, total_steps, logdir, extra)
         measured = dict(process_wall_seconds=time.monotonic() - start, cpu_seconds=_children_cpu_seconds() - cpu)
@@ -66,32 +186,46 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _training_seconds(row: dict) -> float:
+    """A metrics row's (or summary's) training wall-clock without the time its evaluations took: rlfleet's rows
+    count both and say how much went to evaluations (`evaluation_seconds`); the SB3 peer's count training only."""
+    return float(row["wall_seconds"]) - float(row.get("evaluation_seconds") or 0.0)
+
+
 def _first_at(rows: list[dict], threshold: float) -> float | None:
-    """The training wall-clock of the first metrics row whose evaluation return is at or above `threshold`."""
+    """The training wall-clock (`_training_seconds`) of the first metrics row whose evaluation return is at or
+    above `threshold`."""
     for row in rows:
         value = row.get("eval_return_mean")
         if value is not None and value >= threshold:
-            return float(row["wall_seconds"])
+            return _training_seconds(row)
     return None
 
 
 def report(out: str, env: str, threshold: float) -> dict:
-    """{system: {finals, process_wall_seconds, seconds_to_threshold, and their estimates}, "ratios": ...}."""
+    """{system: {finals, process_wall_seconds, cpu_seconds, seconds_to_threshold (None for CleanRL), and their
+    estimates}, "ratios": rlfleet's medians over SB3's, "ratios_cleanrl": over CleanRL's (when it ran)}."""
     result = {}
-    for system in SYSTEMS:
-        dirs = sorted(d for d in os.listdir(out) if d.startswith(f"{system}-{env.replace('/', '_')}-s"))
-        runs = load_runs([os.path.join(out, d) for d in dirs])
-        finals, walls, cpus, to_threshold, never = [], [], [], [], 0
-        for d, r in zip(dirs, runs):
+    prefix = lambda system: f"{system}-{env.replace('/', '_')}-s"  # noqa: E731
+    for system in SYSTEMS + (CLEANRL,):
+        dirs = sorted(d for d in os.listdir(out) if d.startswith(prefix(system)))
+        if system == CLEANRL and not dirs:
+            continue
+        processes = []
+        for d in dirs:
             with open(os.path.join(out, d, "process.json")) as f:
-                process = json.load(f)
-            walls.append(process["process_wall_seconds"])
-            if "cpu_seconds" in process:  # records of runs made before it was measured have none
-                cpus.append(process["cpu_seconds"])
-            finals.append(float(r["summary"]["final_eval_return_mean"]))
-            t = _first_at(r["rows"], threshold)
-            never += t is None
-            to_threshold.append(t if t is not None else float(r["summary"]["wall_seconds"]))
+                processes.append(json.load(f))
+        walls = [p["process_wall_seconds"] for p in processes]
+        cpus = [p["cpu_seconds"] for p in processes if "cpu_seconds" in p]  # none in records made before it was
+        if system == CLEANRL:
+            finals, to_threshold, never = [p["final_eval_return_mean"] for p in processes], None, None
+        else:
+            finals, to_threshold, never = [], [], 0
+            for r in load_runs([os.path.join(out, d) for d in dirs]):
+                finals.append(float(r["summary"]["final_eval_return_mean"]))
+                t = _first_at(r["rows"], threshold)
+                never += t is None
+                to_threshold.append(t if t is not None else _training_seconds(r["summary"]))
         result[system] = dict(
             runs=dirs,
             final_eval_return=finals,
@@ -101,17 +235,23 @@ def report(out: str, env: str, threshold: float) -> dict:
             cpu_seconds=cpus,
             cpu=interval_estimates(cpus) if len(cpus) == len(walls) else None,
             seconds_to_threshold=to_threshold,
-            to_threshold=interval_estimates(to_threshold),
+            to_threshold=interval_estimates(to_threshold) if to_threshold else None,
             never_reached_threshold=never,
         )
-    a, b = result["dqn"], result["sb3-dqn"]
-    result["ratios"] = dict(
-        process_wall=statistics.median(a["process_wall_seconds"]) / statistics.median(b["process_wall_seconds"]),
-        to_threshold=statistics.median(a["seconds_to_threshold"]) / statistics.median(b["seconds_to_threshold"]),
-        cpu=statistics.median(a["cpu_seconds"]) / statistics.median(b["cpu_seconds"])
-        if a["cpu"] and b["cpu"]
-        else None,
-    )
+
+    def ratios(a: dict, b: dict) -> dict:
+        median = statistics.median
+        return dict(
+            process_wall=median(a["process_wall_seconds"]) / median(b["process_wall_seconds"]),
+            to_threshold=median(a["seconds_to_threshold"]) / median(b["seconds_to_threshold"])
+            if b["seconds_to_threshold"]
+            else None,
+            cpu=median(a["cpu_seconds"]) / median(b["cpu_seconds"]) if a["cpu"] and b["cpu"] else None,
+        )
+
+    result["ratios"] = ratios(result["dqn"], result["sb3-dqn"])
+    if CLEANRL in result:
+        result["ratios_cleanrl"] = ratios(result["dqn"], result[CLEANRL])
     result.update(env=env, threshold=threshold)
     return result
 
@@ -131,6 +271,8 @@ def main() -> None:
     r.add_argument("--total-steps", type=int, required=True, help="env steps per run")
     r.add_argument("--out", required=True, help="folder of the run directories")
     r.add_argument("--order-seed", type=int, default=0, help="seeds the shuffled order of the runs")
+    r.add_argument("--cleanrl-python", default=None, help="the Python of CleanRL's environment (module doc)")
+    r.add_argument("--cleanrl-dir", default=None, help="a checkout of CleanRL: its cleanrl/dqn.py runs too")
     q = sub.add_parser("report")
     q.add_argument("out", help="the folder `run` wrote")
     q.add_argument("--env", required=True)
@@ -138,23 +280,33 @@ def main() -> None:
     q.add_argument("--json", default=None, help="write the report here")
     args = p.parse_args()
     if args.command == "run":
-        run(args.env, args.seeds, args.total_steps, args.out, args.order_seed)
+        if (args.cleanrl_python is None) != (args.cleanrl_dir is None):
+            p.error("--cleanrl-python and --cleanrl-dir go together: give both to add CleanRL's runs, or neither")
+        cleanrl = (args.cleanrl_python, args.cleanrl_dir) if args.cleanrl_dir else None
+        run(args.env, args.seeds, args.total_steps, args.out, args.order_seed, cleanrl)
         return
     res = report(args.out, args.env, args.threshold)
-    for system in SYSTEMS:
-        s = res[system]
+    for system in SYSTEMS + (CLEANRL,):
+        s = res.get(system)
+        if s is None:
+            continue
         print(f"{system} ({len(s['runs'])} seeds)")
         print(f"  final eval return: {_estimate(s['final'], '{:.1f}')}")
         print(f"  whole process wall-clock to the budget (s): {_estimate(s['process_wall'], '{:.1f}')}")
         if s["cpu"]:
             print(f"  CPU seconds, all its processes: {_estimate(s['cpu'], '{:.1f}')}")
-        print(
-            f"  training wall-clock to {res['threshold']:g} (s): {_estimate(s['to_threshold'], '{:.1f}')}"
-            f" ({s['never_reached_threshold']} never reached it: their whole training time counted)"
-        )
-    cpu = f", CPU seconds {res['ratios']['cpu']:.2f}x" if res["ratios"]["cpu"] else ""
-    print(f"rlfleet / SB3, medians: whole process {res['ratios']['process_wall']:.2f}x, to the threshold "
-          f"{res['ratios']['to_threshold']:.2f}x{cpu}")  # fmt: skip
+        if s["to_threshold"]:
+            print(
+                f"  training wall-clock to {res['threshold']:g} (s): {_estimate(s['to_threshold'], '{:.1f}')}"
+                f" ({s['never_reached_threshold']} never reached it: their whole training time counted)"
+            )
+    for key, peer in (("ratios", "SB3"), ("ratios_cleanrl", "CleanRL")):
+        if key not in res:
+            continue
+        r = res[key]
+        to = f", to the threshold {r['to_threshold']:.2f}x" if r["to_threshold"] else ""
+        cpu = f", CPU seconds {r['cpu']:.2f}x" if r["cpu"] else ""
+        print(f"rlfleet / {peer}, medians: whole process {r['process_wall']:.2f}x{to}{cpu}")
     if args.json:
         atomic_write(args.json, json.dumps(res, indent=2) + "\n")
 

@@ -205,7 +205,8 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
         latest=Policy(0, agent.export_weights(), rlfleet_pb2.Exploration(**dict(agent.exploration(), epsilon=1.0)))
     )
     batch_steps = WORKLOADS[name][3] // b
-    venv = make_batched_env(env_id, b, resolve_backend(env_id, "auto"))
+    backend = resolve_backend(env_id, "auto")  # Atari: ale; else "auto", chosen by measurement on actors
+    venv = make_batched_env(env_id, b, "sync" if backend == "auto" else backend)
     c0, s0 = time.process_time(), cpu_seconds(server)
     try:
         builder.collect(actor, _StopAfter(venv, batch_steps, actor.stop), weights, 0)

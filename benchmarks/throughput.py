@@ -52,18 +52,22 @@ def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
 
 
 def single_env_rate(env_id: str, seconds: float) -> float:
-    import gymnasium as gym
+    """Env steps/s of one env stepped alone in this process with random actions (resets included)."""
+    from rlfleet.actors.envs import make_env
 
-    env = gym.make(env_id)
-    env.reset(seed=0)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        _, _, term, trunc, _ = env.step(env.action_space.sample())
-        steps += 1
-        if term or trunc:
-            env.reset()
-    env.close()
-    return steps / (time.perf_counter() - start)
+    env = make_env(env_id)
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            steps += 1
+            if terminated or truncated:
+                env.reset()
+        return steps / (time.monotonic() - start)
+    finally:
+        env.close()
 
 
 def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:

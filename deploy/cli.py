@@ -441,9 +441,10 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.",
 )
 @_env_backend_option(
-    "async: one process per env (BatchPPO); envpool: C++ threads; sync: in-process; "
-    "ale: ale-py's C++ AtariVectorEnv (Atari ids only); auto: ale for Atari, sync for "
-    "gymnasium's classic-control envs, envpool for Box-action envs it has, else async."
+    "sync: every env in the actor process; workers: a few worker processes of several envs each; envpool: C++ "
+    "threads (Box-action envs it has, no --env-kwargs); async: one process per env (BatchPPO); ale: ale-py's C++ "
+    "AtariVectorEnv (Atari ids only); auto: ale for Atari, else the fastest of these that each actor measures "
+    "on its own envs (its log and status say which and why)."
 )
 @_resume_option(
     "Continue from the latest checkpoint of this run directory. Alone, it takes the algorithm, env, settings, "

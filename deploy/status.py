@@ -160,14 +160,17 @@ def format_status(st: dict) -> str:
     lines.append("")
     lines.append(
         f"{'actor':>5}  {'host':<20} {'ip address':<16} {'envs':>5} {'policy ver':>10} "
-        f"{'env steps':>12} {'heartbeat':>10}"
+        f"{'env steps':>12} {'heartbeat':>10}  {'env backend':<11}"
     )
     for a in st.get("actors", []):
         lines.append(
             f"{a['actor_id']:>5}  {a['host'][:20]:<20} {a.get('address', '')[:16]:<16} {a['num_envs']:>5} "
             f"{a['policy_version'] if a['policy_version'] >= 0 else 'none yet':>10} "
-            f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s"
+            f"{a['env_steps']:>12,} {a['seconds_since_heartbeat']:>9.1f}s  {a.get('env_backend') or '-':<11}"
         )
+    for a in st.get("actors", []):  # why each actor steps its envs where it does
+        if a.get("env_backend_reason"):
+            lines.append(f"  actor {a['actor_id']} env backend: {a['env_backend_reason']}")
     if not st.get("actors"):
         lines.append("  (no actors)")
     lines.append("")

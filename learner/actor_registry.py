@@ -22,7 +22,8 @@ class ActorRecord:
 
     env_steps: its cumulative env steps (its own count, from its heartbeats); steps_before: the part of
     them counted before it joined this book (0 for a new actor); last_seen: time of its last heartbeat
-    (seconds, the caller's clock); policy_version: the version of the policy it acts with (-1: none yet).
+    (seconds, the caller's clock); policy_version: the version of the policy it acts with (-1: none yet);
+    env_backend / env_backend_reason: the backend its envs step on and why ("" until its heartbeats say).
     """
 
     host: str
@@ -32,6 +33,8 @@ class ActorRecord:
     env_steps: int = 0
     steps_before: int = 0
     last_seen: float = 0.0
+    env_backend: str = ""
+    env_backend_reason: str = ""
 
 
 class ActorRegistry:
@@ -73,7 +76,16 @@ class ActorRegistry:
         return actor_id
 
     def heartbeat(
-        self, actor_id: int, env_steps: int, policy_version: int, now: float, host="", address="", num_envs=0
+        self,
+        actor_id: int,
+        env_steps: int,
+        policy_version: int,
+        now: float,
+        host="",
+        address="",
+        num_envs=0,
+        env_backend="",
+        env_backend_reason="",
     ) -> bool:
         """Records a heartbeat; an unknown id (an actor that was away) is re-admitted, counted from where it
         left: from its count in `away`, from 0 when it joined after the restored checkpoint, else from now.
@@ -88,6 +100,8 @@ class ActorRegistry:
             a = self.actors[actor_id] = ActorRecord(host, address, num_envs, env_steps=env_steps, steps_before=before)
             self.next_actor_id = max(self.next_actor_id, actor_id + 1)
         a.env_steps, a.policy_version, a.last_seen = env_steps, policy_version, now
+        if env_backend:
+            a.env_backend, a.env_backend_reason = env_backend, env_backend_reason
         return rejoined
 
     def evict_stale(self, now: float) -> list[int]:
@@ -121,6 +135,8 @@ class ActorRegistry:
                 policy_version=a.policy_version,
                 env_steps=a.env_steps,
                 seconds_since_heartbeat=round(now - a.last_seen, 3),
+                env_backend=a.env_backend,
+                env_backend_reason=a.env_backend_reason,
             )
             for i, a in sorted(self.actors.items())
         ]

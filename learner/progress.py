@@ -90,7 +90,7 @@ class ProgressCheckpoints:
             )
         return count, read_progress(latest)
 
-    def save(self, count: dict, actors: dict, wall_seconds: float) -> str:
+    def save(self, count: dict, actors: dict, wall_seconds: float, evaluation_seconds: float = 0.0) -> str:
         """Writes the next checkpoint: the agent's variables (after `Agent.sync_to_checkpoint`), the counters
         `count` ({counter: value}) and the progress record of the actors' book `actors`
         (`ActorRegistry.progress()`: actors away keep their place) and `wall_seconds` trained.
@@ -100,9 +100,17 @@ class ProgressCheckpoints:
         Raises:
             rlfleet.deploy.files.StorageError: it could not be written (`CheckpointStore.save`).
         """
-        return self._save_to(self.store, count, actors, wall_seconds)
+        return self._save_to(self.store, count, actors, wall_seconds, evaluation_seconds=evaluation_seconds)
 
-    def save_best(self, count: dict, actors: dict, wall_seconds: float, eval_return_mean: float, eval_env_steps: int):
+    def save_best(
+        self,
+        count: dict,
+        actors: dict,
+        wall_seconds: float,
+        eval_return_mean: float,
+        eval_env_steps: int,
+        evaluation_seconds: float = 0.0,
+    ):
         """Writes the checkpoint of a new best evaluation into RUN/checkpoints/best (only it is kept), as `save`
         does, its record adding the evaluation's mean return and the env steps it was made at (`read_best`).
 
@@ -112,7 +120,9 @@ class ProgressCheckpoints:
             rlfleet.deploy.files.StorageError: it could not be written.
         """
         best = dict(eval_return_mean=float(eval_return_mean), eval_env_steps=int(eval_env_steps))
-        return self._save_to(self.best_store, count, actors, wall_seconds, **best)
+        return self._save_to(
+            self.best_store, count, actors, wall_seconds, evaluation_seconds=evaluation_seconds, **best
+        )
 
     def _save_to(self, store: CheckpointStore, count: dict, actors: dict, wall_seconds: float, **more) -> str:
         for name, variable in self.counters.items():

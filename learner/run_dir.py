@@ -186,11 +186,12 @@ def write_progress(checkpoint: str, progress: dict) -> None:
 
 def read_progress(checkpoint: str | None) -> dict:
     """What `write_progress` left beside `checkpoint`: {"next_actor_id": int, "wall_seconds": float (training
-    time of the run so far, all processes), "actor_env_steps": {actor_id (int): that actor's cumulative env
+    time of the run so far, all processes), "evaluation_seconds": float (the part of it in evaluations; 0 in
+    records written before it was kept), "actor_env_steps": {actor_id (int): that actor's cumulative env
     steps}, "recorded": bool (False: no record, so ids from 0 and no time: a new run (None), or a checkpoint
     written before records existed)}."""
     if checkpoint is None:
-        return dict(next_actor_id=0, wall_seconds=0.0, actor_env_steps={}, recorded=False)
+        return dict(next_actor_id=0, wall_seconds=0.0, evaluation_seconds=0.0, actor_env_steps={}, recorded=False)
     try:
         with open(progress_path(checkpoint)) as f:
             p = json.load(f)
@@ -199,6 +200,7 @@ def read_progress(checkpoint: str | None) -> dict:
     return dict(
         next_actor_id=int(p["next_actor_id"]),
         wall_seconds=float(p["wall_seconds"]),
+        evaluation_seconds=float(p.get("evaluation_seconds", 0.0)),
         actor_env_steps={int(k): int(v) for k, v in p["actor_env_steps"].items()},
         recorded=True,
     )

@@ -163,7 +163,7 @@ class Learner:
         self.final_env_steps: int | None = None  # the run's env steps at its end, as summary.json gives them
         # Phase, fault, returns, rates; its wall-clock count continues the seconds this run trained in earlier
         # processes (up to the restored checkpoint).
-        self.status = RunStatus(run.algo, run.env_id, progress["wall_seconds"])
+        self.status = RunStatus(run.algo, run.env_id, progress["wall_seconds"], progress["evaluation_seconds"])
         self.status.phase, self.status.waiting_for = "waiting_for_replay", run.replay_address
         self.registry = ActorRegistry(
             run.actor_timeout_s,
@@ -230,6 +230,8 @@ class Learner:
                 host=request.host,
                 address=address,
                 num_envs=request.num_envs,
+                env_backend=request.env_backend,
+                env_backend_reason=request.env_backend_reason,
             )
             self.status.recent_returns.extend(request.episode_returns)
             if request.leaving:  # its last heartbeat: status drops it now (its env steps stay counted)
@@ -471,10 +473,14 @@ class Learner:
         interrupted it."""
         env_steps = self._env_steps()  # actors collect on while it runs: the weights are of this point
         seed = evaluation.evaluation_seed(self.run_spec.seed)
+        start = time.monotonic()
         try:
             returns = self.agent.evaluate(episodes, seed)
         except evaluation.EvaluationInterrupted:
             return None
+        finally:
+            with self.lock:
+                self.status.evaluation_seconds += time.monotonic() - start
         with self.lock:
             self.status.eval_return_mean = float(np.mean(returns))
             self.status.eval_env_steps = env_steps
@@ -510,10 +516,11 @@ class Learner:
             # Actors away (timed out, or of the old learner and not rejoined yet) keep their place.
             actors = self.registry.progress()
             wall_seconds = self.status.wall_seconds(time.monotonic())
+            evaluation_seconds = self.status.evaluation_seconds
         self._check_finite(self.agent.export_weights(), "weights")  # a checkpoint is always a finite one
         if best is not None:
-            return self.checkpoints.save_best(count, actors, wall_seconds, *best)
-        return self.checkpoints.save(count, actors, wall_seconds)
+            return self.checkpoints.save_best(count, actors, wall_seconds, *best, evaluation_seconds)
+        return self.checkpoints.save(count, actors, wall_seconds, evaluation_seconds)
 
     def _finish(self, completed: bool, metrics: MetricsLog, last: dict) -> dict:
         """The run's end: the final evaluation (when the budget was reached), the last checkpoint (and the
@@ -528,7 +535,7 @@ class Learner:
         extras = self.agent.status_extras()
         completed = completed and returns is not None  # SIGTERM/SIGINT during the final evaluation: --resume runs it
         path = self._save()
-        more = {}
+        more = dict(evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds, in evaluations
         if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
             more["replay_checkpoint_dir"] = checkpoint_run_replay(run.replay_address, run.logdir)
         self._log_metrics(metrics, last)

@@ -26,9 +26,10 @@ class RunStatus:
     Args:
         algo, env_id: the run's algorithm and env (status shows them).
         earlier_wall_s: seconds the run trained in earlier processes (up to the checkpoint it resumed from).
+        earlier_eval_s: of those, the seconds its evaluations took.
     """
 
-    def __init__(self, algo: str, env_id: str, earlier_wall_s: float = 0.0):
+    def __init__(self, algo: str, env_id: str, earlier_wall_s: float = 0.0, earlier_eval_s: float = 0.0):
         self.algo, self.env_id = algo, env_id
         self.phase = "waiting_for_actors"
         self.waiting_for = ""  # while the phase is waiting_for_replay: the replay server's host:port
@@ -36,6 +37,8 @@ class RunStatus:
         self.finished = False  # the run is over for good and summary.json written
         self.start_time = time.monotonic()
         self.earlier_wall_s = earlier_wall_s
+        # Wall seconds the run spent in its evaluations, all processes (a part of `wall_seconds`).
+        self.evaluation_seconds = earlier_eval_s
         self.recent_returns: collections.deque = collections.deque(maxlen=RECENT_EPISODES)
         self.eval_return_mean = math.nan
         self.eval_env_steps: int | None = None  # the run's env steps when that evaluation ran (None: none yet)
@@ -109,6 +112,7 @@ class RunStatus:
             episode_return_mean=st["episode_return_mean"],
             eval_return_mean=st["eval_return_mean"],
             eval_env_steps=self.eval_env_steps,
+            evaluation_seconds=self.evaluation_seconds,
             num_actors=len(st["actors"]),
             **self.rates,
             **{k: v for k, v in last_metrics.items() if k not in extras},

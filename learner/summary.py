@@ -65,7 +65,7 @@ def end_summary(
         wall_seconds: seconds the run trained; checkpoint: the last checkpoint's path prefix.
         config: the algorithm's settings (a config dataclass with `to_json()`).
         best: the run's best evaluation (`rlfleet.learner.progress.read_best`), or None.
-        more: fields after the final evaluation's (replay_checkpoint_dir).
+        more: fields after the final evaluation's (evaluation_seconds, replay_checkpoint_dir).
     """
     summary = _head(run, completed, status_address=status_address)
     summary.update({k: v for k, v in extras.items() if k != "phase"})

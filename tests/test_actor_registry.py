@@ -12,7 +12,8 @@ def test_counting_does_not_evict_and_eviction_keeps_the_steps():
     # Long after the timeout, counting still sees both and changes nothing.
     assert book.env_steps() == 150 and sorted(book.actors) == [0, 1]
     assert book.env_steps() == 150 and len(book.snapshot(now=100.0)) == 2
-    book.heartbeat(a, 120, 3, now=9.0)
+    book.heartbeat(a, 120, 3, now=9.0, env_backend="workers", env_backend_reason="auto chose workers: ...")
+    book.heartbeat(a, 120, 3, now=9.0)  # a heartbeat that does not say keeps what the last one said
     assert book.evict_stale(now=10.0) == [b]  # b's last heartbeat is 9 s old, a's 1 s
     assert book.env_steps() == 170  # b's 50 steps stay counted
     [row] = book.snapshot(now=10.0)
@@ -24,6 +25,8 @@ def test_counting_does_not_evict_and_eviction_keeps_the_steps():
         policy_version=3,
         env_steps=120,
         seconds_since_heartbeat=1.0,
+        env_backend="workers",
+        env_backend_reason="auto chose workers: ...",
     )
 
 
@@ -94,10 +97,13 @@ def test_what_a_restored_learner_knows_of_ids_and_counts(tmp_path):
     old.heartbeat(0, 610, 5, now=0.0)
     old.heartbeat(1, 400, 5, now=0.0)
     assert old.env_steps() == 1000  # not 2010: their steps are in the restored 1000
+    # A record written before it kept its evaluations' seconds: none counted.
     write_progress(ckpt, dict(next_actor_id=2, wall_seconds=5.0, actor_env_steps={"0": 600, "1": 400}))
     assert read_progress(ckpt) == dict(
-        next_actor_id=2, wall_seconds=5.0, actor_env_steps={0: 600, 1: 400}, recorded=True
+        next_actor_id=2, wall_seconds=5.0, evaluation_seconds=0.0, actor_env_steps={0: 600, 1: 400}, recorded=True
     )
+    write_progress(ckpt, dict(next_actor_id=2, wall_seconds=5.0, evaluation_seconds=1.5, actor_env_steps={}))
+    assert read_progress(ckpt)["evaluation_seconds"] == 1.5
     # Ids given out after the last checkpoint are on record too (the learner writes them at each registration).
     assert read_next_actor_id(str(tmp_path)) == 0
     write_json(str(tmp_path / ACTOR_IDS_FILE), dict(next_actor_id=4))

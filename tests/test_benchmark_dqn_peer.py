@@ -26,10 +26,12 @@ if final < 0:
     sys.exit(0)
 os.makedirs(logdir, exist_ok=True)
 rows = [dict(env_steps=1000 * i, wall_seconds=float(i), eval_return_mean=100.0 * i) for i in range(1, 6)]
+if "sb3" not in logdir:  # rlfleet's rows count their evaluations' time too, and say how much: 0.5 s each
+    rows = [dict(r, wall_seconds=r["wall_seconds"] + i / 2, evaluation_seconds=i / 2) for i, r in enumerate(rows, 1)]
 with open(os.path.join(logdir, "metrics.jsonl"), "w") as f:
     f.writelines(json.dumps(r) + "\\n" for r in rows)
 with open(os.path.join(logdir, "summary.json"), "w") as f:
-    json.dump(dict(completed=True, env_steps=5000, wall_seconds=5.0, final_eval_return_mean=final), f)
+    json.dump(dict(rows[-1], completed=True, final_eval_return_mean=final), f)
 """
 
 
@@ -63,7 +65,8 @@ def test_run_times_each_process_counts_its_cpu_and_skips_finished_runs(tmp_path,
     for system in dqn_peer.SYSTEMS:
         s = result[system]
         assert s["final_eval_return"] == [400.0, 401.0, 402.0]
-        assert s["seconds_to_threshold"] == [3.0, 3.0, 3.0]  # the first row whose evaluation is >= 250
+        # The first row whose evaluation is >= 250, its evaluations' time left out: 4.5 - 1.5 s for rlfleet's.
+        assert s["seconds_to_threshold"] == [3.0, 3.0, 3.0]
         assert s["never_reached_threshold"] == 0 and len(s["cpu_seconds"]) == 3
     assert result["ratios"]["to_threshold"] == pytest.approx(1.0)
     # rlfleet's stand-in burned twice the CPU (half of it in its own child): the report shows it.
@@ -72,4 +75,53 @@ def test_run_times_each_process_counts_its_cpu_and_skips_finished_runs(tmp_path,
 
     never = dqn_peer.report(out, "CartPole-v1", threshold=1000)
     assert never["dqn"]["never_reached_threshold"] == 3
-    assert never["dqn"]["seconds_to_threshold"] == [5.0, 5.0, 5.0]  # the whole training time counted
+    assert never["dqn"]["seconds_to_threshold"] == [5.0, 5.0, 5.0]  # the whole training time (7.5 - 2.5 s) counted
+
+
+FAKE_CLEANRL = """
+import sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+assert args["--env-id"] == "CartPole-v1" and args["--train-frequency"] == "2", args
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("global_step=100, episodic_return=[12.]", flush=True)
+print("model saved to runs/x/dqn.cleanrl_model", flush=True)
+time.sleep(1.0)  # its evaluation: after the end of training, left out of the timed part
+for i, r in enumerate([412.0, 388.0]):
+    print(f"eval_episode={i}, episodic_return=[{r}]", flush=True)
+sys.exit(int(args["--seed"]) == 13)
+"""
+
+
+@pytest.mark.slow
+def test_cleanrl_run_is_timed_to_the_end_of_training_and_its_evaluation_parsed(tmp_path):
+    checkout = tmp_path / "cleanrl"
+    (checkout / "cleanrl").mkdir(parents=True)
+    (checkout / "cleanrl" / "dqn.py").write_text(FAKE_CLEANRL)
+    logdir = str(tmp_path / "out" / "cleanrl-dqn-CartPole-v1-s0")
+    record = dqn_peer.run_cleanrl(sys.executable, str(checkout), "CartPole-v1", 0, 5000, logdir)
+    assert record["final_eval_returns"] == [412.0, 388.0] and record["final_eval_return_mean"] == 400.0
+    assert 0.3 <= record["cpu_seconds"] < 2.0, record
+    assert record["process_wall_seconds"] + 0.9 <= record["process_total_seconds"], record
+    with open(os.path.join(logdir, "process.json")) as f:
+        assert json.load(f)["final_eval_returns"] == [412.0, 388.0]
+    assert "model saved to" in open(os.path.join(logdir, "cleanrl.log")).read()
+    with pytest.raises(SystemExit, match="exit status 1"):
+        dqn_peer.run_cleanrl(sys.executable, str(checkout), "CartPole-v1", 13, 5000, str(tmp_path / "failed"))
+    with pytest.raises(SystemExit, match="no cleanrl/dqn.py"):
+        dqn_peer.run_cleanrl(sys.executable, str(tmp_path), "CartPole-v1", 0, 5000, str(tmp_path / "none"))
+
+
+def test_cleanrl_flags_carry_the_preset_and_refuse_a_fractional_replay_ratio(monkeypatch):
+    flags = dict(zip(*[iter(dqn_peer.cleanrl_flags("Acrobot-v1", 100_000)[:24])] * 2))
+    assert flags["--batch-size"] == "128" and flags["--train-frequency"] == "2"
+    assert flags["--target-network-frequency"] == "500"  # 250 learner steps of 2 env steps each
+    assert float(flags["--exploration-fraction"]) == pytest.approx(0.12)
+    preset = dqn_peer.make_algo_config
+    # 64 / 48 env steps per gradient step: the script trains once every whole number of env steps.
+    monkeypatch.setattr(
+        dqn_peer, "make_algo_config", lambda *a: preset("dqn", "default", "CartPole-v1", {"samples_per_insert": 48.0})
+    )
+    with pytest.raises(ValueError, match="env steps per gradient step"):
+        dqn_peer.cleanrl_flags("CartPole-v1", 100_000)

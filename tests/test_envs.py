@@ -34,7 +34,7 @@ def _hopper_reset_like(obs):
     return np.abs(obs - init).max() <= 0.005 + 1e-6
 
 
-@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+@pytest.mark.parametrize("backend", ["async", "sync", "workers", "envpool"])
 def test_cheetah_time_limit_resets_in_the_same_step(backend):
     venv = make_batched_env("HalfCheetah-v5", 2, _backend(backend))
     try:
@@ -64,7 +64,7 @@ def test_cheetah_time_limit_resets_in_the_same_step(backend):
         venv.close()
 
 
-@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+@pytest.mark.parametrize("backend", ["async", "sync", "workers", "envpool"])
 def test_hopper_per_env_resets(backend):
     """Hopper episodes end at different steps; only the finished envs are reset."""
     venv = make_batched_env("Hopper-v5", 3, _backend(backend))
@@ -129,7 +129,7 @@ def test_legacy_atari_ids_point_to_the_v5_id(legacy, v5):
 
 def test_env_envpool_lacks_or_cannot_match():
     _backend("envpool")
-    with pytest.raises(EnvError, match=r"CartPole-v1.*--env-backend async"):
+    with pytest.raises(EnvError, match=r"CartPole-v1.*leave --env-backend at auto"):
         make_batched_env("CartPole-v1", 2, "envpool")  # discrete actions
 
 
@@ -167,7 +167,7 @@ def _reference_final_obs(backend, seeds, actions):
     return np.stack(out)
 
 
-@pytest.mark.parametrize("backend", ["async", "sync", "envpool"])
+@pytest.mark.parametrize("backend", ["async", "sync", "workers", "envpool"])
 def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
     """At a time limit every backend hands the actor the cut episode's true last observation
     (what PPO bootstraps from), while the returned observation already starts the next episode."""
@@ -208,14 +208,16 @@ def test_terminated_episodes_give_no_bootstrap_observation():
         venv.close()
 
 
-def test_auto_backend_choice():
+def test_auto_stays_auto_but_for_atari_and_a_named_backend_is_kept():
     from rlfleet.actors.envs import resolve_backend
 
-    assert resolve_backend("CartPole-v1", "auto") == "sync"  # microsecond steps: no process per env
-    assert resolve_backend("MountainCar-v0", "auto") == "sync"
     assert resolve_backend("ALE/Pong-v5", "auto") == "ale"
-    assert resolve_backend("HalfCheetah-v5", "auto") == ("envpool" if HAVE_ENVPOOL else "async")
-    assert resolve_backend("CartPole-v1", "async") == "async"
+    for env_id in ("CartPole-v1", "HalfCheetah-v5"):  # chosen by measurement on the actor (test_backend_choice)
+        assert resolve_backend(env_id, "auto") == "auto"
+    for backend in ("sync", "workers", "envpool", "async"):
+        assert resolve_backend("HalfCheetah-v5", backend) == backend
+    with pytest.raises(EnvError, match="leave --env-backend at auto"):
+        resolve_backend("ALE/Pong-v5", "workers")
 
 
 def test_no_settotalmass_warning_from_any_halfcheetah_start():

@@ -3,8 +3,11 @@ a user's package would register its envs (`--env tests_env_pkg.envs:Corridor-v0`
 
 Observation: float32 [length], one-hot of the current cell (so that its size shows which `length` a process
 made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the episode; episodes are truncated after
-32 steps.
+32 steps. `busy_seconds` > 0 makes each step compute for that long (a CPU-bound Python env, as an expensive
+simulator would be).
 """
+
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -15,10 +18,10 @@ class Corridor(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, length: int = 8, render_mode: str | None = None):
+    def __init__(self, length: int = 8, render_mode: str | None = None, busy_seconds: float = 0.0):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
-        self.length, self.render_mode = int(length), render_mode
+        self.length, self.render_mode, self.busy_seconds = int(length), render_mode, float(busy_seconds)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self.length,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.position = 0
@@ -34,6 +37,9 @@ class Corridor(gym.Env):
         return self._obs(), {}
 
     def step(self, action):
+        end = time.thread_time() + self.busy_seconds  # CPU time: the step costs the same however loaded the machine
+        while time.thread_time() < end:
+            pass
         self.position = int(np.clip(self.position + (1 if int(action) == 1 else -1), 0, self.length - 1))
         at_end = self.position == self.length - 1
         return self._obs(), float(at_end), at_end, False, {}

@@ -1,0 +1,153 @@
+"""The "workers" env backend: a few worker processes, each stepping several envs in a row.
+
+One process per env (the "async" backend) pays a process round trip per env and per step; an env whose step
+costs about as much as the round trip gains nothing from it. Here each of W worker processes holds B / W of the
+batch's envs and steps them one after another (as Sample Factory's rollout workers and envpool's threads do), so
+a batch step costs one round trip per worker, and the W workers step in parallel on W cores. The processes,
+their pipes and the observations in shared memory are gymnasium's `AsyncVectorEnv`'s; each of its sub-envs is an
+`EnvGroup` of B / W envs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import gymnasium as gym
+import numpy as np
+
+# Keys of an EnvGroup's step info: the last observation of each env whose episode ended in that step (zeros
+# elsewhere) and which envs those are. gymnasium stacks array infos of the workers into [W, K, ...].
+_FINAL_OBS, _FINISHED = "group_final_obs", "group_finished"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; `os.cpu_count()` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(num_envs: int, cores: int | None = None) -> int:
+    """The workers for a batch of `num_envs` envs: the largest divisor of `num_envs` that is at most the usable
+    cores (every worker holds the same number of envs)."""
+    cores = usable_cores() if cores is None else cores
+    return max(w for w in range(1, min(num_envs, max(1, cores)) + 1) if num_envs % w == 0)
+
+
+class EnvGroup(gym.Env):
+    """K envs (made by `env_fns`, K callables that each return one gymnasium env; picklable, as they travel to
+    the worker process) stepped one after another in one process, as one env with a leading K axis.
+
+    Shapes: observation [K, *obs_shape] (gymnasium's batched space of the env's); action [K, *action_shape];
+    step returns reward float64 [K], terminated and truncated bool [K]. A finished env is reset in the same step
+    (SAME_STEP autoreset); its episode's last observation is in info["group_final_obs"] [K, *obs_shape] (zeros
+    for the others) where info["group_finished"] [K] is set. reset(seed=s) seeds env k with s + k (s an int) or
+    s[k] (s a list of K ints).
+    """
+
+    def __init__(self, env_fns: list):
+        self.envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.observation_space = self.envs.observation_space
+        self.action_space = self.envs.action_space
+        self._zeros = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = self.envs.reset(seed=seed, options=options)
+        return obs, {}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.envs.step(action)
+        done = np.asarray(terminated, bool) | np.asarray(truncated, bool)
+        if not done.any():
+            return obs, reward, terminated, truncated, {}
+        final = self._zeros.copy()
+        for k in np.flatnonzero(done):
+            final[k] = info["final_obs"][k]
+        return obs, reward, terminated, truncated, {_FINAL_OBS: final, _FINISHED: done}
+
+    def close(self):
+        self.envs.close()
+
+
+class WorkerVectorEnv(gym.vector.VectorEnv):
+    """The B envs of `env_fns` (callables that each return one gymnasium env, all of the same spaces; picklable
+    by reference, as `functools.partial(make_env, env_id)` is) in `num_workers` worker processes of B /
+    `num_workers` envs each (None: `worker_count`).
+
+    The same interface as the other backends: reset(seed) -> (obs [B, *obs_shape], info); step(actions
+    [B, *action_shape]) -> (obs [B, *obs_shape], reward float64 [B], terminated bool [B], truncated bool [B],
+    info), finished envs reset in the same step with their last observation in info["final_obs"] (object array,
+    set where info["_final_obs"]). Env i is env i % K of worker i // K; reset(seed=s) gives env i the seed s + i,
+    or s[i] for a list, as gymnasium's vector envs do.
+
+    Raises (constructor):
+        ValueError: `num_workers` does not divide `num_envs`.
+    """
+
+    def __init__(self, env_fns: list, num_workers: int | None = None):
+        num_envs = len(env_fns)
+        num_workers = worker_count(num_envs) if num_workers is None else num_workers
+        if num_workers < 1 or num_envs % num_workers:
+            raise ValueError(
+                f"{num_workers} env workers cannot share {num_envs} envs evenly: give a number of workers that "
+                f"divides the envs per actor ({num_envs})."
+            )
+        self.per_worker = num_envs // num_workers
+        self.num_workers = num_workers
+        self._pool = gym.vector.AsyncVectorEnv(
+            [
+                functools.partial(EnvGroup, env_fns[w * self.per_worker : (w + 1) * self.per_worker])
+                for w in range(num_workers)
+            ],
+            shared_memory=True,
+            context="spawn",
+            autoreset_mode=gym.vector.AutoresetMode.DISABLED,  # each EnvGroup resets its own envs
+        )
+        group_obs = self._pool.single_observation_space
+        group_act = self._pool.single_action_space
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(
+            group_obs.low[0], group_obs.high[0], group_obs.shape[1:], group_obs.dtype
+        )
+        if isinstance(group_act, gym.spaces.MultiDiscrete):
+            self.single_action_space = gym.spaces.Discrete(int(group_act.nvec[0]))
+        else:
+            self.single_action_space = gym.spaces.Box(
+                group_act.low[0], group_act.high[0], group_act.shape[1:], group_act.dtype
+            )
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def _flat(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x).reshape(self.num_envs, *np.shape(x)[2:])
+
+    def reset(self, *, seed=None, options=None):
+        """Resets all envs. `seed`: None, int (env i gets seed + i) or a list of B ints."""
+        k = self.per_worker
+        if seed is not None:
+            seeds = [seed + i for i in range(self.num_envs)] if np.isscalar(seed) else list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+            seed = [seeds[w * k : (w + 1) * k] for w in range(self.num_workers)]
+        obs, _ = self._pool.reset(seed=seed, options=options)
+        return self._flat(obs), {}
+
+    def step(self, actions):
+        """Steps all envs, each worker its K in a row, the workers in parallel (see the class doc)."""
+        actions = np.asarray(actions).reshape(self.num_workers, self.per_worker, *np.shape(actions)[1:])
+        obs, reward, terminated, truncated, info = self._pool.step(actions)
+        obs = self._flat(obs)  # a copy of the shared buffer (AsyncVectorEnv's copy=True)
+        out = {}
+        if _FINISHED in info:
+            finished = self._flat(info[_FINISHED]).astype(bool)
+            final_obs = self._flat(info[_FINAL_OBS])
+            final = np.full(self.num_envs, None, dtype=object)
+            for i in np.flatnonzero(finished):
+                final[i] = final_obs[i]
+            out = dict(final_obs=final, _final_obs=finished)
+        return obs, self._flat(reward), self._flat(terminated).astype(bool), self._flat(truncated).astype(bool), out
+
+    def close_extras(self, **kwargs) -> None:
+        self._pool.close(**kwargs)

@@ -1,0 +1,135 @@
+"""The "workers" env backend (worker processes of several envs each) steps exactly as the in-process batch does,
+and `--env-backend auto` chooses by measurement, says why, and keeps a named backend (a few seconds each)."""
+
+import functools
+import os
+
+import numpy as np
+import pytest
+from helpers import rlfleet, wait_for
+
+from rlfleet.actors.backend_choice import WORKER_ROUND_TRIP_S, choose_backend
+from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env, make_env, truncation_observations
+from rlfleet.actors.worker_envs import WorkerVectorEnv, worker_count
+from rlfleet.deploy.status import get_status
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def own_env_importable(monkeypatch):
+    """The tests' own env package importable here and in spawned worker processes (as installing it would)."""
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.syspath_prepend(TESTS)
+
+
+def test_worker_count_divides_the_envs_within_the_cores():
+    assert worker_count(8, cores=2) == 2 and worker_count(8, cores=3) == 2 and worker_count(8, cores=16) == 8
+    assert worker_count(6, cores=4) == 3 and worker_count(7, cores=4) == 1 and worker_count(1, cores=8) == 1
+    with pytest.raises(ValueError, match="divides the envs per actor"):
+        WorkerVectorEnv([functools.partial(make_env, "CartPole-v1")] * 6, num_workers=4)
+
+
+@pytest.mark.parametrize("env_id, workers", [("CartPole-v1", 2), ("Pendulum-v1", 3)])
+def test_workers_step_like_the_in_process_batch(env_id, workers):
+    """Same seeds and actions: the same observations, rewards, terminations, truncations and final observations,
+    env by env, whichever worker holds it (discrete and continuous actions; CartPole ends early, Pendulum at its
+    time limit)."""
+    num_envs = 6
+    sync = make_batched_env(env_id, num_envs, "sync")
+    pool = WorkerVectorEnv([functools.partial(make_env, env_id)] * num_envs, num_workers=workers)
+    try:
+        assert pool.single_observation_space == sync.single_observation_space
+        assert pool.single_action_space == sync.single_action_space
+        seeds = list(range(100, 100 + num_envs))
+        a, _ = sync.reset(seed=seeds)
+        b, _ = pool.reset(seed=seeds)
+        np.testing.assert_array_equal(a, b)
+        sync.action_space.seed(1)
+        ends = 0
+        for _ in range(260):
+            actions = sync.action_space.sample()
+            ra = sync.step(actions)
+            rb = pool.step(actions)
+            for x, y in zip(ra[:4], rb[:4]):
+                np.testing.assert_array_equal(x, y)
+            assert rb[0].shape == (num_envs, *sync.single_observation_space.shape) and rb[1].dtype == np.float64
+            np.testing.assert_array_equal(
+                truncation_observations(*ra[0:1], ra[2], ra[3], ra[4]),
+                truncation_observations(*rb[0:1], rb[2], rb[3], rb[4]),
+            )
+            done = ra[2] | ra[3]
+            ends += int(done.sum())
+            if done.any():
+                assert np.array_equal(np.asarray(rb[4]["_final_obs"], bool), done)
+                for i in np.flatnonzero(done):
+                    np.testing.assert_array_equal(rb[4]["final_obs"][i], ra[4]["final_obs"][i])
+        assert ends >= num_envs  # every env finished at least one episode on the way
+    finally:
+        sync.close()
+        pool.close()
+
+
+def test_auto_keeps_a_cheap_env_in_process_and_says_why():
+    venv, choice = choose_backend("CartPole-v1", 4, cores=2)
+    try:
+        assert choice.backend == "sync" and venv.num_envs == 4
+        assert set(choice.seconds_per_batch_step) == {"sync"}  # no process could pay for a microsecond step
+        assert choice.reason.startswith("sync: fastest measured") and "workers not tried" in choice.reason
+    finally:
+        venv.close()
+
+
+def test_a_candidate_that_cannot_step_the_env_is_left_out_with_its_reason(monkeypatch):
+    import rlfleet.actors.backend_choice as backend_choice
+
+    monkeypatch.setattr(backend_choice, "_envpool_has", lambda env_id: True)  # envpool refuses discrete actions
+    venv, choice = choose_backend("CartPole-v1", 2, cores=1)
+    try:
+        assert choice.backend == "sync" and set(choice.seconds_per_batch_step) == {"sync"}
+        assert (
+            "; envpool not usable: " in choice.reason
+            and "2 envs cannot be shared evenly by 2 or more of 1 cores" in choice.reason
+        )
+    finally:
+        venv.close()
+    with pytest.raises(EnvError, match="NoSuchEnv-v0"):  # the env itself cannot be made: nothing to choose from
+        choose_backend("NoSuchEnv-v0", 2)
+
+
+def test_auto_measures_workers_for_an_expensive_env_and_keeps_the_fastest(own_env_importable):
+    env_id = env_with_kwargs("tests_env_pkg.envs:Corridor-v0", {"busy_seconds": 0.002})
+    venv, choice = choose_backend(env_id, 4, cores=2)
+    try:
+        timings = choice.seconds_per_batch_step
+        assert set(timings) == {"sync", "workers"}
+        assert timings["sync"] >= 4 * 0.002 > WORKER_ROUND_TRIP_S  # four CPU-bound steps in a row
+        assert choice.backend == min(timings, key=timings.get)  # the faster one, open and ready
+        assert isinstance(venv, WorkerVectorEnv) == (choice.backend == "workers")
+        obs, _ = venv.reset(seed=[0, 1, 2, 3])
+        assert obs.shape == (4, 8)
+        for backend, seconds in timings.items():
+            assert f"{backend} {seconds * 1e3:.3g} ms" in choice.reason
+    finally:
+        venv.close()
+
+
+@pytest.mark.slow
+def test_auto_reports_its_choice_and_why_in_the_actors_log_and_the_learners_status(procs, free_port, tmp_path):
+    from test_services import start_replay_and_learner
+
+    replay, learner, address, _, _ = start_replay_and_learner(procs, free_port, tmp_path)
+    actor = procs.start("actor", "actor", "--learner", address)  # the run's backend: auto
+    st = wait_for(
+        lambda: (s := get_status(address, 2))["actors"] and s["actors"][0]["env_backend"] and s,
+        180,
+        "the actor's env backend in status",
+        [replay, learner, actor],
+    )
+    [a] = st["actors"]
+    assert a["env_backend"] in ("sync", "envpool", "workers"), a
+    assert a["env_backend_reason"].startswith(f"auto chose {a['env_backend']}: fastest measured per batch step"), a
+    log = actor.output()
+    assert f"env backend auto chose {a['env_backend']}: fastest measured" in log, log[-2000:]
+    text = rlfleet("status", "--learner", address)
+    assert f"actor 0 env backend: auto chose {a['env_backend']}" in text.stdout, text.stdout
