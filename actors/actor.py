@@ -224,7 +224,7 @@ class Actor:
         self.backend = resolve_backend(self.config.env_id, requested)
         if requested == "auto":  # Atari: "ale"; else chosen by measurement when the envs are built (`_open_envs`)
             atari = self.backend == "ale"
-            self.backend_reason = "auto: Atari ids step on ale (ale-py's C++ vector env)" if atari else ""
+            self.backend_reason = "auto chose ale: Atari ids step on ale-py's C++ vector env" if atari else ""
         else:
             self.backend_reason = f"--env-backend {requested} ({'this actor' if backend else 'the run'})"
         self.net = self.config.network  # rlfleet_pb2.NetworkSpec
@@ -333,6 +333,7 @@ class Actor:
         with self.lock:
             returns, lengths = self.pending_returns, self.pending_lengths
             self.pending_returns, self.pending_lengths = [], []
+            backend, reason = ("" if self.backend == "auto" else self.backend), self.backend_reason
         try:
             resp = self.heartbeats.beat(
                 rlfleet_pb2.HeartbeatRequest(
@@ -344,8 +345,8 @@ class Actor:
                     num_envs=self.config.num_envs,
                     host=self.host,
                     leaving=leaving,
-                    env_backend="" if self.backend == "auto" else self.backend,
-                    env_backend_reason=self.backend_reason,
+                    env_backend=backend,
+                    env_backend_reason=reason,
                 ),
                 timeout_s=5,
             )
@@ -441,8 +442,9 @@ class Actor:
         chose and why (`rlfleet.actors.backend_choice.choose_backend`)."""
         cfg = self.config
         if self.backend != "auto":
+            print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)
             return make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
-        venv, choice = choose_backend(cfg.env_id, cfg.num_envs)
+        venv, choice = choose_backend(cfg.env_id, cfg.num_envs, stop=self.stop)
         with self.lock:
             self.backend, self.backend_reason = choice.backend, f"auto chose {choice.reason}"
         print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)

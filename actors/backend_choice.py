@@ -12,15 +12,16 @@ learner's status.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import gymnasium as gym
 
-from rlfleet.actors.envs import EnvError, env_spec, is_atari, make_batched_env, split_env_id
-from rlfleet.actors.worker_envs import usable_cores, worker_count
+from rlfleet.actors.envs import env_spec, is_atari, make_batched_env, split_env_id
+from rlfleet.actors.worker_envs import WorkerVectorEnv, usable_cores, worker_count
 
 MEASURE_SECONDS = 0.25  # per candidate backend: batch steps are timed for at least this long
-MIN_MEASURED_STEPS = 5  # and at least this many (an env of slow steps is timed over these alone)
+MIN_MEASURED_STEPS = 5  # and at least this many, unless one batch step alone takes MEASURE_SECONDS or more
 WARMUP_STEPS = 2  # batch steps taken before the timing starts (first-call costs: caches, lazy imports)
 # A batch step through worker processes costs at least one pipe round trip per worker on top of the envs' own
 # work: where W workers could save less than this per batch step, they are not worth starting to measure.
@@ -45,11 +46,21 @@ class BackendChoice:
 
 def seconds_per_batch_step(venv: gym.vector.VectorEnv, seconds: float = MEASURE_SECONDS) -> float:
     """Wall seconds per batch step of `venv` with uniformly random actions (finished episodes reset in the step),
-    timed over at least `seconds` and `MIN_MEASURED_STEPS` batch steps after `WARMUP_STEPS` untimed ones."""
+    timed over at least `seconds` and `MIN_MEASURED_STEPS` batch steps after `WARMUP_STEPS` untimed ones. An env
+    so slow that one warm-up step takes `seconds` or more is timed by that step alone (so that measuring costs a
+    few of its steps, not minutes).
+
+    Raises:
+        whatever the env raises in reset or step.
+    """
     venv.reset(seed=0)
     venv.action_space.seed(0)
     for _ in range(WARMUP_STEPS):
+        start = time.monotonic()
         venv.step(venv.action_space.sample())
+        elapsed = time.monotonic() - start
+        if elapsed >= seconds:
+            return elapsed
     steps, start = 0, time.monotonic()
     while True:
         venv.step(venv.action_space.sample())
@@ -59,68 +70,97 @@ def seconds_per_batch_step(venv: gym.vector.VectorEnv, seconds: float = MEASURE_
             return elapsed / steps
 
 
+def _close(venv: gym.vector.VectorEnv) -> None:
+    """Closes a candidate that failed or lost, its worker processes terminated rather than waited for."""
+    try:
+        venv.close(terminate=True) if isinstance(venv, gym.vector.AsyncVectorEnv | WorkerVectorEnv) else venv.close()
+    except Exception:  # noqa: BLE001 - a broken candidate may fail to close too; it is dropped either way
+        pass
+
+
 def _envpool_has(env_id: str) -> bool:
     """Whether the envpool backend can step `env_id`: envpool installed and knows it, Box actions, no kwargs."""
     if split_env_id(env_id)[1]:
         return False
     try:
         import envpool
-    except ImportError:
+
+        return env_id in envpool.list_all_envs() and env_spec(env_id).action_kind == "continuous"
+    except Exception:  # noqa: BLE001 - not installed, or broken: envpool is then no candidate
         return False
-    return env_id in envpool.list_all_envs() and env_spec(env_id).action_kind == "continuous"
 
 
-def choose_backend(env_id: str, num_envs: int, cores: int | None = None) -> tuple[gym.vector.VectorEnv, BackendChoice]:
-    """Builds `num_envs` envs of `env_id` on each candidate backend in turn (module doc), times them, closes the
-    slower ones and returns the fastest, open, with the choice.
+def choose_backend(
+    env_id: str, num_envs: int, cores: int | None = None, stop: threading.Event | None = None
+) -> tuple[gym.vector.VectorEnv, BackendChoice]:
+    """Builds `num_envs` envs of `env_id` (an env id, with --env-kwargs if any) on each candidate backend in turn
+    (module doc), times them, closes the slower ones and returns the fastest, open, with the choice.
 
     Args:
-        cores: usable cores (None: this process's affinity; `worker_envs.usable_cores`).
+        cores: usable cores (None: `worker_envs.usable_cores`, which counts CPU quotas too).
+        stop: when set (SIGTERM/SIGINT), no further candidate is tried: the fastest so far is returned.
     Raises:
-        EnvError: the env cannot be made (unknown id, missing package, bad --env-kwargs). A candidate other than
-            "sync" that cannot step the env is left out, and the reason says why.
+        EnvError: the env cannot be made in the actor process (unknown id, missing package, bad --env-kwargs);
+            whatever the env raises in reset or step there. A candidate other than "sync" that cannot be built
+            or fails while it is timed is left out, and the reason says why.
     """
     if is_atari(env_id):
         venv = make_batched_env(env_id, num_envs, "ale")
-        return venv, BackendChoice("ale", {}, "ale: Atari ids step on ale-py's C++ vector env")
+        return venv, BackendChoice("ale", {}, "ale: Atari ids step on ale-py's C++ vector env")  # as the actor says
     timings, best, best_venv, notes = {}, None, None, []
 
     def consider(backend: str, optional: bool = True) -> None:
         nonlocal best, best_venv
+        if stop is not None and stop.is_set():
+            notes.append(f"{backend} not tried: the actor is stopping")
+            return
+        venv = None
         try:
-            venv = make_batched_env(env_id, num_envs, backend)
-        except EnvError as e:  # a candidate that cannot step this env after all: the others still can
+            venv = make_batched_env(env_id, num_envs, backend, num_workers=workers if backend == "workers" else None)
+            timings[backend] = seconds_per_batch_step(venv)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails here is left out; the others still work
+            if venv is not None:
+                _close(venv)
             if not optional:
                 raise
-            notes.append(f"{backend} not usable: {e}")
+            detail = (str(e).splitlines() or [""])[0].split("; ")[0]  # what failed, without a hint for people
+            notes.append(f"{backend} not usable ({type(e).__name__}: {detail})")
             return
-        try:
-            timings[backend] = seconds_per_batch_step(venv)
         except BaseException:
-            venv.close()
+            if venv is not None:
+                _close(venv)
             raise
         if best is None or timings[backend] < timings[best]:
             if best_venv is not None:
-                best_venv.close()
+                _close(best_venv)
             best, best_venv = backend, venv
         else:
-            venv.close()
+            _close(venv)
 
+    usable = usable_cores() if cores is None else cores
+    workers = worker_count(num_envs, usable)
     try:
         consider("sync", optional=False)
         if _envpool_has(env_id):
             consider("envpool")
-        workers = worker_count(num_envs, cores)
+        elif split_env_id(env_id)[1]:
+            notes.append("envpool not tried: it takes no --env-kwargs")
         if workers >= 2 and timings["sync"] * (1 - 1 / workers) > WORKER_ROUND_TRIP_S * workers:
             consider("workers")
         elif workers >= 2:
-            notes.append(f"workers not tried: {workers} processes could not save their round trips")
+            notes.append(
+                f"workers not tried: {workers} worker processes would save less per batch step than their round "
+                "trips cost"
+            )
         else:
-            usable = usable_cores() if cores is None else cores
-            notes.append(f"workers not tried: {num_envs} envs cannot be shared evenly by 2 or more of {usable} cores")
+            notes.append(
+                "workers not tried: only 1 usable core"
+                if usable < 2
+                else f"workers not tried: {num_envs} envs cannot be shared evenly by 2 or more of {usable} cores"
+            )
     except BaseException:
         if best_venv is not None:
-            best_venv.close()
+            _close(best_venv)
         raise
     measured = ", ".join(f"{b} {t * 1e3:.3g} ms" for b, t in sorted(timings.items(), key=lambda bt: bt[1]))
     label = f"workers ({workers} processes x {num_envs // workers} envs)" if best == "workers" else best

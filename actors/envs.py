@@ -437,7 +437,9 @@ def resolve_backend(env_id: str, backend: str) -> str:
     return backend
 
 
-def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.vector.VectorEnv:
+def make_batched_env(
+    env_id: str, num_envs: int, backend: str = "sync", num_workers: int | None = None
+) -> gym.vector.VectorEnv:
     """Creates `num_envs` copies of `env_id` stepped as one batch.
 
     Observations come back as [num_envs, *obs_shape]; finished episodes are
@@ -449,11 +451,17 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
             processes of several envs each, `WorkerVectorEnv`), "envpool" (C++
             threads, see `EnvPoolVectorEnv`), "async" (one process per env,
             shared memory: the BatchPPO layout) or "ale" (Atari ids).
+        num_workers: "workers" only: worker processes (None: `worker_envs.worker_count`).
     Raises:
         EnvError: unknown backend or env id; for "envpool" also envpool not
             installed, an env id envpool lacks, a non-Box env, or spaces that
             differ from gymnasium's.
     """
+    if backend == "auto":
+        raise EnvError(
+            "make_batched_env takes a backend by name; 'auto' is chosen by measurement with "
+            "rlfleet.actors.backend_choice.choose_backend."
+        )
     if backend not in BACKENDS:
         raise EnvError(f"unknown env backend {backend!r}; choose one of {BACKENDS}.")
     resolve_backend(env_id, backend)  # refuses Atari ids off the ale backend and vice versa
@@ -469,7 +477,7 @@ def make_batched_env(env_id: str, num_envs: int, backend: str = "async") -> gym.
     make_env(env_id).close()  # fail fast here, not inside a worker process
     fns = [functools.partial(make_env, env_id) for _ in range(num_envs)]  # by reference: workers import this module
     if backend == "workers":
-        return WorkerVectorEnv(fns)
+        return WorkerVectorEnv(fns, num_workers)
     mode = gym.vector.AutoresetMode.SAME_STEP
     if backend == "async":
         venv = gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="spawn", autoreset_mode=mode)

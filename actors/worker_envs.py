@@ -11,6 +11,7 @@ their pipes and the observations in shared memory are gymnasium's `AsyncVectorEn
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import gymnasium as gym
@@ -21,18 +22,43 @@ import numpy as np
 _FINAL_OBS, _FINISHED = "group_final_obs", "group_finished"
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask; `os.cpu_count()` where there is none)."""
+def _cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` /
+    `cpu.cfs_period_us`), or None where there is none or it cannot be read (a container's CPU limit: Kubernetes'
+    `resources.limits.cpu`, `docker run --cpus`)."""
     try:
-        return len(os.sched_getaffinity(0))
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period = int(f.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """CPU cores this process may use: its affinity mask (`os.cpu_count()` where there is none), capped by its
+    cgroup's CPU quota rounded up (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()
+    return max(1, min(cores, math.ceil(limit))) if limit else cores
 
 
 def worker_count(num_envs: int, cores: int | None = None) -> int:
     """The workers for a batch of `num_envs` envs: the largest divisor of `num_envs` that is at most the usable
     cores (every worker holds the same number of envs)."""
     cores = usable_cores() if cores is None else cores
+    if num_envs < 1:
+        raise ValueError(f"a batch of {num_envs} envs: give at least 1 env per actor")
     return max(w for w in range(1, min(num_envs, max(1, cores)) + 1) if num_envs % w == 0)
 
 
@@ -86,6 +112,8 @@ class WorkerVectorEnv(gym.vector.VectorEnv):
         ValueError: `num_workers` does not divide `num_envs`.
     """
 
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
     def __init__(self, env_fns: list, num_workers: int | None = None):
         num_envs = len(env_fns)
         num_workers = worker_count(num_envs) if num_workers is None else num_workers
@@ -96,27 +124,22 @@ class WorkerVectorEnv(gym.vector.VectorEnv):
             )
         self.per_worker = num_envs // num_workers
         self.num_workers = num_workers
+        one = env_fns[0]()  # the single spaces, as the env defines them (a Discrete's start included)
+        try:
+            self.single_observation_space, self.single_action_space = one.observation_space, one.action_space
+        finally:
+            one.close()
         self._pool = gym.vector.AsyncVectorEnv(
             [
                 functools.partial(EnvGroup, env_fns[w * self.per_worker : (w + 1) * self.per_worker])
                 for w in range(num_workers)
             ],
             shared_memory=True,
+            copy=True,  # step and reset return copies: the shared buffer is overwritten by the next step
             context="spawn",
             autoreset_mode=gym.vector.AutoresetMode.DISABLED,  # each EnvGroup resets its own envs
         )
-        group_obs = self._pool.single_observation_space
-        group_act = self._pool.single_action_space
         self.num_envs = num_envs
-        self.single_observation_space = gym.spaces.Box(
-            group_obs.low[0], group_obs.high[0], group_obs.shape[1:], group_obs.dtype
-        )
-        if isinstance(group_act, gym.spaces.MultiDiscrete):
-            self.single_action_space = gym.spaces.Discrete(int(group_act.nvec[0]))
-        else:
-            self.single_action_space = gym.spaces.Box(
-                group_act.low[0], group_act.high[0], group_act.shape[1:], group_act.dtype
-            )
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
@@ -127,18 +150,21 @@ class WorkerVectorEnv(gym.vector.VectorEnv):
         """Resets all envs. `seed`: None, int (env i gets seed + i) or a list of B ints."""
         k = self.per_worker
         if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if np.isscalar(seed) else list(seed)
+            seeds = [int(seed) + i for i in range(self.num_envs)] if np.ndim(seed) == 0 else [int(x) for x in seed]
             if len(seeds) != self.num_envs:
-                raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}")
+                raise ValueError(f"expected {self.num_envs} seeds, got {len(seeds)}: give one seed per env, or one int")
             seed = [seeds[w * k : (w + 1) * k] for w in range(self.num_workers)]
         obs, _ = self._pool.reset(seed=seed, options=options)
         return self._flat(obs), {}
 
     def step(self, actions):
         """Steps all envs, each worker its K in a row, the workers in parallel (see the class doc)."""
-        actions = np.asarray(actions).reshape(self.num_workers, self.per_worker, *np.shape(actions)[1:])
+        actions = np.asarray(actions)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected actions for {self.num_envs} envs, got {len(actions)} (shape {actions.shape})")
+        actions = actions.reshape(self.num_workers, self.per_worker, *actions.shape[1:])
         obs, reward, terminated, truncated, info = self._pool.step(actions)
-        obs = self._flat(obs)  # a copy of the shared buffer (AsyncVectorEnv's copy=True)
+        obs = self._flat(obs)  # a copy of the shared buffer (copy=True)
         out = {}
         if _FINISHED in info:
             finished = self._flat(info[_FINISHED]).astype(bool)

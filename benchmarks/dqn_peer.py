@@ -19,7 +19,8 @@ CleanRL's `dqn.py` reads the vector env's `final_observation`, which gymnasium 1
 in an environment of its own (Python 3.11 works):
     git clone https://github.com/vwxyzjn/cleanrl /tmp/cleanrl
     python3.11 -m venv /tmp/cleanrl-venv
-    /tmp/cleanrl-venv/bin/pip install "gymnasium==0.29.1" "numpy<2" "torch==2.13.0" tyro tensorboard
+    /tmp/cleanrl-venv/bin/pip install "gymnasium==0.29.1" "numpy<2" "torch==2.13.0" tyro tensorboard \
+        "moviepy==1.0.3" pygame   # its evaluation films episodes
 
 Usage (with `pip install -e ".[cpu,report,bench]"`):
     python benchmarks/dqn_peer.py run --env CartPole-v1 --seeds 0 1 2 3 4 --total-steps 50000 --out runs/dqn-peer \
@@ -35,6 +36,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import signal
 import statistics
 import subprocess
@@ -65,7 +67,7 @@ def cleanrl_flags(env: str, total_steps: int) -> list[str]:
     learning rate (constant: the script has no schedule), replay size, warm-up, batch, γ, ε schedule, one gradient
     step every `train_frequency` env steps (the preset's replay ratio) and the target period in env steps. Its
     network (120-84), one-step single-Q targets and MSE loss are fixed in the script. Its evaluation after
-    training (`--save-model`: 10 episodes at ε = end_e) gives the final return; no video.
+    training (`--save-model`: 10 episodes at ε = end_e, a few of them filmed) gives the final return.
 
     Raises:
         ValueError: the preset makes a fractional number of env steps per gradient step, which the script cannot.
@@ -98,9 +100,11 @@ def cleanrl_flags(env: str, total_steps: int) -> list[str]:
 
 def run_cleanrl(python: str, checkout: str, env: str, seed: int, total_steps: int, logdir: str) -> dict:
     """Runs CleanRL's `dqn.py` from `checkout` with `python` (in `logdir`, its output into
-    `logdir`/cleanrl.log) and writes `logdir`/process.json: the whole process's wall-clock and CPU seconds up to
-    the end of training (its line "model saved to"; its evaluation and exit after it are left out, as they are
-    out of SB3's), the total with them, and its final evaluation's returns. Returns that record.
+    `logdir`/cleanrl.log) and writes `logdir`/process.json: the whole process's wall-clock and CPU seconds from
+    its start to its exit (`process_wall_seconds`, `cpu_seconds`: the same clock as the other systems', whose
+    final evaluations and exits count too; CleanRL's evaluation also films a few episodes), the same up to the
+    end of its training (its line "model saved to": `trained_wall_seconds`, `trained_cpu_seconds`), and its
+    final evaluation's returns. Returns that record.
 
     Raises:
         SystemExit: the script failed, or printed no evaluation (its log says why).
@@ -112,9 +116,11 @@ def run_cleanrl(python: str, checkout: str, env: str, seed: int, total_steps: in
         raise SystemExit(f"--cleanrl-dir {checkout!r} holds no cleanrl/dqn.py: give a checkout of CleanRL.")
     os.makedirs(logdir, exist_ok=True)
     cmd = [python, script, "--seed", str(seed), *cleanrl_flags(env, total_steps)]
-    env_vars = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))  # its cleanrl_utils
+    # Its cleanrl_utils on the path; its lines unbuffered, so that the end of training is timed when it happens.
+    env_vars = dict(os.environ, PYTHONPATH=os.path.abspath(checkout), PYTHONUNBUFFERED="1")
     log_path = os.path.join(logdir, "cleanrl.log")
-    start = time.monotonic()
+    print("$", shlex.join(cmd), f"> {log_path}", flush=True)
+    start, cpu_before = time.monotonic(), _children_cpu_seconds()
     proc = subprocess.Popen(
         cmd, cwd=logdir, env=env_vars, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -139,9 +145,10 @@ def run_cleanrl(python: str, checkout: str, env: str, seed: int, total_steps: in
     if code or trained is None or not returns:
         raise SystemExit(f"{logdir}: CleanRL's dqn.py failed (exit status {code}); see {log_path}.")
     record = dict(
-        process_wall_seconds=trained[0],
-        cpu_seconds=trained[1],
-        process_total_seconds=time.monotonic() - start,
+        process_wall_seconds=time.monotonic() - start,
+        cpu_seconds=_children_cpu_seconds() - cpu_before,
+        trained_wall_seconds=trained[0],
+        trained_cpu_seconds=trained[1],
         final_eval_returns=returns,
         final_eval_return_mean=sum(returns) / len(returns),
         command=cmd,
@@ -166,7 +173,7 @@ def run(
     for system, seed in batch:
         logdir = run_dir(out, system, env, seed)
         if system == CLEANRL:
-            if not os.path.exists(os.path.join(logdir, "process.json")):
+            if not os.path.exists(os.path.join(logdir, "process.json")):  # a failed run's directory has none
                 run_cleanrl(*cleanrl, env, seed, total_steps, logdir)
             continue
         summary = os.path.join(logdir, "summary.json")
@@ -209,6 +216,8 @@ def report(out: str, env: str, threshold: float) -> dict:
     prefix = lambda system: f"{system}-{env.replace('/', '_')}-s"  # noqa: E731
     for system in SYSTEMS + (CLEANRL,):
         dirs = sorted(d for d in os.listdir(out) if d.startswith(prefix(system)))
+        if system == CLEANRL:  # a run that failed left no process.json: `run` again to redo it
+            dirs = [d for d in dirs if os.path.exists(os.path.join(out, d, "process.json"))]
         if system == CLEANRL and not dirs:
             continue
         processes = []
@@ -219,14 +228,26 @@ def report(out: str, env: str, threshold: float) -> dict:
         cpus = [p["cpu_seconds"] for p in processes if "cpu_seconds" in p]  # none in records made before it was
         if system == CLEANRL:
             finals, to_threshold, never = [p["final_eval_return_mean"] for p in processes], None, None
+            trained = [p["trained_wall_seconds"] for p in processes]
+            trained_cpu = [p["trained_cpu_seconds"] for p in processes]
         else:
-            finals, to_threshold, never = [], [], 0
+            finals, to_threshold, never, trained, trained_cpu = [], [], 0, None, None
             for r in load_runs([os.path.join(out, d) for d in dirs]):
                 finals.append(float(r["summary"]["final_eval_return_mean"]))
                 t = _first_at(r["rows"], threshold)
                 never += t is None
                 to_threshold.append(t if t is not None else _training_seconds(r["summary"]))
         result[system] = dict(
+            **(
+                dict(
+                    trained_wall_seconds=trained,
+                    trained_wall=interval_estimates(trained),
+                    trained_cpu_seconds=trained_cpu,
+                    trained_cpu=interval_estimates(trained_cpu),
+                )
+                if system == CLEANRL
+                else {}
+            ),
             runs=dirs,
             final_eval_return=finals,
             final=interval_estimates(finals),
@@ -290,11 +311,14 @@ def main() -> None:
         s = res.get(system)
         if s is None:
             continue
-        print(f"{system} ({len(s['runs'])} seeds)")
+        print(f"{system} ({len(s['runs'])} seed{'s' if len(s['runs']) != 1 else ''})")
         print(f"  final eval return: {_estimate(s['final'], '{:.1f}')}")
         print(f"  whole process wall-clock to the budget (s): {_estimate(s['process_wall'], '{:.1f}')}")
         if s["cpu"]:
             print(f"  CPU seconds, all its processes: {_estimate(s['cpu'], '{:.1f}')}")
+        if "trained_wall" in s:
+            print(f"  wall-clock to the end of its training (s): {_estimate(s['trained_wall'], '{:.1f}')}")
+            print(f"  CPU seconds to the end of its training: {_estimate(s['trained_cpu'], '{:.1f}')}")
         if s["to_threshold"]:
             print(
                 f"  training wall-clock to {res['threshold']:g} (s): {_estimate(s['to_threshold'], '{:.1f}')}"

@@ -17,9 +17,13 @@ Workloads: cheetah (HalfCheetah-v5: envpool has it), cheetah-kwargs (the same en
 ctrl_cost_weight=0.1, its default value: no envpool), pointmass (a pure-Python env, microsecond steps) and
 pointmass-1ms (the same with a 1 ms CPU-bound step) from `benchmarks/python_envs.py`.
 
+With `--layouts 1x8 1x16 2x8`, each workload is also collected with `auto` by A actor processes of B envs each
+(AxB), to show how one machine's cores are best spent.
+
 Usage:
     python benchmarks/env_backends.py --workloads cheetah cheetah-kwargs pointmass pointmass-1ms --seconds 15 \
         --out results.json
+    python benchmarks/env_backends.py --workloads cheetah pointmass-1ms --backends auto --layouts 1x8 1x16 2x8
 """
 
 from __future__ import annotations
@@ -88,12 +92,15 @@ def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> tuple[
 
 def train_rate(env_id: str, num_envs: int, backend: str, steps: int) -> float:
     """Env steps/s of `rlfleet up --algo ppo` for `steps` env steps on `backend` (the learner's wall-clock)."""
-    logdir = tempfile.mkdtemp(prefix="rlfleet-backends-")
-    cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--algo", "ppo", "--env", env_id, "--total-steps",
-           str(steps), "--set", f"envs_per_actor={num_envs}", "--env-backend", backend, "--logdir", logdir]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    with open(os.path.join(logdir, "summary.json")) as f:
-        summary = json.load(f)
+    with tempfile.TemporaryDirectory(prefix="rlfleet-backends-") as tmp:
+        logdir = os.path.join(tmp, "run")
+        cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--algo", "ppo", "--env", env_id,
+               "--total-steps", str(steps), "--set", f"envs_per_actor={num_envs}", "--env-backend", backend,
+               "--logdir", logdir]  # fmt: skip
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        with open(os.path.join(logdir, "summary.json")) as f:
+            summary = json.load(f)
     return summary["env_steps"] / summary["wall_seconds"]
 
 
@@ -138,6 +145,29 @@ def measure(name: str, num_envs: int, backends: list[str], seconds: float, train
     return out
 
 
+def measure_layouts(name: str, layouts: list[str], seconds: float, repeats: int) -> dict:
+    """Collection env steps/s with `auto` for each layout "AxB" (A actor processes of B envs each, all on this
+    machine), `repeats` times in a new shuffled order each time: {layout: [rates]}. How a machine's cores are best
+    spent: more envs per actor, or more actors."""
+    env_id, rates = WORKLOADS[name], {}
+    order = random.Random(f"{name} layouts")
+    for repeat in range(repeats):
+        for layout in order.sample(layouts, len(layouts)):
+            actors, envs = (int(x) for x in layout.split("x"))
+            r = collection_rate(env_id, envs, "auto", actors, seconds, warmup=5)
+            rates.setdefault(layout, []).append(r["written_env_steps_per_second"])
+            print(f"  {name} #{repeat} {layout:<6} collection {rates[layout][-1]:>9,.0f} env steps/s", flush=True)
+    return rates
+
+
+def _layout(text: str) -> str:
+    """argparse type of --layouts: "AxB" with A actors and B envs per actor, both at least 1."""
+    actors, _, envs = text.partition("x")
+    if not (actors.isdigit() and envs.isdigit() and int(actors) >= 1 and int(envs) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not ACTORSxENVS, e.g. 2x8 for 2 actors of 8 envs each")
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
@@ -146,6 +176,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="each collection window (raw: half of it)")
     p.add_argument("--train-steps", type=int, default=0, help="also train PPO this many env steps per backend")
     p.add_argument("--repeats", type=int, default=3, help="measurements of each backend (medians reported)")
+    p.add_argument(
+        "--layouts", nargs="*", type=_layout, default=[],
+        help="also collect with auto in these layouts, ACTORSxENVS each (e.g. 1x8 1x16 2x8)",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     results = []
@@ -163,6 +197,10 @@ def main() -> None:
                 )
         for chosen in r["auto_in_process"]:
             print(f"  auto here: {chosen['reason']}", flush=True)
+        if args.layouts:
+            r["layouts"] = measure_layouts(name, args.layouts, args.seconds, args.repeats)
+            for layout, rates in r["layouts"].items():
+                print(f"  layout {layout}: median {statistics.median(rates):,.0f} env steps/s", flush=True)
     if args.out:
         atomic_write(args.out, json.dumps(dict(cores=os.cpu_count(), results=results), indent=2) + "\n")
 

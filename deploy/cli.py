@@ -272,6 +272,17 @@ def _env_with_kwargs(env_id: str) -> str:
         _fail(str(e))
 
 
+def _check_env_backend(env_id: str, backend: str | None) -> None:
+    """Exits with status 2 before any process starts when --env-backend cannot step `env_id` (e.g. an Atari id
+    off "ale")."""
+    from rlfleet.actors.envs import EnvError, resolve_backend
+
+    try:
+        resolve_backend(env_id, backend or "auto")
+    except EnvError as e:
+        _fail(str(e))
+
+
 # Options of more than one command, defined once (each command gives its own help where the meaning differs).
 def _env_backend_option(help_text: str, default: str | None = "auto"):
     return click.option(
@@ -443,8 +454,8 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 @_env_backend_option(
     "sync: every env in the actor process; workers: a few worker processes of several envs each; envpool: C++ "
     "threads (Box-action envs it has, no --env-kwargs); async: one process per env (BatchPPO); ale: ale-py's C++ "
-    "AtariVectorEnv (Atari ids only); auto: ale for Atari, else the fastest of these that each actor measures "
-    "on its own envs (its log and status say which and why)."
+    "AtariVectorEnv (Atari ids only); auto: ale for Atari, else the fastest of sync, envpool and workers as each "
+    "actor measures them on its own envs (its log and status say which and why)."
 )
 @_resume_option(
     "Continue from the latest checkpoint of this run directory. Alone, it takes the algorithm, env, settings, "
@@ -506,6 +517,7 @@ def up(
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     if envs_per_actor is not None:
         overrides["envs_per_actor"] = envs_per_actor
+    _check_env_backend(env_id, env_backend)
     _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
     if show_config:
         _show_config(algo, preset, env_id, overrides)
@@ -966,6 +978,7 @@ def learner_cmd(
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
     _check_teacher_args(algo, teacher, offline_steps, overrides)
+    _check_env_backend(env_id, env_backend)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
     from rlfleet.actors.envs import EnvError
@@ -1092,7 +1105,7 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
     except (ActorError, SecurityError) as e:
         _fail(str(e))
     except EnvError as e:
-        _fail(f"the learner's env cannot be made on this machine: {e}")
+        _fail(f"the run's env cannot be stepped on this actor: {e}")
 
 
 @main.command("status")

@@ -37,6 +37,19 @@ def test_discrete_env_for_batchppo_fails_fast(tmp_path):
     assert "discrete action space" in out.stderr and "continuous" in out.stderr
 
 
+@pytest.mark.parametrize("env_id, backend", [("ALE/Pong-v5", "workers"), ("CartPole-v1", "ale")])
+def test_an_env_backend_that_cannot_step_the_env_is_refused_before_anything_starts(tmp_path, env_id, backend):
+    run = tmp_path / "run"
+    for command in ("up", "learner"):
+        extra = ("--replay", "127.0.0.1:1") if command == "learner" else ()
+        out = rlfleet(command, "--algo", "dqn", "--env", env_id, "--env-backend", backend, "--total-steps", 1000,
+                      "--logdir", run, *extra, timeout=120)  # fmt: skip
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"env backend {backend!r} does not fit {env_id}" in out.stderr
+        assert "leave --env-backend at auto" in out.stderr
+        assert not run.exists()  # nothing started, nothing written
+
+
 @pytest.mark.slow
 def test_unknown_preset_and_setting(tmp_path):
     out = rlfleet(

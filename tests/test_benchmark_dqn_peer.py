@@ -85,11 +85,11 @@ assert args["--env-id"] == "CartPole-v1" and args["--train-frequency"] == "2", a
 end = time.process_time() + 0.3
 while time.process_time() < end:
     pass
-print("global_step=100, episodic_return=[12.]", flush=True)
-print("model saved to runs/x/dqn.cleanrl_model", flush=True)
+print("global_step=100, episodic_return=[12.]")  # no flush: the line must come when printed all the same
+print("model saved to runs/x/dqn.cleanrl_model")
 time.sleep(1.0)  # its evaluation: after the end of training, left out of the timed part
 for i, r in enumerate([412.0, 388.0]):
-    print(f"eval_episode={i}, episodic_return=[{r}]", flush=True)
+    print(f"eval_episode={i}, episodic_return=[{r}]")
 sys.exit(int(args["--seed"]) == 13)
 """
 
@@ -102,8 +102,8 @@ def test_cleanrl_run_is_timed_to_the_end_of_training_and_its_evaluation_parsed(t
     logdir = str(tmp_path / "out" / "cleanrl-dqn-CartPole-v1-s0")
     record = dqn_peer.run_cleanrl(sys.executable, str(checkout), "CartPole-v1", 0, 5000, logdir)
     assert record["final_eval_returns"] == [412.0, 388.0] and record["final_eval_return_mean"] == 400.0
-    assert 0.3 <= record["cpu_seconds"] < 2.0, record
-    assert record["process_wall_seconds"] + 0.9 <= record["process_total_seconds"], record
+    assert 0.3 <= record["trained_cpu_seconds"] <= record["cpu_seconds"] < 2.5, record
+    assert record["trained_wall_seconds"] + 0.9 <= record["process_wall_seconds"], record  # its evaluation after
     with open(os.path.join(logdir, "process.json")) as f:
         assert json.load(f)["final_eval_returns"] == [412.0, 388.0]
     assert "model saved to" in open(os.path.join(logdir, "cleanrl.log")).read()

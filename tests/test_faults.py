@@ -6,6 +6,7 @@ DQN on CartPole-v1, and asserts that counters and learning continue from where
 they were rather than restart.
 """
 
+import json
 import math
 import os
 import signal
@@ -149,6 +150,10 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
         )
     c["learner"].proc.send_signal(signal.SIGKILL)
     c["learner"].proc.wait()
+    # The newest checkpoint's record keeps the time its run spent evaluating so far.
+    records = sorted((c["run"] / "checkpoints").glob("ckpt-*.progress.json"), key=lambda p: int(p.name[5:-14]))
+    restored_eval_s = json.loads(records[-1].read_text())["evaluation_seconds"]
+    assert restored_eval_s > 0, records[-1].read_text()
     # The same command with --resume RUN in place of --logdir RUN (it continues in the resumed directory).
     args = list(c["learner_args"])
     del args[args.index("--logdir") : args.index("--logdir") + 2]
@@ -184,6 +189,10 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     # restart (seen: 150 -> 95; in CI 149, 171, 143 before the kill, then 88.7 at the one evaluation this test
     # then waited for), so the best evaluation over the 500 learner steps after the restart is compared.
     assert max(evaluations) >= 100, (evaluations, later)
+    # The resumed learner counts its evaluations' time on from the checkpoint's, in its metrics rows.
+    rows = [json.loads(line) for line in (c["run"] / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert rows[-1]["evaluation_seconds"] > restored_eval_s, (rows[-1], restored_eval_s)
+    assert rows[-1]["evaluation_seconds"] < rows[-1]["wall_seconds"]
     assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
     # Nothing the surviving actors collected is lost from the count: the checkpoint recorded where each
     # actor stood, so the steps between that checkpoint and the rejoin (the crash window) are counted too.

@@ -130,7 +130,7 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
         "--logdir",
         logdir,
         "--report-interval",
-        2,
+        1,  # the offline phase lasts seconds: a row each second samples its evaluations several times
     )
     # Status lines show QDagger's phase in place of "training" (the offline phase may end between two reports);
     # the learner's log records the switch itself.
