@@ -442,11 +442,11 @@ class Actor:
         chose and why (`rlfleet.actors.backend_choice.choose_backend`)."""
         cfg = self.config
         if self.backend != "auto":
-            print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)
-            return make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
-        venv, choice = choose_backend(cfg.env_id, cfg.num_envs, stop=self.stop)
-        with self.lock:
-            self.backend, self.backend_reason = choice.backend, f"auto chose {choice.reason}"
+            venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+        else:
+            venv, choice = choose_backend(cfg.env_id, cfg.num_envs, stop=self.stop)
+            with self.lock:
+                self.backend, self.backend_reason = choice.backend, f"auto chose {choice.reason}"
         print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)
         return venv
 

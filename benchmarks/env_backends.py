@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Child processes (replay, learner, actors and their env workers) import python_envs from here, as they would a
@@ -44,9 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = HERE + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
 import python_envs  # noqa: E402,F401 - registers PointMass-v0 here too
-from throughput import collection_rate, single_env_rate  # noqa: E402
+from throughput import collection_rate, raw_steps_per_second, single_env_rate  # noqa: E402
 
 from rlfleet.actors.backend_choice import choose_backend  # noqa: E402
 from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env  # noqa: E402
@@ -59,21 +57,6 @@ WORKLOADS = {
     "pointmass-1ms": env_with_kwargs("python_envs:PointMass-v0", {"busy_seconds": 0.001}),
 }
 BACKENDS = ("auto", "sync", "workers", "envpool", "async")
-
-
-def raw_steps_per_second(venv, seconds: float) -> float:
-    """Env steps/s of a batched env with uniformly random actions drawn from numpy in one call per batch step
-    (no policy, no replay), after a few untimed steps."""
-    num_envs, space = venv.num_envs, venv.single_action_space
-    rng = np.random.default_rng(0)
-    venv.reset(seed=list(range(num_envs)))
-    for _ in range(20):
-        venv.step(rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32))
-    steps, start = 0, time.monotonic()
-    while time.monotonic() - start < seconds:
-        venv.step(rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32))
-        steps += num_envs
-    return steps / (time.monotonic() - start)
 
 
 def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> tuple[float, dict]:

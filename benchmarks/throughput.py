@@ -32,21 +32,26 @@ from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
 from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action  # noqa: E402
 
 
+def raw_steps_per_second(venv, seconds: float) -> float:
+    """Env steps/s of a batched env with uniformly random actions drawn from numpy in one call per batch step
+    (no policy, no replay), after a few untimed steps."""
+    num_envs, space = venv.num_envs, venv.single_action_space
+    rng = np.random.default_rng(0)
+    venv.reset(seed=list(range(num_envs)))
+    for _ in range(20):
+        venv.step(rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32))
+    steps, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        venv.step(rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32))
+        steps += num_envs
+    return steps / (time.monotonic() - start)
+
+
 def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
     """Random-action env steps/s of a batched env (no policy, no replay)."""
     venv = make_batched_env(env_id, num_envs, backend)
     try:
-        venv.reset(seed=list(range(num_envs)))
-        space = venv.single_action_space
-        rng = np.random.default_rng(0)
-        low, high = space.low, space.high
-        for _ in range(20):
-            venv.step(rng.uniform(low, high, (num_envs, *space.shape)).astype(np.float32))
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            venv.step(rng.uniform(low, high, (num_envs, *space.shape)).astype(np.float32))
-            steps += num_envs
-        return steps / (time.perf_counter() - start)
+        return raw_steps_per_second(venv, seconds)
     finally:
         venv.close()
 
