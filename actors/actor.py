@@ -45,8 +45,9 @@ REPLAY_STALL_S = 10.0
 REPLAY_STALL_PROBES = 2
 
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
-# finished (final evaluation done, summary.json written) or the learner is gone, at most this long (seconds),
-# so that under docker-compose --exit-code-from learner no actor's exit stops the learner's final evaluation.
+# finished (final evaluation done, summary.json written) and lists no actor (the others have left too), or the
+# learner is gone, at most this long (seconds): under docker-compose --exit-code-from learner, the first
+# container to exit stops the others, which must not cut the final evaluation or another actor's leaving.
 RUN_END_WAIT_S = 3600.0
 RUN_END_POLL_S = 2.0
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
@@ -503,8 +504,9 @@ class Actor:
 
     def _wait_for_run_end(self) -> None:
         """Waits until the learner's status says the run is finished (its final evaluation and summary.json
-        done), the learner cannot be reached (it exited), SIGTERM/SIGINT, or `RUN_END_WAIT_S` seconds. This
-        actor has left the status list and holds no envs meanwhile."""
+        done) and lists no actor (every other actor left it too, or timed out of it), the learner cannot be
+        reached (it exited), SIGTERM/SIGINT, or `RUN_END_WAIT_S` seconds. This actor has left the status list
+        and holds no envs meanwhile."""
         deadline = time.monotonic() + RUN_END_WAIT_S
         unreachable = 0  # status calls in a row that found no learner
         while time.monotonic() < deadline and not self.terminated.wait(RUN_END_POLL_S):
@@ -518,7 +520,7 @@ class Actor:
                     return  # the learner is gone (or refuses: nothing to wait for)
                 continue
             unreachable = 0
-            if st.finished:
+            if st.finished and not st.actors:
                 return
 
     def _check_spec(self, venv) -> None:

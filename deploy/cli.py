@@ -610,7 +610,8 @@ def up(
     "learner_address",
     default=None,
     help="Learner host:port: stop (after the final checkpoint) once its run is over for good (its status says "
-    "finished); while it cannot be reached (a restart) keep serving. For docker-compose.",
+    "finished) and its actors have left its status list; while it cannot be reached before that (a restart) keep "
+    "serving. For docker-compose.",
 )
 @click.option(
     "--settings-out",
@@ -696,18 +697,31 @@ def _recorded_fault(logdir: str) -> str | None:
 
 
 def _run_over_probe(learner_address: str, security):
-    """A function that says why the learner's run at `learner_address` is over (its status says finished), or
-    None while it runs or cannot be reached."""
+    """A function that says why the learner's run at `learner_address` is over, or None while it runs.
+
+    Over: its status says finished and no actor is left in its status list (each said it is leaving, or timed
+    out of it), so that a replay server that stops on this outlives the actors writing to it (under
+    docker-compose's --exit-code-from, the first container to exit stops the others); or it said finished and
+    cannot be reached since (it exited). A learner that cannot be reached before it said finished is starting
+    or restarting: keep serving."""
     from rlfleet.deploy.status import StatusError, get_status
 
+    finished_phase = None  # the phase its status said when it first said finished
+
     def run_over() -> str | None:
+        nonlocal finished_phase
         try:
             st = get_status(learner_address, timeout_s=2.0, security=security)
         except StatusError:
-            return None  # starting, restarting, or gone for a moment: keep serving
-        if st.get("finished"):
-            return f"the learner's run at {learner_address} is over (phase {st['phase']})"
-        return None
+            if finished_phase is None:
+                return None  # starting, restarting, or gone for a moment: keep serving
+            return f"the learner's run at {learner_address} is over (phase {finished_phase}) and it has exited"
+        if not st.get("finished"):
+            return None
+        finished_phase = finished_phase or st["phase"]
+        if st.get("actors"):
+            return None  # actors still leaving: they may be writing
+        return f"the learner's run at {learner_address} is over (phase {st['phase']})"
 
     return run_over
 
