@@ -1,7 +1,8 @@
 """`--env-backend auto`: the env backend that steps this env fastest on this machine, chosen by measurement.
 
 An actor given "auto" times a few batch steps (random actions) of its own batch of envs on each candidate
-backend and keeps the fastest, already built: "sync" (every env in the actor process) always; "envpool" (C++
+backend and keeps the fastest, already built (the default one, envpool where it applies and sync otherwise,
+unless another is faster by more than `SWITCH_MARGIN`): "sync" (every env in the actor process) always; "envpool" (C++
 threads) where envpool has the env and it takes no --env-kwargs; "workers" (W processes of B / W envs each,
 `rlfleet.actors.worker_envs`) where the machine has W ≥ 2 usable cores and an in-process batch step is slow
 enough that W processes could save more than their round trip costs. Atari ids step on "ale", the only backend
@@ -26,6 +27,10 @@ WARMUP_STEPS = 2  # batch steps taken before the timing starts (first-call costs
 # A batch step through worker processes costs at least one pipe round trip per worker on top of the envs' own
 # work: where W workers could save less than this per batch step, they are not worth starting to measure.
 WORKER_ROUND_TRIP_S = 100e-6
+# The default backend for the env ("envpool" where it can step the env, else "sync") is kept unless another
+# measured faster per batch step by more than this fraction: short timings of backends that run about as fast
+# vary from one start to the next, and the choice should not.
+SWITCH_MARGIN = 0.10
 
 
 @dataclasses.dataclass
@@ -130,12 +135,18 @@ def choose_backend(
             if venv is not None:
                 _close(venv)
             raise
-        if best is None or timings[backend] < timings[best]:
+        if best is None or handicapped(backend) < handicapped(best):
             if best_venv is not None:
                 _close(best_venv)
             best, best_venv = backend, venv
         else:
             _close(venv)
+
+    def handicapped(backend: str) -> float:
+        """Its time per batch step, the default's (envpool once measured, else sync) shortened by
+        `SWITCH_MARGIN`, so that the default wins near-ties."""
+        default = "envpool" if "envpool" in timings else "sync"
+        return timings[backend] / (1 + SWITCH_MARGIN) if backend == default else timings[backend]
 
     usable = usable_cores() if cores is None else cores
     workers = worker_count(num_envs, usable)
@@ -164,6 +175,12 @@ def choose_backend(
         raise
     measured = ", ".join(f"{b} {t * 1e3:.3g} ms" for b, t in sorted(timings.items(), key=lambda bt: bt[1]))
     label = f"workers ({workers} processes x {num_envs // workers} envs)" if best == "workers" else best
-    reason = f"{label}: fastest measured per batch step of {num_envs} envs ({measured})"
+    if best == min(timings, key=timings.get):
+        reason = f"{label}: fastest measured per batch step of {num_envs} envs ({measured})"
+    else:
+        reason = (
+            f"{label}: the default for this env, within {SWITCH_MARGIN:.0%} of the fastest measured per batch "
+            f"step of {num_envs} envs ({measured})"
+        )
     reason += "".join(f"; {note}" for note in notes)
     return best_venv, BackendChoice(best, timings, reason)
