@@ -45,11 +45,15 @@ REPLAY_STALL_S = 10.0
 REPLAY_STALL_PROBES = 2
 
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
-# finished (final evaluation done, summary.json written) and lists no actor (the others have left too), or the
+# finished (final evaluation done, summary.json written) and lists no other actor (they have left too), or the
 # learner is gone, at most this long (seconds): under docker-compose --exit-code-from learner, the first
 # container to exit stops the others, which must not cut the final evaluation or another actor's leaving.
 RUN_END_WAIT_S = 3600.0
+# Once the status said finished, at most this long (seconds) for the other actors to leave: longer than the
+# learner's default --actor-timeout, after which it drops an actor that stopped without leaving.
+RUN_END_OTHERS_WAIT_S = 120.0
 RUN_END_POLL_S = 2.0
+RUN_END_UNREACHABLE_POLLS = 3  # status calls in a row that find no learner: it has exited
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
 RETRYABLE = (
     grpc.StatusCode.UNAVAILABLE,
@@ -456,9 +460,10 @@ class Actor:
         cfg = self.config
         on_stop_signals(self.terminated.set, self.stop.set)
         replay_client.load()  # before the threads below: see `replay_client.load`
-        venv = self._open_envs()
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
+        venv = None
         try:
+            venv = self._open_envs()  # inside: an env that fails still leaves the status list at once (below)
             self._check_spec(venv)
             weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
             weights.start()
@@ -492,10 +497,14 @@ class Actor:
                 raise ActorError(weights.error)
         finally:
             self.stop.set()
-            venv.close()
+            if venv is not None:
+                venv.close()
             if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
                 heartbeats.join(timeout=10)
+            failed = self._heartbeats_failed
             self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
+            if self._heartbeats_failed > failed:  # once more: until it leaves, the run's end waits for it
+                self._heartbeat(leaving=True)
             self.heartbeats.close()
             print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
             if self.told_to_stop.is_set():
@@ -504,24 +513,31 @@ class Actor:
 
     def _wait_for_run_end(self) -> None:
         """Waits until the learner's status says the run is finished (its final evaluation and summary.json
-        done) and lists no actor (every other actor left it too, or timed out of it), the learner cannot be
-        reached (it exited), SIGTERM/SIGINT, or `RUN_END_WAIT_S` seconds. This actor has left the status list
-        and holds no envs meanwhile."""
+        done) and lists no actor but this one (every other actor left it too, or timed out of it), or the learner
+        cannot be reached (`RUN_END_UNREACHABLE_POLLS` status calls in a row: it exited), SIGTERM/SIGINT,
+        `RUN_END_OTHERS_WAIT_S` seconds after it said finished, or `RUN_END_WAIT_S` seconds. This actor holds
+        no envs meanwhile."""
         deadline = time.monotonic() + RUN_END_WAIT_S
         unreachable = 0  # status calls in a row that found no learner
+        finished = False
         while time.monotonic() < deadline and not self.terminated.wait(RUN_END_POLL_S):
             try:
                 st = self.stub.GetStatus(rlfleet_pb2.GetStatusRequest(), timeout=10)
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not finished:
                     continue  # a busy learner (its final evaluation, many actors): ask again
                 unreachable += 1
-                if e.code() != grpc.StatusCode.UNAVAILABLE or unreachable >= 3:
-                    return  # the learner is gone (or refuses: nothing to wait for)
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return  # it refuses: nothing to wait for
+                if unreachable >= RUN_END_UNREACHABLE_POLLS:
+                    return  # the learner is gone
                 continue
             unreachable = 0
-            if st.finished and not st.actors:
-                return
+            if st.finished:
+                if not any(a.actor_id != self.actor_id for a in st.actors):
+                    return
+                if not finished:
+                    finished, deadline = True, min(deadline, time.monotonic() + RUN_END_OTHERS_WAIT_S)
 
     def _check_spec(self, venv) -> None:
         """Raises ActorError when this machine's env differs from the learner's (observation shape,

@@ -103,7 +103,7 @@ def choose_backend(
 
     Args:
         cores: usable cores (None: `worker_envs.usable_cores`, which counts CPU quotas too).
-        stop: when set (SIGTERM/SIGINT), no further candidate is tried: the fastest so far is returned.
+        stop: when set (SIGTERM/SIGINT), no candidate beyond "sync" is tried: the fastest so far is returned.
     Raises:
         EnvError: the env cannot be made in the actor process (unknown id, missing package, bad --env-kwargs);
             whatever the env raises in reset or step there. A candidate other than "sync" that cannot be built
@@ -116,7 +116,7 @@ def choose_backend(
 
     def consider(backend: str, optional: bool = True) -> None:
         nonlocal best, best_venv
-        if stop is not None and stop.is_set():
+        if optional and stop is not None and stop.is_set():  # sync, the one always there, is always measured
             notes.append(f"{backend} not tried: the actor is stopping")
             return
         venv = None

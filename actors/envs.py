@@ -410,15 +410,6 @@ def require_action_kind(spec: EnvSpec, algo: str) -> None:
     )
 
 
-def _is_classic_control(env_id: str) -> bool:
-    """True for gymnasium's classic-control envs (CartPole, Acrobot, MountainCar, Pendulum, ...)."""
-    try:
-        entry = gym.spec(split_env_id(env_id)[0]).entry_point
-    except (gym.error.Error, ModuleNotFoundError):
-        return False
-    return isinstance(entry, str) and entry.startswith("gymnasium.envs.classic_control")
-
-
 def resolve_backend(env_id: str, backend: str) -> str:
     """Checks that `backend` fits `env_id` and returns it, "auto" turned into "ale" for Atari ids; for other
     ids "auto" stays "auto": the actor chooses by measurement (`rlfleet.actors.backend_choice.choose_backend`).

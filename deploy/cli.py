@@ -696,26 +696,36 @@ def _recorded_fault(logdir: str) -> str | None:
     return summary["fault"]
 
 
+# Asks of a learner that said its run finished which must find no answer, in a row, before the replay server
+# takes it as gone (the asks are `rlfleet.replay.server.RUN_OVER_POLL_S` apart).
+RUN_OVER_UNREACHABLE_ASKS = 3
+
+
 def _run_over_probe(learner_address: str, security):
     """A function that says why the learner's run at `learner_address` is over, or None while it runs.
 
     Over: its status says finished and no actor is left in its status list (each said it is leaving, or timed
     out of it), so that a replay server that stops on this outlives the actors writing to it (under
     docker-compose's --exit-code-from, the first container to exit stops the others); or it said finished and
-    cannot be reached since (it exited). A learner that cannot be reached before it said finished is starting
-    or restarting: keep serving."""
+    cannot be reached since (it exited: `RUN_OVER_UNREACHABLE_ASKS` asks in a row found no answer). A learner
+    that cannot be reached before it said finished is starting or restarting: keep serving."""
     from rlfleet.deploy.status import StatusError, get_status
 
     finished_phase = None  # the phase its status said when it first said finished
+    unanswered = 0  # asks in a row since then that found no learner
 
     def run_over() -> str | None:
-        nonlocal finished_phase
+        nonlocal finished_phase, unanswered
         try:
             st = get_status(learner_address, timeout_s=2.0, security=security)
         except StatusError:
             if finished_phase is None:
                 return None  # starting, restarting, or gone for a moment: keep serving
+            unanswered += 1
+            if unanswered < RUN_OVER_UNREACHABLE_ASKS:
+                return None  # a busy learner, or a lost packet
             return f"the learner's run at {learner_address} is over (phase {finished_phase}) and it has exited"
+        unanswered = 0
         if not st.get("finished"):
             return None
         finished_phase = finished_phase or st["phase"]

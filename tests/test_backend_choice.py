@@ -3,15 +3,15 @@ and `--env-backend auto` chooses by measurement, says why, and keeps a named bac
 
 import functools
 import os
+import threading
 
 import numpy as np
 import pytest
-from helpers import rlfleet, wait_for
+from helpers import rlfleet, status_or_none, wait_for
 
 from rlfleet.actors.backend_choice import SWITCH_MARGIN, WORKER_ROUND_TRIP_S, choose_backend
 from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env, make_env, truncation_observations
 from rlfleet.actors.worker_envs import WorkerVectorEnv, worker_count
-from rlfleet.deploy.status import get_status
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -70,12 +70,31 @@ def test_workers_step_like_the_in_process_batch(env_id, workers):
         pool.close()
 
 
-def test_auto_keeps_a_cheap_env_in_process_and_says_why():
+def test_auto_keeps_a_cheap_env_in_process_and_says_why(monkeypatch):
+    import rlfleet.actors.backend_choice as backend_choice
+
+    # A batch step of 50 µs (CartPole's, on a quiet machine): no process could pay for it.
+    monkeypatch.setattr(backend_choice, "seconds_per_batch_step", lambda venv, seconds=None: 50e-6)
     venv, choice = choose_backend("CartPole-v1", 4, cores=2)
     try:
         assert choice.backend == "sync" and venv.num_envs == 4
-        assert set(choice.seconds_per_batch_step) == {"sync"}  # no process could pay for a microsecond step
+        assert set(choice.seconds_per_batch_step) == {"sync"}
         assert choice.reason.startswith("sync: fastest measured") and "workers not tried" in choice.reason
+    finally:
+        venv.close()
+
+
+def test_an_actor_stopping_while_it_chooses_still_gets_the_in_process_batch(monkeypatch):
+    """SIGTERM before or while auto measures: sync, always there, is measured and kept; no other is tried."""
+    import rlfleet.actors.backend_choice as backend_choice
+
+    monkeypatch.setattr(backend_choice, "_envpool_has", lambda env_id: True)  # a candidate it would try
+    stop = threading.Event()
+    stop.set()
+    venv, choice = choose_backend("Pendulum-v1", 4, cores=2, stop=stop)
+    try:
+        assert choice.backend == "sync" and set(choice.seconds_per_batch_step) == {"sync"}
+        assert "; envpool not tried: the actor is stopping" in choice.reason, choice.reason
     finally:
         venv.close()
 
@@ -156,7 +175,7 @@ def test_auto_reports_its_choice_and_why_in_the_actors_log_and_the_learners_stat
     replay, learner, address, _, _ = start_replay_and_learner(procs, free_port, tmp_path)
     actor = procs.start("actor", "actor", "--learner", address)  # the run's backend: auto
     st = wait_for(
-        lambda: (s := get_status(address, 2))["actors"] and s["actors"][0]["env_backend"] and s,
+        lambda: (s := status_or_none(address)) and s["actors"] and s["actors"][0]["env_backend"] and s,
         180,
         "the actor's env backend in status",
         [replay, learner, actor],

@@ -1,6 +1,7 @@
 """The run's end when the first process to exit stops the others (docker-compose --exit-code-from learner): the
 replay server started with --learner and the actors that have left wait until the finished learner's status lists
-no actor, so that none of them exits while another actor is still leaving. Real processes on loopback ports."""
+no other actor, so that none of them exits while another actor is still leaving; and they stop by themselves once
+the learner is gone. Real processes on loopback ports."""
 
 import signal
 import time
@@ -14,33 +15,40 @@ SETTINGS = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=3
 HELD_S = 8  # seconds the finished run is watched while one actor cannot leave
 
 
-def test_replay_and_actors_wait_for_the_last_actor_to_leave(procs, free_port, tmp_path):
+def _finished_with_an_actor_held(procs, free_port, tmp_path):
+    """A run of two actors, one of them stopped (SIGSTOP) while it trains: it stays in the status list (no
+    heartbeat, no leaving) while the other finishes the run. Returns (replay, learner, first, held, address) once
+    the learner's status says finished and lists only the held actor."""
     replay_port, learner_port = free_port(), free_port()
     address = f"127.0.0.1:{learner_port}"
     replay = procs.start("replay", "replay", *SETTINGS, "--port", replay_port, "--learner", address)
     learner = procs.start(
         "learner", "learner", *SETTINGS, "--replay", f"127.0.0.1:{replay_port}", "--logdir", tmp_path / "run",
-        "--port", learner_port, "--total-steps", 3000, "--actor-timeout", 600, "--linger", 300,
+        "--port", learner_port, "--total-steps", 6000, "--actor-timeout", 600, "--linger", 300,
     )  # fmt: skip
     wait_for(lambda: status_or_none(address), 120, "the learner", [replay, learner])
     first = procs.start("actor-first", "actor", "--learner", address)
     held = procs.start("actor-held", "actor", "--learner", address)
-    everyone = [replay, learner, first, held]
     wait_for(
-        lambda: (st := status_or_none(address)) and len(st["actors"]) == 2 and st["learner_steps"] > 0,
+        lambda: (st := status_or_none(address)) is not None and len(st["actors"]) == 2,
         180,
-        "both actors registered and training",
-        everyone,
+        "both actors registered",
+        [replay, learner, first, held],
     )
-    held.proc.send_signal(signal.SIGSTOP)  # it stays in the status list: no heartbeat, no leaving
+    held.proc.send_signal(signal.SIGSTOP)
+    wait_for(
+        lambda: (s := status_or_none(address, ready=False)) is not None and s["finished"] and len(s["actors"]) == 1,
+        300,
+        "the run's end with only the held actor listed",
+        [replay, learner, first],
+    )
+    return replay, learner, first, held, address
+
+
+def test_replay_and_actors_wait_for_the_last_actor_to_leave(procs, free_port, tmp_path):
+    replay, learner, first, held, address = _finished_with_an_actor_held(procs, free_port, tmp_path)
     try:
-        st = wait_for(
-            lambda: (s := status_or_none(address, ready=False)) and s["finished"] and s, 300, "the run's end",
-            [replay, learner, first],
-        )  # fmt: skip
-        assert st["actors"], st  # the held actor is still listed
         wait_for(lambda: "stopped after" in first.output(), 60, "the first actor's stop", [first])
-        wait_for(lambda: len(status_or_none(address, ready=False)["actors"]) == 1, 30, "the first actor leaving")
         end = time.monotonic() + HELD_S
         while time.monotonic() < end:
             assert replay.proc.poll() is None, f"the replay server stopped before every actor left:\n{replay.output()}"
@@ -53,4 +61,16 @@ def test_replay_and_actors_wait_for_the_last_actor_to_leave(procs, free_port, tm
     for name, p in dict(held=held, first=first, replay=replay, learner=learner).items():
         assert p.proc.wait(timeout=120) == 0, f"{name}:\n{p.output()[-3000:]}"
     assert "stopped after" in held.output()
-    assert "unreachable" not in held.output() + first.output()  # no actor outlived the replay server
+    assert "is over (phase done); stopping" in replay.output()
+
+
+def test_once_the_finished_learner_is_gone_the_replay_server_and_the_actors_stop(procs, free_port, tmp_path):
+    replay, learner, first, held, address = _finished_with_an_actor_held(procs, free_port, tmp_path)
+    try:
+        learner.proc.kill()  # it said finished, then went away with the held actor still listed
+        learner.proc.wait(timeout=30)
+        assert replay.proc.wait(timeout=60) == 0, replay.output()[-3000:]
+        assert "and it has exited; stopping" in replay.output()
+        assert first.proc.wait(timeout=60) == 0, first.output()[-3000:]
+    finally:
+        held.proc.send_signal(signal.SIGCONT)
