@@ -25,7 +25,9 @@ from helpers import docker_engine_problem, run_checked, stop_group, wait_for_sta
 
 DOCKER, DOCKERD = shutil.which("docker"), shutil.which("dockerd")
 TOKEN = "swarm-test-token"
-TOTAL_STEPS = 40000  # DQN on CartPole-v1: long enough to scale and kill the learner while it trains, unloaded too
+# DQN on CartPole-v1: long enough to scale and kill the learner while it trains, and for the run to outlast the
+# new learner's start and the actors' rejoining (they collect on meanwhile, and their steps count once they rejoin).
+TOTAL_STEPS = 150_000
 RUN = "swarm"
 STACK = "rlt"
 LEARNER_PORT = 8001
@@ -240,12 +242,18 @@ def _deploy_scale_kill_finish(t0, node1, image: str) -> None:
     killed_at = time.monotonic()
     node1.docker("kill", learner)
     _log(t0, f"learner container killed at env steps {before}")
-    st = wait_status(
-        lambda s: s["uptime_seconds"] < time.monotonic() - killed_at and len(s["actors"]) == 3, 300, "the learner back"
-    )
+    seen = []  # (seconds since the kill, env steps, actors) of each answer of the new learner
+
+    def back(s):
+        if s["uptime_seconds"] >= time.monotonic() - killed_at:
+            return False  # the killed learner still answering
+        seen.append((round(time.monotonic() - killed_at, 1), s["env_steps"], len(s["actors"])))
+        return len(s["actors"]) == 3
+
+    st = wait_status(back, 300, "the learner back")
     assert st["env_steps"] >= before, (st["env_steps"], before)
-    assert st["env_steps"] < TOTAL_STEPS, "the run ended before the learner came back: raise TOTAL_STEPS"
-    _log(t0, f"learner back at env steps {st['env_steps']} with {len(st['actors'])} actors")
+    assert st["env_steps"] < TOTAL_STEPS, f"the run ended before the learner came back: raise TOTAL_STEPS ({seen})"
+    _log(t0, f"learner back at env steps {st['env_steps']} with {len(st['actors'])} actors; answers {seen}")
 
     # 4. The run ends: every task ends by itself with exit status 0 (no restart of a finished run); the killed
     # learner's task is the only failed one.
