@@ -47,11 +47,10 @@ REPLAY_STALL_PROBES = 2
 # After the learner says the run is over, an actor waits (its envs closed) until the learner's status says
 # finished (final evaluation done, summary.json written) and lists no other actor (they have left too), or the
 # learner is gone, at most this long (seconds): under docker-compose --exit-code-from learner, the first
-# container to exit stops the others, which must not cut the final evaluation or another actor's leaving.
+# container to exit stops the others, which must not cut the final evaluation or another actor's leaving. An
+# actor that stopped without leaving stays listed until the learner's --actor-timeout drops it, and the learner
+# exits at the end of its --linger: either ends the wait.
 RUN_END_WAIT_S = 3600.0
-# Once the status said finished, at most this long (seconds) for the other actors to leave: longer than the
-# learner's default --actor-timeout, after which it drops an actor that stopped without leaving.
-RUN_END_OTHERS_WAIT_S = 120.0
 RUN_END_POLL_S = 2.0
 RUN_END_UNREACHABLE_POLLS = 3  # status calls in a row that find no learner: it has exited
 # Codes after which the weight stream reconnects (learner restarting, network hiccup); others stop the actor.
@@ -448,6 +447,9 @@ class Actor:
         cfg = self.config
         if self.backend != "auto":
             venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)
+            if self.backend == "workers":  # how many processes the cores allowed: the largest even share
+                n = venv.num_workers
+                self.backend_reason += f": {n} process{'es' if n > 1 else ''} x {cfg.num_envs // n} envs"
         else:
             venv, choice = choose_backend(cfg.env_id, cfg.num_envs, stop=self.stop)
             with self.lock:
@@ -463,11 +465,11 @@ class Actor:
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         venv = None
         try:
+            heartbeats.start()  # before the envs: `auto` measuring slow envs must not time out of the status list
             venv = self._open_envs()  # inside: an env that fails still leaves the status list at once (below)
             self._check_spec(venv)
             weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
             weights.start()
-            heartbeats.start()
             threading.Thread(target=self._watch_replay, daemon=True, name="replay-watch").start()
             while not weights.ready.wait(0.5):
                 if weights.error:
@@ -504,6 +506,7 @@ class Actor:
             failed = self._heartbeats_failed
             self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
             if self._heartbeats_failed > failed:  # once more: until it leaves, the run's end waits for it
+                time.sleep(HEARTBEAT_S)  # a learner restarting or a lost connection: give it a moment
                 self._heartbeat(leaving=True)
             self.heartbeats.close()
             print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
@@ -514,9 +517,8 @@ class Actor:
     def _wait_for_run_end(self) -> None:
         """Waits until the learner's status says the run is finished (its final evaluation and summary.json
         done) and lists no actor but this one (every other actor left it too, or timed out of it), or the learner
-        cannot be reached (`RUN_END_UNREACHABLE_POLLS` status calls in a row: it exited), SIGTERM/SIGINT,
-        `RUN_END_OTHERS_WAIT_S` seconds after it said finished, or `RUN_END_WAIT_S` seconds. This actor holds
-        no envs meanwhile."""
+        cannot be reached (`RUN_END_UNREACHABLE_POLLS` status calls in a row: it exited), SIGTERM/SIGINT, or
+        `RUN_END_WAIT_S` seconds. This actor holds no envs meanwhile."""
         deadline = time.monotonic() + RUN_END_WAIT_S
         unreachable = 0  # status calls in a row that found no learner
         finished = False
@@ -536,8 +538,7 @@ class Actor:
             if st.finished:
                 if not any(a.actor_id != self.actor_id for a in st.actors):
                     return
-                if not finished:
-                    finished, deadline = True, min(deadline, time.monotonic() + RUN_END_OTHERS_WAIT_S)
+                finished = True
 
     def _check_spec(self, venv) -> None:
         """Raises ActorError when this machine's env differs from the learner's (observation shape,

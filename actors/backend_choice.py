@@ -1,8 +1,9 @@
 """`--env-backend auto`: the env backend that steps this env fastest on this machine, chosen by measurement.
 
 An actor given "auto" times a few batch steps (random actions) of its own batch of envs on each candidate
-backend and keeps the fastest, already built (the default one, envpool where it applies and sync otherwise,
-unless another is faster by more than `SWITCH_MARGIN`): "sync" (every env in the actor process) always; "envpool" (C++
+backend and keeps the fastest, already built, where backends about as fast (within `SWITCH_MARGIN`) go by
+preference: the env's default (envpool where it applies, else sync), then sync, then workers. The candidates:
+"sync" (every env in the actor process) always; "envpool" (C++
 threads) where envpool has the env and it takes no --env-kwargs; "workers" (W processes of B / W envs each,
 `rlfleet.actors.worker_envs`) where the machine has W ≥ 2 usable cores and an in-process batch step is slow
 enough that W processes could save more than their round trip costs. Atari ids step on "ale", the only backend
@@ -27,9 +28,10 @@ WARMUP_STEPS = 2  # batch steps taken before the timing starts (first-call costs
 # A batch step through worker processes costs at least one pipe round trip per worker on top of the envs' own
 # work: where W workers could save less than this per batch step, they are not worth starting to measure.
 WORKER_ROUND_TRIP_S = 100e-6
-# The default backend for the env ("envpool" where it can step the env, else "sync") is kept unless another
-# measured faster per batch step by more than this fraction: short timings of backends that run about as fast
-# vary from one start to the next, and the choice should not.
+# A backend later in the order of preference (the env's default: "envpool" where it can step the env, else
+# "sync"; then "sync"; then "workers", which starts processes) is taken over an earlier one only when it measured
+# faster per batch step by more than this fraction: short timings of backends that run about as fast vary from
+# one start to the next, and the choice should not.
 SWITCH_MARGIN = 0.10
 
 
@@ -135,26 +137,29 @@ def choose_backend(
             if venv is not None:
                 _close(venv)
             raise
-        if best is None or handicapped(backend) < handicapped(best):
+        if best is None or preferred_over(backend, best):
             if best_venv is not None:
                 _close(best_venv)
             best, best_venv = backend, venv
         else:
             _close(venv)
 
-    def handicapped(backend: str) -> float:
-        """Its time per batch step, the default's (envpool once measured, else sync) shortened by
-        `SWITCH_MARGIN`, so that the default wins near-ties."""
-        default = "envpool" if "envpool" in timings else "sync"
-        return timings[backend] / (1 + SWITCH_MARGIN) if backend == default else timings[backend]
+    def preferred_over(backend: str, other: str) -> bool:
+        """Whether `backend` should replace `other`: an earlier one in `order` unless it is slower by more than
+        `SWITCH_MARGIN`, a later one only when it is faster by more than that."""
+        if order.index(backend) < order.index(other):
+            return timings[backend] <= timings[other] * (1 + SWITCH_MARGIN)
+        return timings[backend] * (1 + SWITCH_MARGIN) < timings[other]
 
     usable = usable_cores() if cores is None else cores
     workers = worker_count(num_envs, usable)
+    envpool_steps_it = _envpool_has(env_id)
+    order = ["envpool", "sync", "workers"] if envpool_steps_it else ["sync", "workers"]
     try:
         consider("sync", optional=False)
-        if _envpool_has(env_id):
+        if envpool_steps_it:
             consider("envpool")
-        elif split_env_id(env_id)[1]:
+        elif split_env_id(env_id)[1] and _envpool_has(split_env_id(env_id)[0]):
             notes.append("envpool not tried: it takes no --env-kwargs")
         if workers >= 2 and timings["sync"] * (1 - 1 / workers) > WORKER_ROUND_TRIP_S * workers:
             consider("workers")
@@ -178,9 +183,10 @@ def choose_backend(
     if best == min(timings, key=timings.get):
         reason = f"{label}: fastest measured per batch step of {num_envs} envs ({measured})"
     else:
+        why = "the default for this env" if best == order[0] else "in the actor process"
         reason = (
-            f"{label}: the default for this env, within {SWITCH_MARGIN:.0%} of the fastest measured per batch "
-            f"step of {num_envs} envs ({measured})"
+            f"{label}: {why}, within {SWITCH_MARGIN:.0%} of the fastest measured per batch step of {num_envs} envs "
+            f"({measured})"
         )
     reason += "".join(f"; {note}" for note in notes)
     return best_venv, BackendChoice(best, timings, reason)

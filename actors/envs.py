@@ -323,6 +323,8 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
             ) from None
         raise EnvError(f"{base}: {e}; check --env-kwargs against the env's constructor.") from None
     except gym.error.Error as e:  # NameNotFound, VersionNotFound, DependencyNotInstalled...
+        if kwargs and not isinstance(e, (gym.error.NameNotFound, gym.error.VersionNotFound)):
+            raise EnvError(f"{base} with --env-kwargs {kwargs}: {e}; check --env-kwargs against the env.") from None
         reason = str(e).strip()
         reason += "" if reason.endswith((".", "?", "!")) else "."  # gymnasium's "Did you mean: `X`?" keeps its "?"
         raise EnvError(
@@ -330,6 +332,39 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
             "Use a gymnasium id such as CartPole-v1 or ALE/Pong-v5 (discrete actions) or HalfCheetah-v5 (continuous "
             "actions)."
         ) from e
+    except Exception as e:  # noqa: BLE001 - the env's constructor refused a value given by --env-kwargs
+        if not kwargs:
+            raise
+        raise EnvError(
+            f"{base} could not be made with --env-kwargs {kwargs} ({type(e).__name__}: {e}); check their values "
+            "against the env's constructor."
+        ) from None
+
+
+def check_env_kwargs(env_id: str) -> None:
+    """For an env id with --env-kwargs: makes the env, resets it and takes one random step, so that a value the
+    constructor stores but the env cannot use fails here, before any process starts; ids without kwargs are
+    left alone (an unknown id fails in `env_spec`).
+
+    Raises:
+        EnvError: the env could not be made, reset or stepped with those kwargs (the message names them, the
+            exception and the fix).
+    """
+    base, kwargs = split_env_id(env_id)
+    if not kwargs or is_atari(env_id):
+        return
+    env = make_env(env_id)
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        env.step(env.action_space.sample())
+    except Exception as e:  # noqa: BLE001 - whatever the env raises, said with its kwargs
+        raise EnvError(
+            f"{base} with --env-kwargs {kwargs} failed in its first reset or step ({type(e).__name__}: {e}); check "
+            "the values' types and ranges against the env's constructor."
+        ) from None
+    finally:
+        env.close()
 
 
 def env_spec(env_id: str) -> EnvSpec:

@@ -22,24 +22,48 @@ import numpy as np
 _FINAL_OBS, _FINISHED = "group_final_obs", "group_finished"
 
 
-def _cgroup_cpu_limit() -> float | None:
-    """The CPU quota of this process's cgroup in cores (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` /
-    `cpu.cfs_period_us`), or None where there is none or it cannot be read (a container's CPU limit: Kubernetes'
-    `resources.limits.cpu`, `docker run --cpus`)."""
+def _cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup") -> float | None:
+    """The CPU quota of this process's cgroup in cores, the smallest along its path from its own cgroup up to the
+    root (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, the path read from
+    /proc/self/cgroup), or None where there is none or it cannot be read. A container's CPU limit (Kubernetes'
+    `resources.limits.cpu`, `docker run --cpus`) and a systemd unit's `CPUQuota` are such quotas. `proc_cgroup`
+    and `mount` (where the cgroup filesystem is mounted) are parameters for tests."""
+    paths = {}  # controller ("" for cgroup v2) -> the process's cgroup path
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        with open(proc_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for controller in controllers.split(","):
+                    paths[controller] = path
     except (OSError, ValueError):
         pass
-    try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+
+    def v2(folder):
+        with open(os.path.join(folder, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+
+    def v1(folder):
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
             quota = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
             period = int(f.read())
         return None if quota <= 0 or period <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
+
+    for root, path, read in ((mount, paths.get(""), v2), (os.path.join(mount, "cpu"), paths.get("cpu"), v1)):
+        found, limits = False, []
+        parts = [p for p in (path or "").split("/") if p]
+        for depth in range(len(parts), -1, -1):  # its own cgroup first, then each parent, the root last
+            try:
+                limit = read(os.path.join(root, *parts[:depth]))
+            except (OSError, ValueError):
+                continue  # not there (another cgroup namespace's path) or no such file: go up
+            found = True
+            if limit is not None:
+                limits.append(limit)
+        if found:
+            return min(limits) if limits else None
+    return None
 
 
 def usable_cores() -> int:

@@ -81,6 +81,7 @@ def run(versions: list[tuple[str, str]], seeds: list[int], out: str, args: list[
                 shutil.rmtree(logdir)
             cmd = [python, "-m", "rlfleet.deploy.cli", "up", *args, "--seed", str(seed), "--logdir", logdir]
             print("$", shlex.join(cmd), flush=True)
+            started_at = time.time()  # when, for the order of the runs; the duration is timed on the monotonic clock
             start = time.monotonic()
             code = subprocess.run(cmd, cwd=os.path.dirname(logdir)).returncode
             wall = time.monotonic() - start
@@ -91,7 +92,10 @@ def run(versions: list[tuple[str, str]], seeds: list[int], out: str, args: list[
                 )
             atomic_write(
                 os.path.join(logdir, PROCESS_FILE),
-                json.dumps(dict(version=name, python=python, command=cmd, process_wall_seconds=wall), indent=1),
+                json.dumps(
+                    dict(version=name, python=python, command=cmd, started_at=started_at, process_wall_seconds=wall),
+                    indent=1,
+                ),
             )
 
 
@@ -118,6 +122,7 @@ def report(out: str) -> dict:
                 env_steps_per_second=summary["env_steps"] / process["process_wall_seconds"],
                 run_env_steps_per_second=summary["env_steps"] / summary["wall_seconds"],
                 command=process["command"],
+                started_at=process.get("started_at"),  # None in records written before it was kept
             )
         )
     if not runs:
@@ -160,6 +165,8 @@ def main() -> None:
     q.add_argument("out")
     q.add_argument("--json", default=None, help="also write the report here")
     args = p.parse_args()
+    if args.command == "report" and not os.path.isdir(args.out):
+        p.error(f"{args.out} is not a folder: give the --out folder of a `code_ab.py run`")
     if args.command == "run":
         up_args = args.up_args[1:] if args.up_args[:1] == ["--"] else args.up_args
         if any(a.split("=")[0] in ("--seed", "--logdir", "--resume") for a in up_args):

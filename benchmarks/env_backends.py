@@ -93,7 +93,8 @@ def measure(name: str, num_envs: int, backends: list[str], seconds: float, train
     env_id = WORKLOADS[name]
     out = dict(workload=name, env_id=env_id, num_envs=num_envs, single_env=single_env_rate(env_id, seconds / 2))
     samples = {key: {} for key in ("raw", "collection", "train")}
-    choices = []
+    choices = []  # auto's choice when timed alone in this process (raw stepping)
+    collection_choices = []  # the backend each real actor on auto took in the collection runs
     usable = []
     for backend in backends:  # which backends can step this env at all
         try:
@@ -111,11 +112,13 @@ def measure(name: str, num_envs: int, backends: list[str], seconds: float, train
                 choices.append(chosen)
             collected = collection_rate(env_id, num_envs, backend, 1, seconds, warmup=5)
             samples["collection"].setdefault(backend, []).append(collected["written_env_steps_per_second"])
+            if backend == "auto":
+                collection_choices.append(collected["env_backends"])
             if train_steps:
                 samples["train"].setdefault(backend, []).append(train_rate(env_id, num_envs, backend, train_steps))
             line = "  ".join(f"{key} {v[backend][-1]:>9,.0f}" for key, v in samples.items() if backend in v)
             print(f"  {name} #{repeat} {backend:<8} {line} env steps/s", flush=True)
-    out.update(samples=samples, auto_in_process=choices)
+    out.update(samples=samples, auto_in_process=choices, auto_in_collection=collection_choices)
     for key, per_backend in samples.items():
         rates = {b: statistics.median(v) for b, v in per_backend.items()}
         out[key] = rates
@@ -130,17 +133,22 @@ def measure(name: str, num_envs: int, backends: list[str], seconds: float, train
 
 def measure_layouts(name: str, layouts: list[str], seconds: float, repeats: int) -> dict:
     """Collection env steps/s with `auto` for each layout "AxB" (A actor processes of B envs each, all on this
-    machine), `repeats` times in a new shuffled order each time: {layout: [rates]}. How a machine's cores are best
-    spent: more envs per actor, or more actors."""
-    env_id, rates = WORKLOADS[name], {}
+    machine), `repeats` times in a new shuffled order each time: ({layout: [rates]}, {layout: [[the backend each
+    actor took]]}). How a machine's cores are best spent: more envs per actor, or more actors."""
+    env_id, rates, chosen = WORKLOADS[name], {}, {}
     order = random.Random(f"{name} layouts")
     for repeat in range(repeats):
         for layout in order.sample(layouts, len(layouts)):
             actors, envs = (int(x) for x in layout.split("x"))
             r = collection_rate(env_id, envs, "auto", actors, seconds, warmup=5)
             rates.setdefault(layout, []).append(r["written_env_steps_per_second"])
-            print(f"  {name} #{repeat} {layout:<6} collection {rates[layout][-1]:>9,.0f} env steps/s", flush=True)
-    return rates
+            chosen[layout] = chosen.get(layout, []) + [r["env_backends"]]
+            print(
+                f"  {name} #{repeat} {layout:<6} collection {rates[layout][-1]:>9,.0f} env steps/s "
+                f"(actors on {', '.join(r['env_backends'])})",
+                flush=True,
+            )
+    return rates, chosen
 
 
 def _layout(text: str) -> str:
@@ -180,12 +188,15 @@ def main() -> None:
                 )
         for chosen in r["auto_in_process"]:
             print(f"  auto here: {chosen['reason']}", flush=True)
+        for chosen in r["auto_in_collection"]:
+            print(f"  auto in the collection runs' actor: {', '.join(chosen)}", flush=True)
         if args.layouts:
-            r["layouts"] = measure_layouts(name, args.layouts, args.seconds, args.repeats)
+            r["layouts"], r["layout_backends"] = measure_layouts(name, args.layouts, args.seconds, args.repeats)
             for layout, rates in r["layouts"].items():
                 print(f"  layout {layout}: median {statistics.median(rates):,.0f} env steps/s", flush=True)
     if args.out:
-        atomic_write(args.out, json.dumps(dict(cores=os.cpu_count(), results=results), indent=2) + "\n")
+        record = dict(cores=os.cpu_count(), settings=vars(args), results=results)
+        atomic_write(args.out, json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

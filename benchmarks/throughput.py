@@ -123,7 +123,7 @@ def per_step_costs(env_id: str, num_envs: int, unroll: int) -> dict:
 
 def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, seconds: float, warmup: float) -> dict:
     """Env steps/s written into Reverb by real actor processes (the learner reads every item and never trains: it
-    holds them, so keep the window to minutes)."""
+    holds them, so keep the window to minutes), and the env backend each actor steps on."""
     from local_cluster import LocalCluster  # benchmarks/ (this script's folder is on sys.path)
 
     sets = ["--set", f"envs_per_actor={num_envs}", "--set", "batch_env_steps=1000000000", "--set", "actor_credit=false"]
@@ -137,6 +137,7 @@ def collection_rate(env_id: str, num_envs: int, backend: str, num_actors: int, s
         return dict(
             written_env_steps_per_second=inserts * per_item / dt,
             stepped_env_steps_per_second=(s1["env_steps"] - s0["env_steps"]) / dt,
+            env_backends=[a.get("env_backend", "") for a in s1["actors"]],  # each actor's, `auto`'s choice included
         )
 
 

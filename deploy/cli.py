@@ -273,12 +273,16 @@ def _env_with_kwargs(env_id: str) -> str:
 
 
 def _check_env_backend(env_id: str, backend: str | None) -> None:
-    """Exits with status 2 before any process starts when --env-backend cannot step `env_id` (e.g. an Atari id
-    off "ale")."""
-    from rlfleet.actors.envs import EnvError, resolve_backend
+    """Exits with status 2 before any process starts when --env-backend cannot step `env_id` (an Atari id off
+    "ale", an env envpool does not have or one given --env-kwargs on "envpool"), or when the env given --env-kwargs
+    fails its first reset or step (`rlfleet.actors.envs.check_env_kwargs`)."""
+    from rlfleet.actors.envs import EnvError, check_env_kwargs, make_batched_env, resolve_backend
 
     try:
         resolve_backend(env_id, backend or "auto")
+        if backend == "envpool":
+            make_batched_env(env_id, 1, "envpool").close()
+        check_env_kwargs(env_id)
     except EnvError as e:
         _fail(str(e))
 
@@ -455,7 +459,8 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     "sync: every env in the actor process; workers: a few worker processes of several envs each; envpool: C++ "
     "threads (Box-action envs it has, no --env-kwargs); async: one process per env (BatchPPO); ale: ale-py's C++ "
     "AtariVectorEnv (Atari ids only); auto: ale for Atari, else the fastest of sync, envpool and workers as each "
-    "actor measures them on its own envs (its log and status say which and why)."
+    "actor measures them on its own envs, the env's default (envpool where it applies, else sync) unless another is "
+    "more than 10% faster (its log and status say which and why)."
 )
 @_resume_option(
     "Continue from the latest checkpoint of this run directory. Alone, it takes the algorithm, env, settings, "

@@ -11,7 +11,7 @@ from helpers import rlfleet, status_or_none, wait_for
 
 from rlfleet.actors.backend_choice import SWITCH_MARGIN, WORKER_ROUND_TRIP_S, choose_backend
 from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env, make_env, truncation_observations
-from rlfleet.actors.worker_envs import WorkerVectorEnv, worker_count
+from rlfleet.actors.worker_envs import WorkerVectorEnv, _cgroup_cpu_limit, worker_count
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -28,6 +28,42 @@ def test_worker_count_divides_the_envs_within_the_cores():
     assert worker_count(6, cores=4) == 3 and worker_count(7, cores=4) == 1 and worker_count(1, cores=8) == 1
     with pytest.raises(ValueError, match="divides the envs per actor"):
         WorkerVectorEnv([functools.partial(make_env, "CartPole-v1")] * 6, num_workers=4)
+
+
+@pytest.mark.parametrize(
+    "proc_line, files, cores",
+    [
+        # cgroup v2: the quota of a parent cgroup (a systemd unit's CPUQuota, a pod's) caps its children
+        (
+            "0::/pod/app",
+            {"cpu.max": "max 100000", "pod/cpu.max": "150000 100000", "pod/app/cpu.max": "max 100000"},
+            1.5,
+        ),
+        ("0::/pod/app", {"cpu.max": "max 100000", "pod/app/cpu.max": "50000 100000"}, 0.5),
+        ("0::/", {"cpu.max": "max 100000"}, None),
+        # a path of another cgroup namespace, not under this mount: the mount's root counts
+        ("0::/elsewhere", {"cpu.max": "200000 100000"}, 2.0),
+        # cgroup v1
+        (
+            "4:cpu,cpuacct:/job",
+            {
+                "cpu/cpu.cfs_quota_us": "-1",
+                "cpu/cpu.cfs_period_us": "100000",
+                "cpu/job/cpu.cfs_quota_us": "300000",
+                "cpu/job/cpu.cfs_period_us": "100000",
+            },
+            3.0,
+        ),
+        ("4:cpu,cpuacct:/", {}, None),
+    ],
+)
+def test_the_cpu_quota_is_the_smallest_along_the_cgroup_path(tmp_path, proc_line, files, cores):
+    proc = tmp_path / "cgroup"
+    proc.write_text(proc_line + "\n")
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text + "\n")
+    assert _cgroup_cpu_limit(str(proc), str(tmp_path / "fs")) == cores
 
 
 @pytest.mark.parametrize("env_id, workers", [("CartPole-v1", 2), ("Pendulum-v1", 3)])
@@ -73,7 +109,7 @@ def test_workers_step_like_the_in_process_batch(env_id, workers):
 def test_auto_keeps_a_cheap_env_in_process_and_says_why(monkeypatch):
     import rlfleet.actors.backend_choice as backend_choice
 
-    # A batch step of 50 µs (CartPole's, on a quiet machine): no process could pay for it.
+    # A batch step far below the round trips of the processes that would share it: none could pay for it.
     monkeypatch.setattr(backend_choice, "seconds_per_batch_step", lambda venv, seconds=None: 50e-6)
     venv, choice = choose_backend("CartPole-v1", 4, cores=2)
     try:
@@ -146,6 +182,24 @@ def test_auto_keeps_the_default_backend_unless_another_is_faster_by_the_margin(
         assert choice.seconds_per_batch_step[default] == 1e-3
         said = "fastest measured" if chosen == other else f"the default for this env, within {SWITCH_MARGIN:.0%}"
         assert choice.reason.startswith(f"{chosen}") and said in choice.reason, choice.reason
+    finally:
+        venv.close()
+
+
+def test_auto_keeps_the_in_process_batch_over_workers_about_as_fast_when_the_default_lost(monkeypatch):
+    """Where envpool (the default) measured slower, sync and workers within the margin of each other go by
+    preference too: sync, with no processes to start, stays."""
+    import rlfleet.actors.backend_choice as backend_choice
+
+    def timed(venv, seconds=None):
+        backend = "workers" if isinstance(venv, WorkerVectorEnv) else "sync" if hasattr(venv, "envs") else "envpool"
+        return {"envpool": 2.0, "sync": 1.0, "workers": 0.95}[backend] * 1e-3
+
+    monkeypatch.setattr(backend_choice, "seconds_per_batch_step", timed)
+    venv, choice = choose_backend("HalfCheetah-v5", 4, cores=2)
+    try:
+        assert choice.backend == "sync" and set(choice.seconds_per_batch_step) == {"envpool", "sync", "workers"}
+        assert choice.reason.startswith(f"sync: in the actor process, within {SWITCH_MARGIN:.0%}"), choice.reason
     finally:
         venv.close()
 

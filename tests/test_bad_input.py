@@ -50,6 +50,30 @@ def test_an_env_backend_that_cannot_step_the_env_is_refused_before_anything_star
         assert not run.exists()  # nothing started, nothing written
 
 
+@pytest.mark.parametrize(
+    "algo, env_args, backend, said",
+    [
+        ("dqn", ["--env", "CartPole-v1"], "envpool", "the envpool backend handles Box"),  # envpool refuses its spaces
+        ("ppo", ["--env", "HalfCheetah-v5", "--env-kwargs", "ctrl_cost_weight=0.2"], "envpool",
+         "takes no --env-kwargs"),
+        # a value the constructor keeps but the env cannot use: its first step fails, before any process starts
+        ("ppo", ["--env", "HalfCheetah-v5", "--env-kwargs", "ctrl_cost_weight=abc"], "auto",
+         "with --env-kwargs {'ctrl_cost_weight': 'abc'} failed in its first reset or step"),
+    ],
+)  # fmt: skip
+def test_an_env_its_backend_or_its_kwargs_cannot_run_are_refused_before_anything_starts(
+    tmp_path, algo, env_args, backend, said
+):
+    run = tmp_path / "run"
+    for command in ("up", "learner"):
+        extra = ("--replay", "127.0.0.1:1") if command == "learner" else ()
+        out = rlfleet(command, "--algo", algo, *env_args, "--env-backend", backend, "--total-steps", 1000,
+                      "--logdir", run, *extra, timeout=120)  # fmt: skip
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert said in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert not run.exists()  # nothing started, nothing written
+
+
 @pytest.mark.slow
 def test_unknown_preset_and_setting(tmp_path):
     out = rlfleet(

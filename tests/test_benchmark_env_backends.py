@@ -29,5 +29,8 @@ def test_backends_side_by_side_on_an_own_env(tmp_path):
         assert r[f"{key}_fastest"] == "sync"
         assert r[f"{key}_auto_fraction_of_fastest"] == pytest.approx(r[key]["auto"] / r[key]["sync"])
     assert [c["choice"] for c in r["auto_in_process"]] == ["sync", "sync"]  # microsecond steps stay in process
+    assert r["auto_in_collection"] == [["sync"], ["sync"]]  # and so in the real actor, as its status says
     # Two actor processes of 2 envs each, collected twice.
     assert list(r["layouts"]) == ["2x2"] and len(r["layouts"]["2x2"]) == 2 and min(r["layouts"]["2x2"]) > 0
+    assert r["layout_backends"] == {"2x2": [["sync", "sync"], ["sync", "sync"]]}
+    assert json.loads(out.read_text())["settings"]["repeats"] == 2

@@ -260,8 +260,9 @@ def _deploy_scale_kill_finish(t0, node1, image: str) -> None:
     deadline = time.monotonic() + 600
     while True:
         tasks = _tasks(node1)
-        if not [t for t in tasks if t["current"].split()[0] in RUNNING] or time.monotonic() > deadline:
+        if not [t for t in tasks if t["current"].split()[0] in RUNNING]:
             break
+        assert time.monotonic() < deadline, f"the run did not end within 600 s of {TOTAL_STEPS} env steps: {tasks}"
         time.sleep(3)
     failed = [t for t in tasks if not t["current"].startswith("Complete")]
     assert [t["name"].split(".")[0] for t in failed] == [f"{STACK}_learner"], tasks
