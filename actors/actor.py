@@ -24,11 +24,11 @@ import numpy as np
 from rlfleet import algorithms
 from rlfleet.actors import replay_client
 from rlfleet.actors.backend_choice import choose_backend
-from rlfleet.actors.envs import env_seeds, make_batched_env, resolve_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
 from rlfleet.actors.writers import ActorContext
-from rlfleet.deploy.stopping import on_stop_signals
+from rlfleet.common.stopping import on_stop_signals
+from rlfleet.envs.core import env_seeds, make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
@@ -187,7 +187,7 @@ class Actor:
         num_envs: 0 to take the run's envs per actor; otherwise must equal it.
         replay_address: override the replay address the learner announces
             (an actor on another machine may reach Reverb under another name).
-        backend: override the run's env backend (`rlfleet.actors.envs.BACKENDS`, or "auto": chosen by
+        backend: override the run's env backend (`rlfleet.envs.core.BACKENDS`, or "auto": chosen by
             measurement, `rlfleet.actors.backend_choice`).
         connect_timeout_s: how long to wait for the learner before failing.
         security: TLS and token for the learner connection (`rlfleet.proto.security.ClientSecurity`).

@@ -5,7 +5,7 @@ backend and keeps the fastest, already built, where backends about as fast (with
 preference: the env's default (envpool where it applies, else sync), then sync, then workers. The candidates:
 "sync" (every env in the actor process) always; "envpool" (C++
 threads) where envpool has the env and it takes no --env-kwargs; "workers" (W processes of B / W envs each,
-`rlfleet.actors.worker_envs`) where the machine has W ≥ 2 usable cores and an in-process batch step is slow
+`rlfleet.envs.workers`) where the machine has W ≥ 2 usable cores and an in-process batch step is slow
 enough that W processes could save more than their round trip costs. Atari ids step on "ale", the only backend
 that fits them. The choice and its timings are one line (`BackendChoice.reason`) in the actor's log and in the
 learner's status.
@@ -19,8 +19,8 @@ import time
 
 import gymnasium as gym
 
-from rlfleet.actors.envs import env_spec, is_atari, make_batched_env, split_env_id
-from rlfleet.actors.worker_envs import WorkerVectorEnv, usable_cores, worker_count
+from rlfleet.envs.core import env_spec, is_atari, make_batched_env, split_env_id
+from rlfleet.envs.workers import WorkerVectorEnv, usable_cores, worker_count
 
 MEASURE_SECONDS = 0.25  # per candidate backend: batch steps are timed for at least this long
 MIN_MEASURED_STEPS = 5  # and at least this many, unless one batch step alone takes MEASURE_SECONDS or more
@@ -104,7 +104,7 @@ def choose_backend(
     (module doc), times them, closes the slower ones and returns the fastest, open, with the choice.
 
     Args:
-        cores: usable cores (None: `worker_envs.usable_cores`, which counts CPU quotas too).
+        cores: usable cores (None: `rlfleet.envs.workers.usable_cores`, which counts CPU quotas too).
         stop: when set (SIGTERM/SIGINT), no candidate beyond "sync" is tried: the fastest so far is returned.
     Raises:
         EnvError: the env cannot be made in the actor process (unknown id, missing package, bad --env-kwargs);

@@ -22,8 +22,12 @@ import importlib.util
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from rlfleet.algorithms.base import AlgorithmBuilder
+
+if TYPE_CHECKING:
+    from rlfleet.envs.core import EnvSpec
 
 PLUGINS_ENV = "RLFLEET_PLUGINS"
 ENTRY_POINT_GROUP = "rlfleet.algorithms"
@@ -97,6 +101,34 @@ def get(name: str) -> AlgorithmBuilder:
             f"--algo {name}: no such algorithm (registered: {', '.join(names())}). An algorithm defined "
             f"outside rlfleet is registered by importing its module: name it in ${PLUGINS_ENV}."
         ) from None
+
+
+def require_action_kind(spec: EnvSpec, algo: str) -> None:
+    """Raises EnvError when the registered algorithm `algo`'s action space (`Algorithm.action_space`:
+    continuous Box or discrete) does not fit `spec`; UnknownAlgorithmError (a ValueError) for an unknown
+    `algo`."""
+    from rlfleet.envs.core import EnvError
+
+    alg = get(algo)
+    if alg.action_space == spec.action_kind:
+        return
+    fitting = [
+        a.name
+        for a in map(get, names())
+        if a.action_space == spec.action_kind and not a.uses_teacher  # one that runs on its own
+    ]
+    if spec.action_kind == "discrete":
+        raise EnvError(
+            f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but --algo {algo} "
+            f"({alg.summary}) needs continuous Box actions. Use a MuJoCo env such as HalfCheetah-v5, or "
+            f"--algo {' / '.join(fitting) or '(none registered)'} for discrete actions."
+        )
+    raise EnvError(
+        f"{spec.env_id} has a continuous action space ({spec.action_dim} dimension"
+        f"{'s' if spec.action_dim != 1 else ''}), but --algo {algo} "
+        f"({alg.summary}) needs discrete actions. Use e.g. CartPole-v1, or --algo "
+        f"{' / '.join(fitting) or '(none registered)'} for continuous actions."
+    )
 
 
 def names() -> list[str]:

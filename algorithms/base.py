@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 if TYPE_CHECKING:  # for annotations only: importing them here would import TensorFlow
     import reverb
 
-    from rlfleet.actors.envs import EnvSpec
+    from rlfleet.envs.core import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,8 @@ import textwrap
 import tokenize
 import typing
 
-from rlfleet.actors import gym_id
 from rlfleet.algorithms.base import Choice, Range
+from rlfleet.envs import gym_id
 
 # Settings the learner service reads from every algorithm's config: their ranges hold for a config class that
 # declares none (an algorithm plugin's plain `int` fields).

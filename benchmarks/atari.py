@@ -41,8 +41,8 @@ import time
 
 import numpy as np
 
-from rlfleet.actors.envs import env_spec, make_atari_env  # noqa: E402
 from rlfleet.algorithms.settings import make_algo_config  # noqa: E402
+from rlfleet.envs.core import env_spec, make_atari_env  # noqa: E402
 
 STACKED_BYTES = 4 * 84 * 84
 

@@ -34,7 +34,7 @@ import time
 
 from suite import interval_estimates  # benchmarks/ (this script's folder is on sys.path)
 
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 
 PROCESS_FILE = "process.json"  # beside each run's summary.json: the command and its process's wall-clock
 

@@ -37,8 +37,8 @@ import sys
 import numpy as np
 from learner_throughput import open_tables, stop, timed, wait_for_server  # this script's folder is on sys.path
 
-from rlfleet.actors.envs import env_spec, make_batched_env
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.envs.core import env_spec, make_batched_env
 
 
 def preset(env_id: str, envs_per_item: int):
@@ -50,7 +50,7 @@ def serve_open_table(env_id: str, port: int, envs_per_item: int = 0) -> None:
     """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
     preset's DQN table, opened (`learner_throughput.open_tables`: its signature and size, a `MinSize(1)` rate
     limiter)."""
-    from rlfleet.deploy.parent import die_with_parent
+    from rlfleet.common.parent import die_with_parent
 
     die_with_parent()
     from rlfleet.algorithms.dqn.items import dqn_tables_for
@@ -60,7 +60,7 @@ def serve_open_table(env_id: str, port: int, envs_per_item: int = 0) -> None:
 
 
 def start_replay(env_id: str, port: int, envs_per_item: int = 0) -> subprocess.Popen:
-    """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.deploy.parent`)."""
+    """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.common.parent`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RLFLEET_PARENT_PID=str(os.getpid()))
     args = [os.path.abspath(__file__), "--env", env_id, "--serve", str(port), "--envs-per-item", str(envs_per_item)]
     return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)

@@ -46,7 +46,7 @@ from report import finished, load_runs  # benchmarks/report.py (this script's fo
 from suite import interval_estimates, run_one
 
 from rlfleet.algorithms.settings import make_algo_config
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 
 SYSTEMS = ("dqn", "sb3-dqn")
 CLEANRL = "cleanrl-dqn"  # the third system, when `run` is given a CleanRL checkout

@@ -3,7 +3,7 @@ envs envpool has and envs it does not (a MuJoCo env given --env-kwargs, users' o
 and an expensive step), against the raw stepping of the same env in one process, all in one run.
 
 For each workload and each backend (`--backends`; "auto" is the actor's own choice):
-1. raw: random actions, no policy, no replay, `--num-envs` envs as one batch (`rlfleet.actors.envs`), against one
+1. raw: random actions, no policy, no replay, `--num-envs` envs as one batch (`rlfleet.envs.core`), against one
    env stepped alone in this process (`single_env`);
 2. collection: real `rlfleet replay`, `learner` and `actor` processes on loopback (PPO, the learner never trains:
    `benchmarks/throughput.py collection_rate`): env steps/s written into Reverb;
@@ -47,8 +47,8 @@ import python_envs  # noqa: E402,F401 - registers PointMass-v0 here too
 from throughput import collection_rate, raw_steps_per_second, single_env_rate  # noqa: E402
 
 from rlfleet.actors.backend_choice import choose_backend  # noqa: E402
-from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env  # noqa: E402
-from rlfleet.deploy.files import atomic_write  # noqa: E402
+from rlfleet.common.files import atomic_write  # noqa: E402
+from rlfleet.envs.core import EnvError, env_with_kwargs, make_batched_env  # noqa: E402
 
 WORKLOADS = {
     "cheetah": "HalfCheetah-v5",

@@ -79,8 +79,8 @@ VARIANTS = ((1, 1), (0, 1), (0, 0))
 def workload_config(name: str, envs_per_item: int, steps_per_call: int = 0):
     """(algo, env id, spec, config) of workload `name` with `envs_per_item` and, unless 0,
     `gradient_steps_per_call` set."""
-    from rlfleet.actors.envs import env_spec
     from rlfleet.algorithms.settings import make_algo_config
+    from rlfleet.envs.core import env_spec
 
     algo, env_id, overrides, _ = WORKLOADS[name]
     overrides = dict(overrides, envs_per_item=envs_per_item)
@@ -112,7 +112,7 @@ def open_tables(tables: list) -> list:
 def serve_open_table(name: str, envs_per_item: int, port: int) -> None:
     """The replay server of `start_replay` (this script with --serve): `rlfleet.replay.server.serve` with the
     workload's tables, opened (`open_tables`)."""
-    from rlfleet.deploy.parent import die_with_parent
+    from rlfleet.common.parent import die_with_parent
 
     die_with_parent()
     from rlfleet.replay.server import serve, tables_for
@@ -123,7 +123,7 @@ def serve_open_table(name: str, envs_per_item: int, port: int) -> None:
 
 
 def start_replay(name: str, envs_per_item: int, port: int) -> subprocess.Popen:
-    """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.deploy.parent`)."""
+    """Starts `serve_open_table` in a child process that gets SIGTERM if this one dies (`rlfleet.common.parent`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RLFLEET_PARENT_PID=str(os.getpid()))
     args = [os.path.abspath(__file__), "--serve", name, str(envs_per_item), str(port)]
     return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
@@ -179,8 +179,8 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
     (an `Actor` without a learner: its collection loop alone, ε = 1); returns the writer's cost: {"env_steps",
     "cpu_ms", "server_cpu_ms"} per batch step of the actor's envs (env stepping and ε-greedy included)."""
     from rlfleet.actors.actor import Actor, Policy
-    from rlfleet.actors.envs import make_batched_env, resolve_backend
     from rlfleet.algorithms import get as get_algorithm
+    from rlfleet.envs.core import make_batched_env, resolve_backend
     from rlfleet.proto import rlfleet_pb2
 
     algo, env_id, spec, config = workload_config(name, envs_per_item)
@@ -303,7 +303,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.out:
-        from rlfleet.deploy.files import atomic_write
+        from rlfleet.common.files import atomic_write
 
         record = dict(machine=f"{os.cpu_count()} cores", seconds=args.seconds, results=results)
         atomic_write(args.out, json.dumps(record, indent=2) + "\n")

@@ -26,7 +26,7 @@ class LocalCluster:
     def __init__(self, common: list[str], replay_args: list[str] = ()):
         import portpicker
 
-        # RLFLEET_PARENT_PID: the services get SIGTERM if the benchmark dies (`rlfleet.deploy.parent`).
+        # RLFLEET_PARENT_PID: the services get SIGTERM if the benchmark dies (`rlfleet.common.parent`).
         self.env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RLFLEET_PARENT_PID=str(os.getpid()))
         rport, lport = portpicker.pick_unused_port(), portpicker.pick_unused_port()
         self.replay_address, self.learner_address = f"127.0.0.1:{rport}", f"127.0.0.1:{lport}"

@@ -73,7 +73,7 @@ from report import (
 from suite import run_one
 
 from rlfleet.algorithms.ppo.config import PPOConfig
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 
 # variant -> (suite.py algo, arguments for `rlfleet up` or sb3_peer.py).
 VARIANTS = {

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 from rlfleet.deploy.runs_report import (  # noqa: F401  (the benchmarks import them from here too)
     MIN_COMPARED_RUNS,
     compare_with_ci,

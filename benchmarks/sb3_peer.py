@@ -255,8 +255,8 @@ def main() -> None:
     import gymnasium as gym
     import numpy as np
 
-    from rlfleet.actors.envs import quiet_settotalmass_warning
-    from rlfleet.deploy.files import atomic_write
+    from rlfleet.common.files import atomic_write
+    from rlfleet.envs.core import quiet_settotalmass_warning
 
     quiet_settotalmass_warning()
 

@@ -37,7 +37,7 @@ import time
 import numpy as np
 from report import finished, load_runs  # benchmarks/report.py (this script's folder is on sys.path)
 
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

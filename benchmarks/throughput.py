@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from rlfleet.actors.envs import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
 from rlfleet.algorithms.ppo.config import make_config  # noqa: E402
 from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
 from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action  # noqa: E402
+from rlfleet.envs.core import BACKENDS, EnvError, env_spec, make_batched_env  # noqa: E402
 
 
 def raw_steps_per_second(venv, seconds: float) -> float:
@@ -58,7 +58,7 @@ def raw_rate(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
 
 def single_env_rate(env_id: str, seconds: float) -> float:
     """Env steps/s of one env stepped alone in this process with random actions (resets included)."""
-    from rlfleet.actors.envs import make_env
+    from rlfleet.envs.core import make_env
 
     env = make_env(env_id)
     try:

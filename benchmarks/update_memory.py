@@ -31,10 +31,10 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from rlfleet.actors.envs import env_spec  # noqa: E402
 from rlfleet.algorithms.ppo.config import make_config  # noqa: E402
 from rlfleet.algorithms.ppo.items import ppo_signature  # noqa: E402
 from rlfleet.algorithms.ppo.learning import BatchPPO  # noqa: E402
+from rlfleet.envs.core import env_spec  # noqa: E402
 from rlfleet.learner.run_dir import MetricsLog  # noqa: E402
 
 

@@ -13,10 +13,10 @@ import time
 import click
 
 from rlfleet import algorithms
-from rlfleet.actors import ENV_BACKENDS
 from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
+from rlfleet.envs import ENV_BACKENDS
 from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
@@ -110,7 +110,7 @@ def _check_teacher_args(
 def main():
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from rlfleet.deploy.parent import die_with_parent
+    from rlfleet.common.parent import die_with_parent
 
     die_with_parent()  # a process of `rlfleet up` stops when `up` dies
 
@@ -256,8 +256,8 @@ def _env_kwargs_given() -> tuple[str, ...]:
 
 
 def _env_with_kwargs(env_id: str) -> str:
-    """`env_id` with the command's --env-kwargs (`rlfleet.actors.envs.env_with_kwargs`); exits on a bad one."""
-    from rlfleet.actors.envs import EnvError, env_with_kwargs
+    """`env_id` with the command's --env-kwargs (`rlfleet.envs.core.env_with_kwargs`); exits on a bad one."""
+    from rlfleet.envs.core import EnvError, env_with_kwargs
 
     kwargs = {}
     for item in _env_kwargs_given():
@@ -275,8 +275,8 @@ def _env_with_kwargs(env_id: str) -> str:
 def _check_env_backend(env_id: str, backend: str | None) -> None:
     """Exits with status 2 before any process starts when --env-backend cannot step `env_id` (an Atari id off
     "ale", an env envpool does not have or one given --env-kwargs on "envpool"), or when the env given --env-kwargs
-    fails its first reset or step (`rlfleet.actors.envs.check_env_kwargs`)."""
-    from rlfleet.actors.envs import EnvError, check_env_kwargs, make_batched_env, resolve_backend
+    fails its first reset or step (`rlfleet.envs.core.check_env_kwargs`)."""
+    from rlfleet.envs.core import EnvError, check_env_kwargs, make_batched_env, resolve_backend
 
     try:
         resolve_backend(env_id, backend or "auto")
@@ -535,7 +535,7 @@ def up(
         total_steps = recorded["total_steps"]
     if total_steps is None:
         _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
     from rlfleet.deploy.launcher import LaunchError, launch
 
     logdir = _logdir(logdir, resume)
@@ -647,14 +647,15 @@ def replay_cmd(
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
     alg = _check_algo(algo)
-    from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
+
     from rlfleet.algorithms.settings import make_algo_config
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
+    from rlfleet.envs.core import EnvError, env_spec
     from rlfleet.replay.server import serve, tables_for
 
     try:
         spec = env_spec(env_id)
-        require_action_kind(spec, algo)
+        algorithms.require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, overrides)
         tables = tables_for(algo, spec, cfg, queue_items)
         if teacher and not alg.uses_teacher:
@@ -799,7 +800,7 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
             )
         click.echo(f"{who}: {out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
         return
-    from rlfleet.deploy.files import StorageError, storage_error
+    from rlfleet.common.files import StorageError, storage_error
 
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -828,7 +829,7 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
 def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     """Have a running replay server write a Reverb checkpoint now; prints its directory."""
     _quiet_tf()
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
     from rlfleet.replay.checkpoints import ReplayCheckpointError, checkpoint_replay
 
     try:
@@ -971,7 +972,7 @@ def learner_cmd(
     """Run the learner service of an algorithm against a replay server (started before or after it)."""
     import threading
 
-    from rlfleet.deploy.stopping import on_stop_signals
+    from rlfleet.common.stopping import on_stop_signals
 
     _quiet_tf()
     one_blas_thread()  # its evaluations' numpy products
@@ -1010,8 +1011,8 @@ def learner_cmd(
     _check_env_backend(env_id, env_backend)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
-    from rlfleet.actors.envs import EnvError
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
+    from rlfleet.envs.core import EnvError
     from rlfleet.learner.errors import LearnerError, LearnerStopped
     from rlfleet.learner.run_spec import RunSpec
     from rlfleet.learner.service import Learner
@@ -1052,7 +1053,7 @@ def _run_config_alone(algo, env_id, preset, overrides, config_file) -> None:
 
 def _write_port_file(path: str, port: int) -> None:
     """Writes the bound port into `path` atomically (readers never see it half written)."""
-    from rlfleet.deploy.files import atomic_write
+    from rlfleet.common.files import atomic_write
 
     atomic_write(path, str(port))
 
@@ -1126,7 +1127,7 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
     _quiet_tf()
     one_blas_thread()
     from rlfleet.actors.actor import Actor, ActorError
-    from rlfleet.actors.envs import EnvError
+    from rlfleet.envs.core import EnvError
     from rlfleet.proto.security import SecurityError
 
     try:

@@ -22,13 +22,13 @@ import time
 import portpicker
 
 from rlfleet import algorithms
-from rlfleet.actors.envs import EnvError, env_spec, require_action_kind
 from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import make_algo_config
-from rlfleet.deploy.addresses import bare_host, bind_problem, host_port
-from rlfleet.deploy.files import StorageError, check_writable
-from rlfleet.deploy.parent import PARENT_PID_ENV
+from rlfleet.common.addresses import bare_host, bind_problem, host_port
+from rlfleet.common.files import StorageError, check_writable
+from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
+from rlfleet.envs.core import EnvError, env_spec
 from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, run_state, write_json
 from rlfleet.learner.run_spec import START_TIMEOUT_S
 from rlfleet.proto.security import ClientSecurity, token_from_env
@@ -44,7 +44,7 @@ RELAYED = (
     ": moved the damaged",
     ": resumed from",
     ": restoring ",
-    ": progress: ",  # rlfleet.deploy.progress_line: a teacher's evaluation, an offline phase, a replay restore
+    ": progress: ",  # rlfleet.common.progress_line: a teacher's evaluation, an offline phase, a replay restore
     "died silently",
     "got no reply",
 )
@@ -211,7 +211,7 @@ def _plan(
     try:
         algorithm = algorithms.get(algo)
         spec = env_spec(env_id)
-        require_action_kind(spec, algo)
+        algorithms.require_action_kind(spec, algo)
         cfg = make_algo_config(algo, preset, env_id, overrides)
         if teacher:
             algorithm.check_teacher(teacher, spec)

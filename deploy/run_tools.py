@@ -105,7 +105,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {json_path}: its folder {folder} does not exist or cannot be written; give another path.")
     restored = _restore(run_dir, choice)
-    from rlfleet.actors.envs import EnvError
+    from rlfleet.envs.core import EnvError
     from rlfleet.learner import evaluation
     from rlfleet.learner.video import VideoError
 
@@ -130,7 +130,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         f"{restored.env_steps:,}, policy version {restored.policy_version}); {episodes} episode(s), {policy_words}, "
         f"env seeds from {first_seed}"
     )
-    from rlfleet.deploy.stopping import on_stop_signals
+    from rlfleet.common.stopping import on_stop_signals
 
     on_stop_signals(evaluation.STOP.set)
     try:
@@ -161,7 +161,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
 
 def _write_eval_json(path: str, restored, stochastic: bool, first_seed: int, result, stats: dict) -> None:
     """The evaluation's result as JSON at `path`, written atomically; exits 2 when it cannot be written."""
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
     from rlfleet.learner.run_dir import write_json
 
     record = dict(
@@ -206,7 +206,7 @@ def export_cmd(run_dir, out, choice, fmt):
     the spaces and the signature (docs: After a run).
     """
     restored = _restore(run_dir, choice)
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
     from rlfleet.learner.export import ExportError, export_policy
 
     try:
@@ -221,7 +221,7 @@ def export_cmd(run_dir, out, choice, fmt):
         click.echo(f"  input  {name}: {tensor['dtype']} {tensor['shape']}")
     for name, tensor in record["outputs"].items():
         click.echo(f"  output {name}: {tensor['dtype']} {tensor['shape']}")
-    from rlfleet.deploy.files import GLOB_CHARACTERS
+    from rlfleet.common.files import GLOB_CHARACTERS
 
     odd = "".join(sorted(GLOB_CHARACTERS & set(os.path.abspath(out))))
     if fmt == "savedmodel" and odd:
@@ -259,7 +259,7 @@ def report_cmd(paths, plot_path, json_path):
         fail(str(e))
     click.echo(format_seeds_report(report))
     if json_path:
-        from rlfleet.deploy.files import StorageError
+        from rlfleet.common.files import StorageError
         from rlfleet.learner.run_dir import write_json
 
         try:

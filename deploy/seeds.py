@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-from rlfleet.deploy.files import atomic_write
-from rlfleet.deploy.parent import PARENT_PID_ENV
+from rlfleet.common.files import atomic_write
+from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.learner.run_dir import run_state
 
 # Why a report has no curve: each run's metrics.jsonl must hold evaluations before the shortest run's end.

@@ -27,7 +27,7 @@ import time
 import grpc
 
 from rlfleet.actors.heartbeats import HEARTBEAT_S
-from rlfleet.deploy.files import atomic_write
+from rlfleet.common.files import atomic_write
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.arrays import GRPC_OPTIONS
 

@@ -5,7 +5,7 @@ Each checkpoint is TensorFlow's pair of files `ckpt-N.index` and `ckpt-N.data-00
 (`rlfleet.learner.run_dir.write_progress`), and TensorFlow's index file `checkpoint` names the kept ones, so that
 `tf.train.latest_checkpoint` and TensorBoard still read the folder. `tf.train.CheckpointManager` is not used: its
 helpers match file names as patterns, which finds nothing in a folder whose path holds `[`, `*`, `?` or `\\`.
-Here every path reaches TensorFlow through `rlfleet.deploy.files.glob_free`, files are listed with `os.listdir`,
+Here every path reaches TensorFlow through `rlfleet.common.files.glob_free`, files are listed with `os.listdir`,
 and:
 
 - a checkpoint is complete (its files synced) before the index file names it; one whose write failed (a full
@@ -25,7 +25,7 @@ import shutil
 
 import tensorflow as tf
 
-from rlfleet.deploy.files import atomic_write, fsync_path, glob_free, listdir, storage_error, tree_bytes
+from rlfleet.common.files import atomic_write, fsync_path, glob_free, listdir, storage_error, tree_bytes
 from rlfleet.learner.run_dir import PROGRESS_SUFFIX, read_progress, write_progress
 
 INDEX_FILE = "checkpoint"  # TensorFlow's CheckpointState, as text
@@ -197,7 +197,7 @@ class CheckpointStore:
         Returns:
             its path prefix (RUN/checkpoints/ckpt-N).
         Raises:
-            rlfleet.deploy.files.StorageError: it could not be written (full disk, read-only folder); nothing of
+            rlfleet.common.files.StorageError: it could not be written (full disk, read-only folder); nothing of
             it is left, and the checkpoints before it are untouched.
         """
         numbers = checkpoint_numbers(self.folder)

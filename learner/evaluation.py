@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rlfleet.actors.envs import env_seeds, make_batched_env, make_env, make_rendering_env, resolve_backend
+from rlfleet.envs.core import env_seeds, make_batched_env, make_env, make_rendering_env, resolve_backend
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
 # EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
@@ -131,7 +131,7 @@ def run_batched_episodes(
 
     `act` maps observations [B, ...] to actions [B]. Episodes still running
     after `max_steps` batch steps are cut (their partial return counts).
-    `progress` names the evaluation in progress lines (`rlfleet.deploy.progress_line`) printed every few seconds
+    `progress` names the evaluation in progress lines (`rlfleet.common.progress_line`) printed every few seconds
     while it runs: episodes ended, env steps and their rate, and once an episode has ended, the time left
     estimated from the mean length of those that ended (each running episode taken to last at least that long,
     and longer than it has).
@@ -139,7 +139,7 @@ def run_batched_episodes(
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every batch step).
     """
-    from rlfleet.deploy.progress_line import ProgressLine
+    from rlfleet.common.progress_line import ProgressLine
 
     line = ProgressLine("rlfleet learner", progress, "env steps") if progress else None
     backend = resolve_backend(env_id, "auto")
@@ -229,7 +229,7 @@ class EvaluationVideos:
         self.thread.start()
 
     def _record(self, policy, seed: int, env_steps: int) -> None:
-        from rlfleet.actors.envs import EnvError
+        from rlfleet.envs.core import EnvError
         from rlfleet.learner.video import VideoError
 
         path = os.path.join(self.folder, f"env-steps-{env_steps:09d}.mp4")

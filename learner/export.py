@@ -15,7 +15,7 @@ import shutil
 
 import tensorflow as tf
 
-from rlfleet.deploy.files import atomic_write, fsync_path, glob_free, storage_error
+from rlfleet.common.files import atomic_write, fsync_path, glob_free, storage_error
 
 FORMATS = ("savedmodel", "onnx")
 SPEC_FILE = "policy.json"

@@ -10,7 +10,7 @@ import shlex
 
 import tensorflow as tf
 
-from rlfleet.deploy.files import StorageError
+from rlfleet.common.files import StorageError
 from rlfleet.learner.checkpoints import (
     CheckpointError,
     CheckpointStore,
@@ -98,7 +98,7 @@ class ProgressCheckpoints:
         Returns:
             its path prefix (RUN/checkpoints/ckpt-N).
         Raises:
-            rlfleet.deploy.files.StorageError: it could not be written (`CheckpointStore.save`).
+            rlfleet.common.files.StorageError: it could not be written (`CheckpointStore.save`).
         """
         return self._save_to(self.store, count, actors, wall_seconds, evaluation_seconds=evaluation_seconds)
 
@@ -117,7 +117,7 @@ class ProgressCheckpoints:
         Returns:
             its path prefix (RUN/checkpoints/best/ckpt-N).
         Raises:
-            rlfleet.deploy.files.StorageError: it could not be written.
+            rlfleet.common.files.StorageError: it could not be written.
         """
         best = dict(eval_return_mean=float(eval_return_mean), eval_env_steps=int(eval_env_steps))
         return self._save_to(

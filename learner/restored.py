@@ -11,8 +11,8 @@ import re
 import tensorflow as tf
 
 from rlfleet import algorithms
-from rlfleet.actors.envs import EnvSpec, env_spec
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.envs.core import EnvSpec, env_spec
 from rlfleet.learner.checkpoints import CheckpointError, restore_newest
 from rlfleet.learner.progress import BEST_SUBDIR, read_best
 from rlfleet.learner.run_dir import RunDirError, read_run_settings

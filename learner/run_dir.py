@@ -20,7 +20,7 @@ import math
 import os
 import shlex
 
-from rlfleet.deploy.files import atomic_write, storage_error
+from rlfleet.common.files import atomic_write, storage_error
 
 
 class RunDirError(ValueError):
@@ -160,11 +160,11 @@ def _json_safe(value):
 
 
 def write_json(path: str, value: dict) -> None:
-    """Writes `value` to `path` as indented JSON, atomically (`rlfleet.deploy.files.atomic_write`); a float that is
+    """Writes `value` to `path` as indented JSON, atomically (`rlfleet.common.files.atomic_write`); a float that is
     not finite (NaN: a value not measured yet) is written as null, since JSON has no NaN.
 
     Raises:
-        rlfleet.deploy.files.StorageError: it could not be written (full disk, read-only folder); the file
+        rlfleet.common.files.StorageError: it could not be written (full disk, read-only folder); the file
         before it, if any, is unchanged."""
     try:
         atomic_write(path, json.dumps(_json_safe(value), indent=2, allow_nan=False))
@@ -276,7 +276,7 @@ class MetricsLog:
         """Appends `row` (it must hold "env_steps"; "time" is not plotted).
 
         Raises:
-            rlfleet.deploy.files.StorageError: the row could not be written (full disk).
+            rlfleet.common.files.StorageError: the row could not be written (full disk).
         """
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
         try:

@@ -28,7 +28,7 @@ class RunSpec:
         teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
             Reverb server holding its restored replay (`rlfleet replay --teacher`).
         replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
-        env_backend: the actors' env backend (`rlfleet.actors.envs.BACKENDS`, or "auto").
+        env_backend: the actors' env backend (`rlfleet.envs.core.BACKENDS`, or "auto").
         port / bind: where the gRPC service listens (port 0: a free one).
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
         token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).

@@ -35,12 +35,12 @@ import time
 import numpy as np
 
 from rlfleet import algorithms
-from rlfleet.actors.envs import env_spec, require_action_kind
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.settings import make_algo_config
-from rlfleet.deploy.addresses import host_port
-from rlfleet.deploy.files import StorageError, check_writable
-from rlfleet.deploy.stopping import on_stop_signals
+from rlfleet.common.addresses import host_port
+from rlfleet.common.files import StorageError, check_writable
+from rlfleet.common.stopping import on_stop_signals
+from rlfleet.envs.core import env_spec
 from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
@@ -81,7 +81,7 @@ class Learner:
     Raises:
         EnvError / ValueError / LearnerError / RunDirError: bad env, preset, replay table or run directory.
         TeacherError (a ValueError): the teacher is not a usable teacher for the env.
-        rlfleet.deploy.files.StorageError: the run directory cannot be written.
+        rlfleet.common.files.StorageError: the run directory cannot be written.
     """
 
     def __init__(self, run: RunSpec, server: LearnerServer | None = None, stop_event: threading.Event | None = None):
@@ -103,7 +103,7 @@ class Learner:
         """The env, settings and agent of the run, checked against the run directory; returns run.json's
         identity."""
         self.spec = env_spec(run.env_id)
-        require_action_kind(self.spec, run.algo)
+        algorithms.require_action_kind(self.spec, run.algo)
         self.config = make_algo_config(run.algo, run.preset, run.env_id, run.overrides)
         check_writable(run.logdir, "the run directory")  # StorageError: read-only, no permission, full
         self.algorithm = algorithms.get(run.algo)
@@ -317,7 +317,7 @@ class Learner:
         Raises:
             LearnerError: the replay server is unreachable or lost for good; NonFiniteError (a LearnerError):
                 training diverged (status showed the fault; the last checkpoint is a finite one).
-            rlfleet.deploy.files.StorageError: a checkpoint could not be written (full disk); the last good
+            rlfleet.common.files.StorageError: a checkpoint could not be written (full disk); the last good
                 checkpoint stays, and the run can be resumed once there is space.
         """
         evaluation.STOP.clear()

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlfleet.deploy.addresses import bind_problem, host_port
+from rlfleet.common.addresses import bind_problem, host_port
 from rlfleet.learner.errors import LearnerError
 from rlfleet.proto import rlfleet_pb2
 from rlfleet.proto.arrays import GRPC_OPTIONS

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from rlfleet.deploy.files import fsync_path
+from rlfleet.common.files import fsync_path
 
 OFFSCREEN_GL = "egl"
 

@@ -11,7 +11,7 @@ time zone, keeps only the name that sorts last (so once the clock or the time
 zone goes back, it deletes the checkpoint it has just written), and finds its
 folder by file-name patterns (a path holding `[`, `*`, `?` or `\\` matches
 nothing, or another folder). So here Reverb writes into a staging folder of
-its own (FOLDER/.reverb, reached through `rlfleet.deploy.files.glob_free`),
+its own (FOLDER/.reverb, reached through `rlfleet.common.files.glob_free`),
 which is emptied before every checkpoint: each finished checkpoint is moved
 out at once as FOLDER/ckpt-N, N one above the highest (`promote`), the newest
 `KEEP` stay, and a server restores the newest of them that reads whole
@@ -45,7 +45,7 @@ import zlib
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from rlfleet.deploy.files import fsync_path, glob_free, listdir, storage_error
+from rlfleet.common.files import fsync_path, glob_free, listdir, storage_error
 
 DONE = "DONE"  # Reverb writes this file last into a complete checkpoint
 TABLES_FILE = "tables.tfrecord"  # ZLIB-compressed TFRecord of PriorityTableCheckpoint messages
@@ -111,7 +111,7 @@ def promote(root: str, protect: str | None = None, then_prune: bool = True) -> l
     Returns:
         the paths of the checkpoints moved, in the order they were written.
     Raises:
-        rlfleet.deploy.files.StorageError: a checkpoint could not be moved (read-only or full disk).
+        rlfleet.common.files.StorageError: a checkpoint could not be moved (read-only or full disk).
     """
     staging = os.path.join(root, STAGING)
     moved = []
@@ -299,7 +299,7 @@ def checkpoint_replay(address: str, timeout_s: float = 600.0, root: str | None =
         within a second).
     Raises:
         ReplayCheckpointError: the server is unreachable, did not answer within `timeout_s`, or failed.
-        rlfleet.deploy.files.StorageError: the checkpoint could not be moved out of the staging folder.
+        rlfleet.common.files.StorageError: the checkpoint could not be moved out of the staging folder.
     """
     import grpc
 

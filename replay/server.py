@@ -15,9 +15,9 @@ from collections.abc import Callable
 import reverb
 import tensorflow as tf
 
-from rlfleet.deploy.files import StorageError, check_writable, disk_space, tree_bytes
-from rlfleet.deploy.progress_line import ReadingProgress
-from rlfleet.deploy.stopping import on_stop_signals
+from rlfleet.common.files import StorageError, check_writable, disk_space, tree_bytes
+from rlfleet.common.progress_line import ReadingProgress
+from rlfleet.common.stopping import on_stop_signals
 from rlfleet.replay import checkpoints
 
 RUN_OVER_POLL_S = 2.0  # seconds between asks of `serve`'s run_over
@@ -65,7 +65,7 @@ def serve(
 
     Raises:
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay;
-        rlfleet.deploy.files.StorageError: the checkpoint folder cannot be written.
+        rlfleet.common.files.StorageError: the checkpoint folder cannot be written.
     """
     ckpt, restoring, restore_from = _checkpointer(checkpoint_dir, teacher_dir)
     requested = {t.name: t.info for t in tables}

@@ -10,8 +10,8 @@ import pytest
 from helpers import rlfleet, status_or_none, wait_for
 
 from rlfleet.actors.backend_choice import SWITCH_MARGIN, WORKER_ROUND_TRIP_S, choose_backend
-from rlfleet.actors.envs import EnvError, env_with_kwargs, make_batched_env, make_env, truncation_observations
-from rlfleet.actors.worker_envs import WorkerVectorEnv, _cgroup_cpu_limit, worker_count
+from rlfleet.envs.core import EnvError, env_with_kwargs, make_batched_env, make_env, truncation_observations
+from rlfleet.envs.workers import WorkerVectorEnv, _cgroup_cpu_limit, worker_count
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

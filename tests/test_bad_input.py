@@ -444,8 +444,8 @@ def test_replay_refuses_a_checkpoint_written_with_other_settings(procs, free_por
     out = rlfleet("replay-checkpoint", "--replay", f"127.0.0.1:{port}", timeout=120)
     assert out.returncode == 0, out.stderr
     assert replay.stop() == 0
-    from rlfleet.actors.envs import env_spec
     from rlfleet.algorithms.settings import make_algo_config
+    from rlfleet.envs.core import env_spec
     from rlfleet.replay.server import tables_for
 
     cfg = make_algo_config("dqn", "default", "CartPole-v1")

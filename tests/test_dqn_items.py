@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.agent import DQNAgent
 from rlfleet.algorithms.dqn.items import (
     NOT_ENDED,
@@ -18,6 +17,7 @@ from rlfleet.algorithms.dqn.items import (
     transitions,
 )
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.envs.core import env_spec
 
 
 def test_envs_per_item_keeps_four_moments_per_minibatch():

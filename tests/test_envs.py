@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from helpers import rlfleet
 
-from rlfleet.actors.envs import BACKENDS, EnvError, env_seeds, env_spec, make_batched_env
+from rlfleet.envs.core import BACKENDS, EnvError, env_seeds, env_spec, make_batched_env
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 
@@ -171,7 +171,7 @@ def _reference_final_obs(backend, seeds, actions):
 def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
     """At a time limit every backend hands the actor the cut episode's true last observation
     (what PPO bootstraps from), while the returned observation already starts the next episode."""
-    from rlfleet.actors.envs import truncation_observations
+    from rlfleet.envs.core import truncation_observations
 
     venv = make_batched_env("HalfCheetah-v5", 2, _backend(backend))
     try:
@@ -191,7 +191,7 @@ def test_truncation_keeps_the_final_observation_for_bootstrapping(backend):
 
 
 def test_terminated_episodes_give_no_bootstrap_observation():
-    from rlfleet.actors.envs import truncation_observations
+    from rlfleet.envs.core import truncation_observations
 
     venv = make_batched_env("Hopper-v5", 4, "sync")
     try:
@@ -209,7 +209,7 @@ def test_terminated_episodes_give_no_bootstrap_observation():
 
 
 def test_auto_stays_auto_but_for_atari_and_a_named_backend_is_kept():
-    from rlfleet.actors.envs import resolve_backend
+    from rlfleet.envs.core import resolve_backend
 
     assert resolve_backend("ALE/Pong-v5", "auto") == "ale"
     for env_id in ("CartPole-v1", "HalfCheetah-v5"):  # chosen by measurement on the actor (test_backend_choice)
@@ -228,7 +228,7 @@ def test_no_settotalmass_warning_from_any_halfcheetah_start():
     import sys
 
     code = (
-        "from rlfleet.actors.envs import make_batched_env, make_env\n"
+        "from rlfleet.envs.core import make_batched_env, make_env\n"
         "import mujoco\n"
         "if __name__ == '__main__':\n"
         "    for backend in ('async', 'sync'):\n"

@@ -12,9 +12,9 @@ import tomllib
 import pytest
 
 from rlfleet import algorithms
-from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.base import Agent, AlgorithmBuilder
 from rlfleet.algorithms.settings import build_config
+from rlfleet.envs.core import env_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The modules that define what an algorithm implements and how it is looked up: they name no algorithm either.
@@ -93,8 +93,8 @@ def test_the_generic_folders_and_the_interfaces_import_no_algorithm():
     assert offending == []
 
 
-def test_nothing_imports_in_a_cycle():
-    graph = _import_graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node of `graph` (each a cycle of imports)."""
     index, low, on_stack, stack, cycles, counter = {}, {}, set(), [], [], [0]
 
     def visit(v):  # Tarjan's strongly connected components
@@ -122,7 +122,47 @@ def test_nothing_imports_in_a_cycle():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert cycles == []
+    return cycles
+
+
+def test_nothing_imports_in_a_cycle():
+    assert _cycles(_import_graph()) == []
+
+
+# The floors of the house, lowest first: a folder imports only from its own floor or from the floors below it.
+# The algorithm interface (INTERFACES) stands apart from the algorithm folders, which build on the learner's
+# networks, evaluations and checkpoints.
+FLOORS = (
+    ("common",),
+    ("proto", "envs"),
+    ("algorithms (interface)",),
+    ("actors", "replay"),
+    ("learner", "algorithms"),
+    ("deploy",),
+)
+
+
+def _folder(module: str) -> str:
+    return "algorithms (interface)" if module in INTERFACES else module.split(".")[1]
+
+
+def test_each_folder_imports_only_from_its_floor_and_below_and_no_two_folders_import_each_other():
+    graph = _import_graph()
+    floor = {folder: level for level, folders in enumerate(FLOORS) for folder in folders}
+    folders = {}
+    for module, targets in graph.items():
+        folders.setdefault(_folder(module), {})
+        for target in targets:
+            if _folder(target) != _folder(module):
+                folders[_folder(module)].setdefault(_folder(target), []).append(f"{module} imports {target}")
+    assert set(folders) == set(floor), "a new top-level folder: give it a floor in FLOORS"
+    upward = sorted(
+        why for f, uses in folders.items() for t, whys in uses.items() if floor[t] > floor[f] for why in whys
+    )
+    assert upward == []
+    both_ways = sorted((f, t) for f, uses in folders.items() for t in uses if f in folders.get(t, {}))
+    assert both_ways == [], {pair: folders[pair[0]][pair[1]] for pair in both_ways}
+    assert folders["common"] == {}  # the ground floor imports nothing of rlfleet
 
 
 def test_an_algorithm_folder_reaches_another_only_one_way():

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.actors.policy import mlp_forward
 from rlfleet.algorithms.dqn.agent import DQNAgent
 from rlfleet.algorithms.dqn.policy import epsilon_greedy, q_values
 from rlfleet.algorithms.ppo.learning import BatchPPO
 from rlfleet.algorithms.ppo.policy import mean_env_action, normalize_obs, sample_actions, to_env_action
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.envs.core import EnvSpec
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2
 

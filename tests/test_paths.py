@@ -235,7 +235,7 @@ def small_disk(tmp_path):
 
 @pytest.mark.root
 def test_a_full_disk_is_a_clear_error_and_the_last_checkpoint_stays(small_disk):
-    from rlfleet.deploy.files import StorageError
+    from rlfleet.common.files import StorageError
 
     folder = os.path.join(small_disk, "checkpoints")
     variable = tf.Variable(np.ones(100_000, np.float32))  # 400 kB a checkpoint: one fits, two do not

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.ppo.config import make_config
 from rlfleet.algorithms.ppo.learning import BatchPPO
 from rlfleet.algorithms.ppo.policy import policy_mean, sample_actions
+from rlfleet.envs.core import env_spec
 
 SPEC = env_spec("InvertedPendulum-v5")
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from test_dqn_learner import make_batch
 
-from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.dqn.networks import make_q_network
 from rlfleet.algorithms.qdagger.agent import OFFLINE, ONLINE, QDaggerAgent
 from rlfleet.algorithms.qdagger.teacher import Teacher
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.envs.core import env_spec
 
 SPEC = env_spec("CartPole-v1")
 

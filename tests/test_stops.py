@@ -227,7 +227,7 @@ def test_the_stop_signal_handler_never_waits_for_the_stop_events_lock():
     second signal starts nothing more."""
     import threading
 
-    from rlfleet.deploy.stopping import on_stop_signals
+    from rlfleet.common.stopping import on_stop_signals
 
     stop, calls = threading.Event(), []
     previous = signal.getsignal(signal.SIGUSR1)

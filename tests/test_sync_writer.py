@@ -15,10 +15,10 @@ import pytest
 
 from rlfleet.actors import writers
 from rlfleet.actors.actor import Policy, ReplayLost, _WeightsSubscriber
-from rlfleet.actors.envs import env_spec
 from rlfleet.algorithms.ppo import items as ppo_items
 from rlfleet.algorithms.ppo.agent import PPOAgent
 from rlfleet.algorithms.ppo.config import make_config
+from rlfleet.envs.core import env_spec
 from rlfleet.proto import rlfleet_pb2
 
 SPEC = env_spec("Pendulum-v1")

@@ -98,9 +98,9 @@ def test_synchronous_needs_a_batch_of_env_steps():
 
 
 def test_the_batch_is_shared_out_over_the_actors_and_a_lost_actor_does_not_stall_it():
-    from rlfleet.actors.envs import env_spec
     from rlfleet.algorithms.ppo.agent import PPOAgent
     from rlfleet.algorithms.ppo.config import make_config
+    from rlfleet.envs.core import env_spec
 
     spec = env_spec("Pendulum-v1")
     settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 64, "batch_env_steps": 512}

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, envs_per_item, table_envs
 from rlfleet.algorithms.dqn.networks import export_q, make_q_network
 from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.evaluation import run_batched_episodes
 
 

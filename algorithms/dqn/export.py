@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.networks import dense_stack, frozen
 
 

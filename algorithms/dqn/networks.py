@@ -7,9 +7,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.networks import MLP, dense_variables
 
 

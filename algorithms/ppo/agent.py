@@ -7,12 +7,12 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.algorithms.ppo.items import TABLE, ppo_queue_items, ppo_signature
 from rlfleet.algorithms.ppo.learning import BatchPPO
 from rlfleet.algorithms.ppo.policy import mean_env_action, sample_actions, to_env_action
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.evaluation import evaluate_policy
 
 

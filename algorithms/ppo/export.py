@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.actors.policy import ACTIVATIONS, scalar_code
 from rlfleet.algorithms.ppo.policy import ACTIVATION, MEAN_HEAD, MEAN_HEADS, OBS_CLIP, OBS_MEAN, OBS_STD, layer_names
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.networks import dense_stack, frozen
 
 

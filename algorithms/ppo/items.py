@@ -17,10 +17,10 @@ import collections
 
 import numpy as np
 
-from rlfleet.actors.envs import truncation_observations
 from rlfleet.actors.replay_client import Client
 from rlfleet.actors.writers import ItemCredit
 from rlfleet.algorithms.ppo.policy import sample_actions, to_env_action
+from rlfleet.envs.core import truncation_observations
 
 TABLE = "ppo_trajectories"
 

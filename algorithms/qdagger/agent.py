@@ -31,7 +31,6 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn, passed_multiple
@@ -39,7 +38,8 @@ from rlfleet.algorithms.dqn.items import batches
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.teacher import Teacher
-from rlfleet.deploy.progress_line import ProgressLine
+from rlfleet.common.progress_line import ProgressLine
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.evaluation import run_batched_episodes
 
 log = logging.getLogger("rlfleet.qdagger")

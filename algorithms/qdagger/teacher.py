@@ -15,7 +15,7 @@ import os
 
 import tensorflow as tf
 
-from rlfleet.actors.envs import EnvSpec
+from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.checkpoints import CheckpointError, checkpoint_numbers, restore_newest
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, usable_checkpoint
 

@@ -1,5 +1,5 @@
 """How a service process (replay, learner, actor) reacts to SIGTERM/SIGINT: it starts its clean stop, once,
-however many signals come (kept free of heavy imports, as `rlfleet.deploy.parent` is)."""
+however many signals come (kept free of heavy imports, as `rlfleet.common.parent` is)."""
 
 from __future__ import annotations
 

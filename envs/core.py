@@ -4,7 +4,7 @@ An actor steps its envs as one batch on one of several backends, all with the
 same interface (`make_batched_env`): "sync" (every env in the actor process,
 gymnasium's `SyncVectorEnv`: best where a step costs less than a process round
 trip), "workers" (a few worker processes of several envs each,
-`rlfleet.actors.worker_envs`: for envs expensive enough that processes pay),
+`rlfleet.envs.workers`: for envs expensive enough that processes pay),
 "envpool" (envpool's C++ threads, for the envs it has), "async" (one process
 per env, gymnasium's `AsyncVectorEnv` with observations in shared memory: the
 layout of BatchPPO, Hafner et al. 2017, Sec. 2) and "ale" (Atari). "auto", the
@@ -32,8 +32,8 @@ import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-from rlfleet.actors import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
-from rlfleet.actors.worker_envs import WorkerVectorEnv
+from rlfleet.envs import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
+from rlfleet.envs.workers import WorkerVectorEnv
 
 BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; else the fastest measured on the actor (rlfleet.actors.backend_choice)
@@ -417,34 +417,6 @@ def env_spec(env_id: str) -> EnvSpec:
         env.close()
 
 
-def require_action_kind(spec: EnvSpec, algo: str) -> None:
-    """Raises EnvError when the registered algorithm `algo`'s action space (`Algorithm.action_space`:
-    continuous Box or discrete) does not fit `spec`; UnknownAlgorithmError (a ValueError) for an unknown
-    `algo`."""
-    from rlfleet import algorithms
-
-    alg = algorithms.get(algo)
-    if alg.action_space == spec.action_kind:
-        return
-    fitting = [
-        a.name
-        for a in map(algorithms.get, algorithms.names())
-        if a.action_space == spec.action_kind and not a.uses_teacher  # one that runs on its own
-    ]
-    if spec.action_kind == "discrete":
-        raise EnvError(
-            f"{spec.env_id} has a discrete action space ({spec.action_dim} actions), but --algo {algo} "
-            f"({alg.summary}) needs continuous Box actions. Use a MuJoCo env such as HalfCheetah-v5, or "
-            f"--algo {' / '.join(fitting) or '(none registered)'} for discrete actions."
-        )
-    raise EnvError(
-        f"{spec.env_id} has a continuous action space ({spec.action_dim} dimension"
-        f"{'s' if spec.action_dim != 1 else ''}), but --algo {algo} "
-        f"({alg.summary}) needs discrete actions. Use e.g. CartPole-v1, or --algo "
-        f"{' / '.join(fitting) or '(none registered)'} for continuous actions."
-    )
-
-
 def resolve_backend(env_id: str, backend: str) -> str:
     """Checks that `backend` fits `env_id` and returns it, "auto" turned into "ale" for Atari ids; for other
     ids "auto" stays "auto": the actor chooses by measurement (`rlfleet.actors.backend_choice.choose_backend`).
@@ -477,7 +449,7 @@ def make_batched_env(
             processes of several envs each, `WorkerVectorEnv`), "envpool" (C++
             threads, see `EnvPoolVectorEnv`), "async" (one process per env,
             shared memory: the BatchPPO layout) or "ale" (Atari ids).
-        num_workers: "workers" only: worker processes (None: `worker_envs.worker_count`).
+        num_workers: "workers" only: worker processes (None: `rlfleet.envs.workers.worker_count`).
     Raises:
         EnvError: unknown backend or env id; for "envpool" also envpool not
             installed, an env id envpool lacks, a non-Box env, or spaces that
