@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from rlfleet.common.progress_line import ProgressLine, ReadingProgress, duration_words
-from rlfleet.deploy import progress_line
+from rlfleet.common import progress_line
 from rlfleet.learner.evaluation import run_batched_episodes
 
 
