@@ -190,7 +190,7 @@ class Agent(abc.ABC):
         """Undiscounted returns of `episodes` evaluation episodes (the algorithm's evaluation policy)."""
 
     # How `evaluate` plays its episodes, which `rlfleet eval` repeats: all in one batch of envs (True), or one
-    # after another in one env (`rlfleet.learner.evaluation.evaluate_policy`).
+    # after another in one env (`rlfleet.algorithms.library.evaluation.evaluate_policy`).
     evaluation_batched: ClassVar[bool] = False
 
     # Where the metrics of `consume`'s results go. False: the latest ones ride on the next metrics row (one

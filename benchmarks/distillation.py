@@ -66,11 +66,11 @@ def distil(teacher_dir: str, overrides: dict, steps: int, every: int, episodes: 
     import reverb
 
     from rlfleet.algorithms.dqn.agent import passed_multiple
+    from rlfleet.algorithms.library.evaluation import evaluation_seed
     from rlfleet.algorithms.qdagger.agent import make_agent
     from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
     from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.envs.core import env_spec
-    from rlfleet.learner.evaluation import evaluation_seed
     from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpointer, open_teacher_replay
     from rlfleet.replay.server import tables_for
 

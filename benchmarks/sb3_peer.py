@@ -62,7 +62,7 @@ def evaluate(model, env_id: str, episodes: int, seed: int, normalizer=None) -> l
     """Undiscounted returns of `episodes` deterministic (mean-action) episodes, env seeds seed, seed+1, ...,
     run by the same episode loop as rlfleet's evaluation; `normalizer` (a VecNormalize) normalises the
     observations with its statistics, which the evaluation does not update."""
-    from rlfleet.learner.evaluation import run_episodes
+    from rlfleet.algorithms.library.evaluation import run_episodes
 
     prep = (lambda o: o) if normalizer is None else normalizer.normalize_obs
     return run_episodes(env_id, episodes, seed, lambda o: model.predict(prep(o), deterministic=True)[0]).returns

@@ -977,7 +977,7 @@ def learner_cmd(
     _quiet_tf()
     one_blas_thread()  # its evaluations' numpy products
     if video_every:
-        from rlfleet.learner.video import use_offscreen_rendering
+        from rlfleet.envs.video import use_offscreen_rendering
 
         use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
     deadline = time.monotonic() + start_timeout

@@ -97,7 +97,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     checkpoint's env steps; the env and its observation normalization are the run's, as of that checkpoint.
     """
     if video_dir:
-        from rlfleet.learner.video import use_offscreen_rendering
+        from rlfleet.envs.video import use_offscreen_rendering
 
         use_offscreen_rendering()  # before anything imports MuJoCo
     if json_path:  # checked before the episodes, not after them
@@ -105,9 +105,9 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             fail(f"--json {json_path}: its folder {folder} does not exist or cannot be written; give another path.")
     restored = _restore(run_dir, choice)
+    from rlfleet.algorithms.library import evaluation
     from rlfleet.envs.core import EnvError
-    from rlfleet.learner import evaluation
-    from rlfleet.learner.video import VideoError
+    from rlfleet.envs.video import VideoError
 
     agent = restored.agent
     episodes = episodes or agent.config.eval_episodes

@@ -205,7 +205,7 @@ def make_rendering_env(env_id: str) -> gym.Env:
     """One env of `env_id` whose `render()` returns the current RGB frame, uint8 [H, W, 3], for videos.
 
     Vector envs: `make_env` with render_mode "rgb_array" (MuJoCo renders offscreen through the OpenGL backend
-    that MUJOCO_GL names, see `rlfleet.learner.video.use_offscreen_rendering`). Atari ids: ale-py's single
+    that MUJOCO_GL names, see `rlfleet.envs.video.use_offscreen_rendering`). Atari ids: ale-py's single
     `AtariEnv` with gymnasium's `AtariPreprocessing` and a zero-padded 4-frame stack, set to the `ATARI`
     preprocessing, so that the policy sees what it saw in training (the same frames for the same emulator
     states as `make_atari_env`, obs uint8 [4, 84, 84]; its sticky actions draw from another random stream), while

@@ -44,7 +44,7 @@ class RunSpec:
             time `start_deadline` (None: `start_timeout_s` seconds from when it starts to wait), the end of
             its --start-timeout of `start_timeout_s` seconds, counted from the process's start.
         video_every: after every this many evaluations, one evaluation episode again as a video in RUN/videos and
-            TensorBoard (`rlfleet.learner.evaluation.EvaluationVideos`; 0: none).
+            TensorBoard (`rlfleet.algorithms.library.evaluation.EvaluationVideos`; 0: none).
     """
 
     algo: str

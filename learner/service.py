@@ -36,15 +36,15 @@ import numpy as np
 
 from rlfleet import algorithms
 from rlfleet.algorithms.base import StepResult
+from rlfleet.algorithms.library import evaluation
+from rlfleet.algorithms.library.networks import compute_device
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.common.addresses import host_port
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_spec
-from rlfleet.learner import evaluation
 from rlfleet.learner.actor_registry import ActorRegistry
 from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
-from rlfleet.learner.networks import compute_device
 from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay, read_best
 from rlfleet.learner.replay_feed import ReplayFeed
 from rlfleet.learner.run_dir import (

@@ -5,11 +5,11 @@ import pytest
 import reverb
 import tensorflow as tf
 
-from rlfleet.actors.policy import mlp_forward
 from rlfleet.algorithms import require_action_kind
 from rlfleet.algorithms.dqn.agent import DQNAgent
 from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
 from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.algorithms.library.policy import mlp_forward
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.envs.core import EnvError, env_spec
 from rlfleet.replay.server import tables_for

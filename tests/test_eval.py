@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import rlfleet, run_exported
 
-from rlfleet.learner.video import read_video
+from rlfleet.envs.video import read_video
 
 pytestmark = pytest.mark.slow
 

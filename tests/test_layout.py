@@ -19,6 +19,9 @@ from rlfleet.envs.core import env_spec
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The modules that define what an algorithm implements and how it is looked up: they name no algorithm either.
 INTERFACES = {"rlfleet.algorithms", "rlfleet.algorithms.base", "rlfleet.algorithms.settings"}
+# The library the algorithms share and the generic folders use with them (networks, evaluation loops): no
+# algorithm's folder either.
+LIBRARY = "rlfleet.algorithms.library"
 
 
 def _modules() -> dict[str, str]:
@@ -75,7 +78,7 @@ def _import_graph() -> dict[str, set[str]]:
 def _algorithm_folder(module: str) -> str | None:
     """The algorithm folder a module belongs to (e.g. "ppo"), or None for the generic and interface modules."""
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "algorithms" and module not in INTERFACES:
+    if len(parts) >= 3 and parts[1] == "algorithms" and module not in INTERFACES and parts[2] != "library":
         return parts[2]
     return None
 
@@ -130,12 +133,12 @@ def test_nothing_imports_in_a_cycle():
 
 
 # The floors of the house, lowest first: a folder imports only from its own floor or from the floors below it.
-# The algorithm interface (INTERFACES) stands apart from the algorithm folders, which build on the learner's
-# networks, evaluations and checkpoints.
+# The algorithm interface (INTERFACES) and library (LIBRARY) stand apart from the algorithm folders, which build
+# on them and on the learner's checkpoints.
 FLOORS = (
     ("common",),
     ("proto", "envs"),
-    ("algorithms (interface)",),
+    ("algorithms (interface)", "algorithms (library)"),
     ("actors", "replay"),
     ("learner", "algorithms"),
     ("deploy",),
@@ -143,7 +146,11 @@ FLOORS = (
 
 
 def _folder(module: str) -> str:
-    return "algorithms (interface)" if module in INTERFACES else module.split(".")[1]
+    if module in INTERFACES:
+        return "algorithms (interface)"
+    if module == LIBRARY or module.startswith(LIBRARY + "."):
+        return "algorithms (library)"
+    return module.split(".")[1]
 
 
 def test_each_folder_imports_only_from_its_floor_and_below_and_no_two_folders_import_each_other():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rlfleet.actors.policy import mlp_forward
 from rlfleet.algorithms.dqn.agent import DQNAgent
 from rlfleet.algorithms.dqn.policy import epsilon_greedy, q_values
+from rlfleet.algorithms.library.policy import mlp_forward
 from rlfleet.algorithms.ppo.learning import BatchPPO
 from rlfleet.algorithms.ppo.policy import mean_env_action, normalize_obs, sample_actions, to_env_action
 from rlfleet.algorithms.settings import make_algo_config

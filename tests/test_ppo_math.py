@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from rlfleet.algorithms.library.normalizer import RunningMeanStd
 from rlfleet.algorithms.ppo import losses as ppo_math
-from rlfleet.learner.normalizer import RunningMeanStd
 
 
 def np_log_prob(mean, log_std, x):

@@ -5,9 +5,9 @@ import re
 
 import numpy as np
 
-from rlfleet.common.progress_line import ProgressLine, ReadingProgress, duration_words
+from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.common import progress_line
-from rlfleet.learner.evaluation import run_batched_episodes
+from rlfleet.common.progress_line import ProgressLine, ReadingProgress, duration_words
 
 
 def test_line_tells_rate_and_time_left():

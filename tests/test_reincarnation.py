@@ -19,11 +19,11 @@ from rlfleet.algorithms.dqn.agent import evaluate_dqn
 from rlfleet.algorithms.dqn.items import envs_per_item
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.dqn.policy import q_values
+from rlfleet.algorithms.library.evaluation import evaluation_seed
 from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED
 from rlfleet.algorithms.qdagger.teacher import TeacherError, check_teacher_dir, load_teacher
 from rlfleet.envs.core import env_spec
-from rlfleet.learner.evaluation import evaluation_seed
-from rlfleet.learner.video import read_video
+from rlfleet.envs.video import read_video
 from rlfleet.replay.checkpoints import latest_checkpoint, open_teacher_replay
 
 

@@ -18,8 +18,8 @@ from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, envs_per_item, table_envs
 from rlfleet.algorithms.dqn.networks import export_q, make_q_network
 from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.evaluation import run_batched_episodes
 
 
 def evaluate_dqn(
@@ -30,7 +30,7 @@ def evaluate_dqn(
     `progress`: name the evaluation in progress lines while it runs (`run_batched_episodes`).
 
     Raises:
-        EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
+        EvaluationInterrupted: the learner is stopping (`rlfleet.algorithms.library.evaluation.STOP`).
     """
     policy = dqn_policy(arrays, epsilon, seed)
     return run_batched_episodes(env_id, episodes, seed, policy, progress=progress).returns

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.algorithms.library.networks import dense_stack, frozen
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.networks import dense_stack, frozen
 
 
 class DQNServing(tf.Module):

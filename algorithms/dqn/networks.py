@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.algorithms.library.networks import MLP, dense_variables
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.networks import MLP, dense_variables
 
 
 class NatureCNN(tf.Module):

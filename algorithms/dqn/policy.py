@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.actors.policy import mlp_forward
+from rlfleet.algorithms.library.policy import mlp_forward
 
 CONV_STRIDES = (4, 2, 1)  # Nature CNN (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units
 

@@ -8,12 +8,12 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.algorithms.base import Agent, StepResult
+from rlfleet.algorithms.library.evaluation import evaluate_policy
 from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.algorithms.ppo.items import TABLE, ppo_queue_items, ppo_signature
 from rlfleet.algorithms.ppo.learning import BatchPPO
 from rlfleet.algorithms.ppo.policy import mean_env_action, sample_actions, to_env_action
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.evaluation import evaluate_policy
 
 
 def ppo_policy(arrays: dict, stochastic: bool, seed: int, action_low, action_high):
@@ -197,7 +197,7 @@ class PPOAgent(Agent):
         """The mean action's returns over `episodes` episodes, one after another (env seeds `seed` + i).
 
         Raises:
-            EvaluationInterrupted: the learner is stopping (`rlfleet.learner.evaluation.STOP`).
+            EvaluationInterrupted: the learner is stopping (`rlfleet.algorithms.library.evaluation.STOP`).
         """
         return evaluate_policy(self.spec.env_id, self.policy(False, seed), episodes, seed, batched=False).returns
 

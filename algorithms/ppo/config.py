@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from rlfleet.actors.policy import ACTIVATIONS
 from rlfleet.algorithms.base import Count, Count0, Discount, Fraction, LrSchedule, NonNegative, OneOf, Positive, Widths
+from rlfleet.algorithms.library.policy import ACTIVATIONS
 from rlfleet.algorithms.ppo.policy import MEAN_HEADS
 
 # The named-choice settings' types (`OneOf`: any other value is refused before a run starts).

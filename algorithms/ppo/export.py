@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.policy import ACTIVATIONS, scalar_code
+from rlfleet.algorithms.library.networks import dense_stack, frozen
+from rlfleet.algorithms.library.policy import ACTIVATIONS, scalar_code
 from rlfleet.algorithms.ppo.policy import ACTIVATION, MEAN_HEAD, MEAN_HEADS, OBS_CLIP, OBS_MEAN, OBS_STD, layer_names
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.networks import dense_stack, frozen
 
 
 class PPOServing(tf.Module):

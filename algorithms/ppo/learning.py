@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from rlfleet.algorithms.library.normalizer import RunningMeanStd
 from rlfleet.algorithms.ppo import losses
 from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.algorithms.ppo.networks import GaussianPolicy, ValueNetwork
 from rlfleet.algorithms.ppo.policy import OBS_CLIP, OBS_MEAN, OBS_STD
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.normalizer import RunningMeanStd
 
 _SPEC_1D = tf.TensorSpec([None], tf.float32)
 _SPEC_2D = tf.TensorSpec([None, None], tf.float32)

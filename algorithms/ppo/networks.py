@@ -13,9 +13,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.policy import ACTIVATIONS
+from rlfleet.algorithms.library.networks import MLP
+from rlfleet.algorithms.library.policy import ACTIVATIONS
 from rlfleet.algorithms.ppo.policy import ACTIVATION, LOG_STD, MEAN_HEAD, MEAN_HEADS, layer_names
-from rlfleet.learner.networks import MLP
 
 # Orthogonal initialisation's head gains as CleanRL's PPO and Stable-Baselines3 set them ("The 37 Implementation
 # Details of Proximal Policy Optimization", detail 2): 0.01 on the policy's mean head, 1 on the value head.

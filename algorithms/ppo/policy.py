@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.actors.policy import ACTIVATIONS, mlp_forward, scalar_code
+from rlfleet.algorithms.library.policy import ACTIVATIONS, mlp_forward, scalar_code
 
 OBS_MEAN, OBS_STD = "obs_norm/mean", "obs_norm/std"
 OBS_CLIP = "obs_norm/clip"  # the learner's `obs_clip` setting, pushed with the weights

@@ -36,11 +36,11 @@ from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn, passed_multiple
 from rlfleet.algorithms.dqn.items import batches
 from rlfleet.algorithms.dqn.networks import export_q
+from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.teacher import Teacher
 from rlfleet.common.progress_line import ProgressLine
 from rlfleet.envs.core import EnvSpec
-from rlfleet.learner.evaluation import run_batched_episodes
 
 log = logging.getLogger("rlfleet.qdagger")
 

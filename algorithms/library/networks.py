@@ -12,7 +12,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from rlfleet.actors.policy import ACTIVATIONS
+from rlfleet.algorithms.library.policy import ACTIVATIONS
 
 INITS = ("variance_scaling", "orthogonal")
 # Orthogonal initialisation's gain on hidden layers as CleanRL's PPO and Stable-Baselines3 set it ("The 37

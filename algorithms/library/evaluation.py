@@ -57,14 +57,14 @@ def run_episodes(
     Args:
         act: the policy, observations [B, *obs_shape] -> env actions [B, ...] (called with B = 1).
         video_paths: one .mp4 path per episode: each episode is rendered (`make_rendering_env`) and written there
-            (`rlfleet.learner.video.VideoWriter`) at the env's real-time frame rate, from the first observation's
+            (`rlfleet.envs.video.VideoWriter`) at the env's real-time frame rate, from the first observation's
             frame to the last.
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every env step).
-        rlfleet.learner.video.VideoError: a frame could not be rendered or a video not written.
+        rlfleet.envs.video.VideoError: a frame could not be rendered or a video not written.
         EnvError: the env cannot be made.
     """
-    from rlfleet.learner import video
+    from rlfleet.envs import video
 
     env = make_rendering_env(env_id) if video_paths else make_env(env_id)
     result = Episodes([], [])
@@ -106,7 +106,7 @@ def _one(obs) -> np.ndarray:
 
 def _add_frame(env, env_id: str, writer) -> None:
     """Renders the env's current frame into `writer`."""
-    from rlfleet.learner.video import VideoError, rendering_error
+    from rlfleet.envs.video import VideoError, rendering_error
 
     try:
         frame = env.render()
@@ -230,7 +230,7 @@ class EvaluationVideos:
 
     def _record(self, policy, seed: int, env_steps: int) -> None:
         from rlfleet.envs.core import EnvError
-        from rlfleet.learner.video import VideoError
+        from rlfleet.envs.video import VideoError
 
         path = os.path.join(self.folder, f"env-steps-{env_steps:09d}.mp4")
         try:
@@ -254,7 +254,7 @@ class EvaluationVideos:
         import tensorflow as tf
         from tensorboard.compat.proto import summary_pb2
 
-        from rlfleet.learner.video import gif_of_video
+        from rlfleet.envs.video import gif_of_video
 
         data, height, width = gif_of_video(path)
         image = summary_pb2.Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
