@@ -153,13 +153,14 @@ def choose_backend(
 
     usable = usable_cores() if cores is None else cores
     workers = worker_count(num_envs, usable)
+    base_id, kwargs = split_env_id(env_id)
     envpool_steps_it = _envpool_has(env_id)
     order = ["envpool", "sync", "workers"] if envpool_steps_it else ["sync", "workers"]
     try:
         consider("sync", optional=False)
         if envpool_steps_it:
             consider("envpool")
-        elif split_env_id(env_id)[1] and _envpool_has(split_env_id(env_id)[0]):
+        elif kwargs and _envpool_has(base_id):
             notes.append("envpool not tried: it takes no --env-kwargs")
         if workers >= 2 and timings["sync"] * (1 - 1 / workers) > WORKER_ROUND_TRIP_S * workers:
             consider("workers")
