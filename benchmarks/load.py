@@ -2,7 +2,7 @@
 the learner's CPU and memory, for N simulated actors beside one real actor.
 
 A real replay server, learner and actor (`rlfleet replay / learner / actor`, loopback) train; N simulated
-actors (`rlfleet.deploy.simulated_actors`, in client processes of up to 128 each, every one on its own
+actors (`rlfleet.loadgen.simulated_actors`, in client processes of up to 128 each, every one on its own
 connection) register, hold a weight stream and heartbeat once a second, as real actors do. Per N the script
 polls GetStatus 5 times a second and samples the learner's CPU and resident memory every 5 s; the simulated
 actors record their heartbeat and registration latencies and when each policy version reached them.
@@ -109,7 +109,8 @@ def _simulated(
         out = os.path.join(workdir, f"simulated-{n}-{first}.json")
         procs.append(
             subprocess.Popen(
-                ["nice", "-n", str(nice), sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+                ["nice", "-n", str(nice), sys.executable, "-m", "rlfleet.loadgen.simulated_actors"]
+                + ["--learner", address]
                 + ["--actors", str(min(PER_PROCESS, n - first)), "--seconds", str(seconds)]
                 + ["--first-index", str(first), "--out", out],
                 stdout=subprocess.DEVNULL,
@@ -134,7 +135,7 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
 
 def measure(cluster: LocalCluster, n: int, seconds: float, workdir: str, nice: int = 0) -> dict:
     """N simulated actors for `seconds` against the cluster's learner; the row of the results table."""
-    from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats, slow_during_stalls
+    from rlfleet.loadgen.simulated_actors import fan_out_seconds, read_stats, slow_during_stalls
 
     poller, sampler = _StatusPoller(cluster.learner_address), _Sampler(cluster.procs[1].pid)
     sims, outs = _simulated(cluster.learner_address, n, seconds, workdir, nice) if n else ([], [])
@@ -295,7 +296,7 @@ def attach_run(args) -> dict:
     for i in range(args.real_actors):  # each actor's own count, printed when it stops
         text = open(os.path.join(logdir, "run", "logs", f"actor-{i}.log")).read()
         per_actor += [int(n) for n in re.findall(r"rlfleet actor \d+: stopped after (\d+) env steps", text)]
-    from rlfleet.deploy.simulated_actors import read_stats
+    from rlfleet.loadgen.simulated_actors import read_stats
 
     stats, _ = read_stats([out for out in outs if os.path.exists(out)])
     return dict(

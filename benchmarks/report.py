@@ -22,8 +22,7 @@ import os
 
 import numpy as np
 
-from rlfleet.common.files import atomic_write
-from rlfleet.deploy.runs_report import (  # noqa: F401  (the benchmarks import them from here too)
+from rlfleet.analysis.runs_report import (  # noqa: F401  (the benchmarks import them from here too)
     MIN_COMPARED_RUNS,
     compare_with_ci,
     eval_points,
@@ -31,6 +30,7 @@ from rlfleet.deploy.runs_report import (  # noqa: F401  (the benchmarks import t
     iqm_with_ci,
     return_at,
 )
+from rlfleet.common.files import atomic_write
 
 # env id -> (random policy score, human score).
 REFERENCE_SCORES = {

@@ -251,7 +251,7 @@ def report_cmd(paths, plot_path, json_path):
     are grouped by what they ran (algorithm, env, preset and settings). IQMs, CIs and the plot need the report
     extra (rliable, matplotlib). IQM and CIs: rliable's stratified bootstrap (Agarwal et al. 2021).
     """
-    from rlfleet.deploy.runs_report import format_seeds_report, plot_seeds_report, seeds_report
+    from rlfleet.analysis.runs_report import format_seeds_report, plot_seeds_report, seeds_report
 
     try:
         report = seeds_report(list(paths))

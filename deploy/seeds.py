@@ -1,6 +1,6 @@
 """`rlfleet up --seeds 0,1,2 --logdir DIR`: one run per seed, each an `rlfleet up` of its own in DIR/seed-S, one
 after another or `--parallel K` at a time; the same command again continues where they stopped. At the end, the
-seeds' report (`rlfleet.deploy.runs_report`)."""
+seeds' report (`rlfleet.analysis.runs_report`)."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def run_seeds(
 
 def _report(logdir: str) -> None:
     """Prints the seeds' report and writes DIR/learning-curves.png where the report extra is installed."""
-    from rlfleet.deploy.runs_report import format_seeds_report, plot_seeds_report, seeds_report
+    from rlfleet.analysis.runs_report import format_seeds_report, plot_seeds_report, seeds_report
 
     report = seeds_report([logdir])
     print(format_seeds_report(report), flush=True)

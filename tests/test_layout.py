@@ -137,10 +137,10 @@ def test_nothing_imports_in_a_cycle():
 # on them and on the learner's checkpoints.
 FLOORS = (
     ("common",),
-    ("proto", "envs"),
+    ("proto", "envs", "analysis"),
     ("algorithms (interface)", "algorithms (library)"),
     ("actors", "replay"),
-    ("learner", "algorithms"),
+    ("learner", "algorithms", "loadgen"),
     ("deploy",),
 )
 

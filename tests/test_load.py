@@ -13,8 +13,8 @@ import grpc
 import pytest
 from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
 
-from rlfleet.deploy.simulated_actors import fan_out_seconds, read_stats
 from rlfleet.deploy.status import get_status
+from rlfleet.loadgen.simulated_actors import fan_out_seconds, read_stats
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_128_simulated_actors_leave_status_heartbeats_and_registration_prompt(pr
     stats_path = tmp_path / "simulated.json"
     with open(tmp_path / "simulated.log", "wb") as log:
         sim = subprocess.Popen(
-            [sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+            [sys.executable, "-m", "rlfleet.loadgen.simulated_actors", "--learner", address]
             + ["--actors", str(SIMULATED), "--seconds", "30", "--out", str(stats_path)],
             cwd=ROOT,
             env=ENV,
@@ -109,7 +109,7 @@ def test_stalled_readers_do_not_hold_up_the_other_actors(procs, tmp_path, free_p
     def simulated(name, n, seconds, first):
         with open(tmp_path / f"{name}.log", "wb") as log:  # the child holds its own copy of the file
             return subprocess.Popen(
-                [sys.executable, "-m", "rlfleet.deploy.simulated_actors", "--learner", address]
+                [sys.executable, "-m", "rlfleet.loadgen.simulated_actors", "--learner", address]
                 + ["--actors", str(n), "--seconds", str(seconds), "--first-index", str(first)]
                 + ["--out", str(tmp_path / f"{name}.json")],
                 cwd=ROOT,

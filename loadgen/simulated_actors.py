@@ -5,7 +5,7 @@ holds a StreamWeights stream for its whole life (parsing every `Weights` message
 `HEARTBEAT_S` seconds on a Heartbeats stream, on a gRPC connection of its own; it takes no env steps (its
 heartbeats report 0) and writes nothing to replay. One process runs many of them on one asyncio loop.
 
-    python -m rlfleet.deploy.simulated_actors --learner HOST:PORT --actors 128 --seconds 60 --out stats.json
+    python -m rlfleet.loadgen.simulated_actors --learner HOST:PORT --actors 128 --seconds 60 --out stats.json
 
 The stats file holds, per actor ("actors"), the heartbeat and registration latencies (seconds) and each weights
 message it received after its first: [policy_version, published_at, received_at] (Unix seconds; the learner stamps
