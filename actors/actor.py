@@ -12,7 +12,6 @@ batched env and writes into Reverb.
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -27,13 +26,14 @@ from rlfleet.actors.backend_choice import choose_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
 from rlfleet.actors.writers import ActorContext
+from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_seeds, make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
 
-log = logging.getLogger("rlfleet.actor")
+log = logger("actor")
 
 # Heartbeats in a row that were sent but got no reply (each waits 5 s) before the actor replaces its channel:
 # a connection that died silently is left within about 12 s (`Actor._reconnect`).
@@ -216,6 +216,7 @@ class Actor:
         self.host = socket.gethostname()
         resp = self._register(learner_address, num_envs, connect_timeout_s)
         self.actor_id, self.config = resp.actor_id, resp.config
+        set_role(f"actor-{self.actor_id}")  # the learner's number for it, in every line from here on
         try:
             self.collect = algorithms.get(self.config.algo).collect
         except (ValueError, ImportError) as e:
@@ -322,11 +323,7 @@ class Actor:
                     self.replay_epoch += 1
             else:
                 if not down:
-                    print(
-                        f"rlfleet actor {self.actor_id}: replay server {self.replay_address} unreachable; "
-                        "waiting for it",
-                        flush=True,
-                    )
+                    log.warning("replay server %s unreachable; waiting for it", self.replay_address)
                 down = True
 
     def _heartbeat_loop(self):
@@ -356,10 +353,10 @@ class Actor:
             )
             self._heartbeats_unanswered = 0
             if self._heartbeats_failed:
-                print(
-                    f"rlfleet actor {self.actor_id}: learner {self.learner_address} is back after "
-                    f"{self._heartbeats_failed} failed heartbeats; rejoined",
-                    flush=True,
+                log.warning(
+                    "learner %s is back after %d failed heartbeats; rejoined",
+                    self.learner_address,
+                    self._heartbeats_failed,
                 )
                 self._heartbeats_failed = 0
             if resp.stop:
@@ -382,10 +379,10 @@ class Actor:
         without a FIN or RST (a NAT or firewall that dropped its state): gRPC's keepalive pings are not sent
         while calls keep writing on it, so every call would wait on the dead connection. Closing the old
         channel ends the weight stream on it, which the weights thread opens again on the new one."""
-        print(
-            f"rlfleet actor {self.actor_id}: {self._heartbeats_unanswered} heartbeats in a row got no reply; "
-            f"connecting to the learner {self.learner_address} anew",
-            flush=True,
+        log.warning(
+            "%d heartbeats in a row got no reply; connecting to the learner %s anew",
+            self._heartbeats_unanswered,
+            self.learner_address,
         )
         old = self.channel
         try:
@@ -423,7 +420,7 @@ class Actor:
             if time.monotonic() - stalled_since >= REPLAY_STALL_S:
                 if self._replay_connection_dead():
                     raise ReplayLost(
-                        f"rlfleet actor {self.actor_id}: no item confirmed for {REPLAY_STALL_S:g} s and the "
+                        f"no item confirmed for {REPLAY_STALL_S:g} s and the "
                         f"connection to {self.replay_address} gets no answer while a new one does: it died "
                         "silently; new writers on a new connection, envs reset (the episodes in progress are "
                         "dropped)"
@@ -454,7 +451,7 @@ class Actor:
             venv, choice = choose_backend(cfg.env_id, cfg.num_envs, stop=self.stop)
             with self.lock:
                 self.backend, self.backend_reason = choice.backend, f"auto chose {choice.reason}"
-        print(f"rlfleet actor {self.actor_id}: env backend {self.backend_reason}", flush=True)
+        log.info("env backend %s", self.backend_reason)
         return venv
 
     def run(self) -> int:
@@ -476,10 +473,8 @@ class Actor:
                     raise ActorError(weights.error)
                 if self.stop.is_set():
                     return 0
-            print(
-                f"rlfleet actor {self.actor_id}: {cfg.num_envs} x {cfg.env_id} ({self.backend}) "
-                f"writing to replay at {self.replay_address}",
-                flush=True,
+            log.info(
+                "%d x %s (%s) writing to replay at %s", cfg.num_envs, cfg.env_id, self.backend, self.replay_address
             )
             while not self.stop.is_set():
                 if not self._wait_for_replay():
@@ -489,11 +484,11 @@ class Actor:
                     break
                 except ReplayLost as e:
                     self._restarts += 1
-                    print(
+                    log.warning(
+                        "%s",
                         str(e)
-                        or f"rlfleet actor {self.actor_id}: replay server {self.replay_address} is back; new "
-                        "writers, envs reset (the episodes in progress are dropped)",
-                        flush=True,
+                        or f"replay server {self.replay_address} is back; new writers, envs reset (the episodes "
+                        "in progress are dropped)",
                     )
             if weights.error:
                 raise ActorError(weights.error)
@@ -509,7 +504,7 @@ class Actor:
                 time.sleep(HEARTBEAT_S)  # a learner restarting or a lost connection: give it a moment
                 self._heartbeat(leaving=True)
             self.heartbeats.close()
-            print(f"rlfleet actor {self.actor_id}: stopped after {self.env_steps} env steps", flush=True)
+            log.info("stopped after %d env steps", self.env_steps)
             if self.told_to_stop.is_set():
                 self._wait_for_run_end()
         return self.env_steps

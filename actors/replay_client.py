@@ -26,13 +26,14 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
-import logging
 import os
 import sys
 import threading
 import types
 
-log = logging.getLogger("rlfleet.actor")
+from rlfleet.common.logs import logger
+
+log = logger("actor")
 
 _FRAMEWORK_LIBRARY = "libtensorflow_framework.so.2"  # what Reverb's compiled client links against
 

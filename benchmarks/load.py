@@ -295,7 +295,7 @@ def attach_run(args) -> dict:
     per_actor = []
     for i in range(args.real_actors):  # each actor's own count, printed when it stops
         text = open(os.path.join(logdir, "run", "logs", f"actor-{i}.log")).read()
-        per_actor += [int(n) for n in re.findall(r"rlfleet actor \d+: stopped after (\d+) env steps", text)]
+        per_actor += [int(n) for n in re.findall(r"actor-\d+\[\d+\] INFO stopped after (\d+) env steps", text)]
     from rlfleet.loadgen.simulated_actors import read_stats
 
     stats, _ = read_stats([out for out in outs if os.path.exists(out)])

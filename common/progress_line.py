@@ -1,12 +1,14 @@
 """Progress lines for the waits people sit through (a teacher's evaluation, an offline phase, a replay restore):
-`WHO: progress: WHAT 3,000/10,000 UNIT (250/s), about 28 s left`, at most one every few seconds. `rlfleet up`
-shows these lines of its children's logs on its terminal (`rlfleet.deploy.launcher.RELAYED`)."""
+`progress: WHAT 3,000/10,000 UNIT (250/s), about 28 s left`, at most one every few seconds, logged at NOTICE so
+that `rlfleet up` shows them on its terminal too (`rlfleet.common.logs`)."""
 
 from __future__ import annotations
 
 import time
 
-PROGRESS_MARK = ": progress: "  # what `up` looks for in its children's lines
+from rlfleet.common.logs import NOTICE, logger
+
+log = logger("progress")
 INTERVAL_S = 5.0  # the least seconds between two lines of one progress
 
 
@@ -20,40 +22,39 @@ def duration_words(seconds: float) -> str:
 
 
 class ProgressLine:
-    """Prints the progress of one long step, on a monotonic clock.
+    """Logs the progress of one long step, on a monotonic clock.
 
     Args:
-        who: the process ("rlfleet learner").
         what: the step ("teacher evaluation").
         unit: what `done` counts ("episodes", "learner steps", "MB").
         interval_s: the least seconds between two lines (default `INTERVAL_S`).
     """
 
-    def __init__(self, who: str, what: str, unit: str, interval_s: float | None = None):
-        self.who, self.what, self.unit = who, what, unit
+    def __init__(self, what: str, unit: str, interval_s: float | None = None):
+        self.what, self.unit = what, unit
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
         self.started = time.monotonic()
         self.next_line = self.started + self.interval_s
         self.first_done: float | None = None
 
     def update(self, done: float, total: float | None, detail: str = "") -> bool:
-        """Counts `done` of `total` (None: not known yet, so no time left is told) and prints a line when one is
-        due; `detail` follows the count. Returns whether it printed. The rate is `done`'s since the first call."""
+        """Counts `done` of `total` (None: not known yet, so no time left is told) and logs a line when one is
+        due; `detail` follows the count. Returns whether it logged. The rate is `done`'s since the first call."""
         now = time.monotonic()
         if self.first_done is None:
             self.first_done, self.started = done, now
         if now < self.next_line:
             return False
         self.next_line = now + self.interval_s
-        print(self.line(done, total, detail, now), flush=True)
+        log.log(NOTICE, "%s", self.line(done, total, detail, now))
         return True
 
     def line(self, done: float, total: float | None, detail: str = "", now: float | None = None) -> str:
-        """The line `update` prints (`now`: the monotonic time to rate by)."""
+        """The line `update` logs (`now`: the monotonic time to rate by)."""
         elapsed = (now if now is not None else time.monotonic()) - self.started
         rate = (done - (self.first_done or 0)) / elapsed if elapsed > 0 else 0.0
         count = f"{done:,.0f}/{total:,.0f}" if total else f"{done:,.0f}"
-        text = f"{self.who}{PROGRESS_MARK}{self.what} {count} {self.unit} ({rate:,.0f}/s)"
+        text = f"progress: {self.what} {count} {self.unit} ({rate:,.0f}/s)"
         if detail:
             text += f", {detail}"
         if total and rate > 0 and done < total:
@@ -76,17 +77,17 @@ def _bytes_read() -> int | None:
 class ReadingProgress:
     """Progress lines, from a thread of its own, while the calling thread reads `total_bytes` of files in one
     call that reports nothing itself (Reverb restoring a checkpoint): counted by the bytes the process reads.
-    A context manager; nothing is printed where /proc/self/io is missing.
+    A context manager; nothing is logged where /proc/self/io is missing.
 
     Args:
-        who / what: as `ProgressLine`'s.
+        what: as `ProgressLine`'s.
         total_bytes: the size of what is read (the checkpoint's files).
     """
 
-    def __init__(self, who: str, what: str, total_bytes: int):
+    def __init__(self, what: str, total_bytes: int):
         import threading
 
-        self.line = ProgressLine(who, what, "MB")
+        self.line = ProgressLine(what, "MB")
         self.total_mb = total_bytes / 1e6
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True, name="reading-progress")

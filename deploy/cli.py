@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import logging
 import os
 import sys
 import time
@@ -13,11 +13,14 @@ import time
 import click
 
 from rlfleet import algorithms
+from rlfleet.common import logs
 from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.envs import ENV_BACKENDS
 from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
+
+log = logs.logger("cli")
 
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
@@ -107,12 +110,40 @@ def _check_teacher_args(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main():
+@click.pass_context
+def main(ctx):
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = os.environ.get(logs.LEVEL_ENV) or logs.DEFAULT_LEVEL
+    if level not in logs.LEVELS:
+        _fail(f"${logs.LEVEL_ENV}={level!r}: use one of {', '.join(logs.LEVELS)}, or unset it.")
+    logs.configure(ctx.invoked_subcommand or "rlfleet", level)  # a service sets its own with --log-level
     from rlfleet.common.parent import die_with_parent
 
     die_with_parent()  # a process of `rlfleet up` stops when `up` dies
+
+
+def _logged(role: str):
+    """A service command's `--log-level` (default: $RLFLEET_LOG_LEVEL, else info): its lines, and those of the
+    processes it starts, go to one log channel (`rlfleet.common.logs`) as `role`."""
+
+    def wrap(f):
+        @functools.wraps(f)
+        def run(*args, log_level: str, **kwargs):
+            logs.configure(role, log_level)
+            os.environ[logs.LEVEL_ENV] = log_level  # the processes it starts (`up`'s) log at the same level
+            return f(*args, **kwargs)
+
+        return click.option(
+            "--log-level",
+            type=click.Choice(list(logs.LEVELS)),
+            default=logs.DEFAULT_LEVEL,
+            envvar=logs.LEVEL_ENV,
+            show_default=True,
+            show_envvar=True,
+            help="The least level of the lines this process logs (notice: what `up` shows of its processes).",
+        )(run)
+
+    return wrap
 
 
 _common = [
@@ -476,6 +507,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
     help="Print the resolved settings (preset, per-env overrides, --config-file, --set) with their "
     "descriptions and units, and exit without starting anything.",
 )
+@_logged("up")
 def up(
     algo,
     env_id,
@@ -626,6 +658,7 @@ def up(
     "a file already there (a restart) must hold the same settings. docker-compose's replay service does this.",
 )
 @client_security
+@_logged("replay")
 def replay_cmd(
     algo,
     env_id,
@@ -665,13 +698,10 @@ def replay_cmd(
                 f"({', '.join(with_teacher) or 'none registered'}); {algo} does not."
             )
         if checkpoint_dir and not alg.keeps_replay and not teacher:
-            click.echo(
-                f"rlfleet replay: {algo}'s replay is not kept (an on-policy queue); --checkpoint-dir is ignored.",
-                err=True,
-            )
+            log.warning("%s's replay is not kept (an on-policy queue); --checkpoint-dir is ignored.", algo)
             checkpoint_dir = None
         if settings_out:  # once the settings are known to be valid: a typo is not recorded as the run's settings
-            _write_settings(s, settings_out, "rlfleet replay")
+            _write_settings(s, settings_out, lambda line: log.info("%s", line))
         serve(
             tables,
             port,
@@ -756,7 +786,7 @@ def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
     if out is None:
         click.echo(json.dumps(_resolved_settings(s), indent=2))
         return
-    _write_settings(s, out, "rlfleet settings")
+    _write_settings(s, out, click.echo)
 
 
 def _resolved_settings(s: Settings) -> dict:
@@ -771,10 +801,11 @@ def _resolved_settings(s: Settings) -> dict:
     return run_identity(s.algo, s.env_id, s.preset, cfg.to_json(), s.teacher)
 
 
-def _write_settings(s: Settings, out: str, who: str) -> None:
+def _write_settings(s: Settings, out: str, say) -> None:
     """Writes the resolved settings of `s` to `out`. When `out` exists (a restarted service, a second start of
     the same run) it must hold the same settings: a run keeps the settings it started with, so that its
-    checkpoints and replay stay valid; exits naming the differences otherwise."""
+    checkpoints and replay stay valid; exits naming the differences otherwise. `say` is given the line that
+    tells what was done (`click.echo` for `rlfleet settings`, the log for a service)."""
     from rlfleet.learner.run_dir import write_json
 
     run = _resolved_settings(s)
@@ -798,7 +829,7 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
                 "started with. Give those settings (with docker-compose: the same RLFLEET_ALGO, RLFLEET_ENV, "
                 "RLFLEET_CONFIG), write to another path (docker-compose: a new RLFLEET_RUN), or remove the file."
             )
-        click.echo(f"{who}: {out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
+        say(f"{out} holds these settings already ({s.algo} on {s.env_id}, preset {s.preset})")
         return
     from rlfleet.common.files import StorageError, storage_error
 
@@ -809,7 +840,7 @@ def _write_settings(s: Settings, out: str, who: str) -> None:
         _fail(str(e))
     except OSError as e:
         _fail(str(storage_error(e, "the settings file", out)))
-    click.echo(f"{who}: wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
+    say(f"wrote {out} ({s.algo} on {s.env_id}, preset {s.preset})")
 
 
 @main.command("replay-checkpoint")
@@ -935,6 +966,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     default=None,
     help="Shared cluster token every actor and status call must send (default: $RLFLEET_TOKEN; empty: none).",
 )
+@_logged("learner")
 def learner_cmd(
     algo,
     env_id,
@@ -1003,7 +1035,7 @@ def learner_cmd(
         server = _wait_for_settings(run_config, bind, port, tls, token, port_file, deadline, start_timeout, stop)
         if stop.is_set():
             server.stop()
-            print(f"rlfleet learner: stopped while waiting for the run's settings {run_config}.", flush=True)
+            log.info("stopped while waiting for the run's settings %s.", run_config)
             sys.exit(exit_code_if_stopped)
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
@@ -1032,7 +1064,7 @@ def learner_cmd(
             _write_port_file(port_file, learner.port)
         summary = learner.run()
     except LearnerStopped as e:
-        print(f"rlfleet learner: {e}; nothing was trained.", flush=True)
+        log.info("%s; nothing was trained.", e)
         sys.exit(exit_code_if_stopped)
     except (EnvError, ValueError, LearnerError, StorageError) as e:
         if server is not None:
@@ -1085,10 +1117,11 @@ def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, timeou
                 "or check the path."
             )
         if now >= next_report:
-            print(
-                f"rlfleet learner: waiting for the run's settings {path} ({now - start:.0f} s; gives up "
-                f"{deadline - now:.0f} s from now)",
-                flush=True,
+            log.info(
+                "waiting for the run's settings %s (%.0f s; gives up %.0f s from now)",
+                path,
+                now - start,
+                deadline - now,
             )
             next_report = now + WAIT_REPORT_S
         stop.wait(0.5)
@@ -1122,6 +1155,7 @@ def _auto_resume(logdir: str) -> str | None:
     "--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True), help="Seconds."
 )
 @client_security
+@_logged("actor")
 def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_timeout, security):
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()

@@ -26,6 +26,7 @@ from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.common.addresses import bare_host, bind_problem, host_port
 from rlfleet.common.files import StorageError, check_writable
+from rlfleet.common.logs import RELAYED_LEVELS, line_level, logger
 from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.envs.core import EnvError, env_spec
@@ -34,20 +35,11 @@ from rlfleet.learner.run_spec import START_TIMEOUT_S
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
+log = logger("up")
+
 LOOPBACK = "127.0.0.1"
 REPLAY_READY_S = 300.0  # how long `up` waits for a replay server to answer (restoring a large checkpoint takes time)
 LEARNER_READY_S = 180.0  # how long `up` waits for the learner to answer once its replay servers do
-# What a line that `rlfleet` itself wrote in a child's log holds for `up` to print it on the terminal too.
-RELAYED = (
-    ": warning:",
-    ": error:",
-    ": moved the damaged",
-    ": resumed from",
-    ": restoring ",
-    ": progress: ",  # rlfleet.common.progress_line: a teacher's evaluation, an offline phase, a replay restore
-    "died silently",
-    "got no reply",
-)
 
 
 class LaunchError(RuntimeError):
@@ -69,15 +61,16 @@ class _Child:
         )
 
     def relay(self) -> None:
-        """Prints the lines this process wrote since the last call that a person running `up` must see
-        (`RELAYED`: warnings, damaged checkpoints moved aside, where a resumed run resumed from)."""
+        """Prints the lines this process logged since the last call that a person running `up` must see: those
+        at the levels `rlfleet.common.logs.RELAYED_LEVELS` (notices such as where a resumed run resumed from and
+        the progress of long waits; warnings; errors)."""
         with open(self.log_path, "rb") as f:
             f.seek(self.relayed_to)
             text = f.read()
         end = text.rfind(b"\n") + 1  # whole lines only; the rest is read next time
         self.relayed_to += end
         for line in text[:end].decode(errors="replace").splitlines():
-            if line.startswith("rlfleet") and any(r in line for r in RELAYED):
+            if line_level(line) in RELAYED_LEVELS:
                 print(line, flush=True)
 
     def tail(self, n: int = 25) -> str:
@@ -364,7 +357,7 @@ class _Cluster:
                         learner.proc.wait(2)  # it was just finishing: no message
                     except subprocess.TimeoutExpired:
                         if phase not in ("evaluating", "done"):
-                            print(f"rlfleet up: status unavailable: {e}", flush=True)
+                            log.warning("status unavailable: %s", e)
             time.sleep(0.2)
         for c in self.children:
             c.relay()

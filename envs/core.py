@@ -32,8 +32,11 @@ import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
+from rlfleet.common.logs import logger
 from rlfleet.envs import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
 from rlfleet.envs.workers import WorkerVectorEnv
+
+log = logger("envs")
 
 BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; else the fastest measured on the actor (rlfleet.actors.backend_choice)
@@ -279,10 +282,8 @@ def quiet_settotalmass_warning() -> None:
     gymnasium's HalfCheetah XML still sets `settotalmass`; MuJoCo 4 warns
     about it each time the model is loaded (every env start, in every actor
     and evaluation), which tells a user nothing they can act on. Every other
-    MuJoCo warning still reaches stderr. Safe to call more than once.
+    MuJoCo warning is logged as a warning. Safe to call more than once.
     """
-    import sys
-
     try:
         import mujoco
     except ImportError:
@@ -290,7 +291,7 @@ def quiet_settotalmass_warning() -> None:
 
     def handler(message: str) -> None:
         if _MUJOCO_DEPRECATED_SETTOTALMASS not in message:
-            print(f"MuJoCo WARNING: {message}", file=sys.stderr, flush=True)
+            log.warning("MuJoCo: %s", message)
 
     mujoco.set_mju_user_warning(handler)
 

@@ -11,9 +11,10 @@ every call.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
-log = logging.getLogger("rlfleet.learner")
+from rlfleet.common.logs import logger
+
+log = logger("learner")
 
 
 @dataclasses.dataclass

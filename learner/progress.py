@@ -11,6 +11,7 @@ import shlex
 import tensorflow as tf
 
 from rlfleet.common.files import StorageError
+from rlfleet.common.logs import NOTICE, logger
 from rlfleet.learner.checkpoints import (
     CheckpointError,
     CheckpointStore,
@@ -21,6 +22,8 @@ from rlfleet.learner.checkpoints import (
 from rlfleet.learner.errors import LearnerError
 from rlfleet.learner.run_dir import progress_path, read_progress
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, ReplayCheckpointError, checkpoint_replay
+
+log = logger("learner")
 
 BEST_SUBDIR = "best"  # RUN/checkpoints/best: the checkpoint of the run's best evaluation so far
 
@@ -72,21 +75,22 @@ class ProgressCheckpoints:
                 f"--resume {resume}: {e}. Resume from an intact run directory, or start a new run."
             ) from None
         for line in skipped:
-            print(f"rlfleet learner: warning: skipped the damaged checkpoint {line}", flush=True)
+            log.warning("skipped the damaged checkpoint %s", line)
         if skipped and os.path.abspath(resume) == os.path.abspath(self.logdir):  # its own: moved aside
             moved = quarantine(folder, skipped)
             if moved:
-                print(f"rlfleet learner: moved the damaged checkpoint files aside: {', '.join(moved)}", flush=True)
+                log.warning("moved the damaged checkpoint files aside: %s", ", ".join(moved))
         self.agent.sync_from_checkpoint()
         count = {k: int(v.numpy()) for k, v in self.counters.items()}
         self.agent.on_resume(count["env_steps"])
-        print(f"rlfleet learner: resumed from {latest}", flush=True)
+        log.log(NOTICE, "resumed from %s", latest)
         if total_steps and count["env_steps"] >= total_steps:
-            print(
-                f"rlfleet learner: this run already has {count['env_steps']:,} of its {total_steps:,} env "
-                "steps: it evaluates and finishes again. To train on, raise --total-steps (docker-compose: "
-                "RLFLEET_TOTAL_STEPS); for a new run, give another run directory (RLFLEET_RUN).",
-                flush=True,
+            log.warning(
+                "this run already has %s of its %s env steps: it evaluates and finishes again. To train on, raise "
+                "--total-steps (docker-compose: RLFLEET_TOTAL_STEPS); for a new run, give another run directory "
+                "(RLFLEET_RUN).",
+                f"{count['env_steps']:,}",
+                f"{total_steps:,}",
             )
         return count, read_progress(latest)
 
@@ -166,15 +170,14 @@ def checkpoint_run_replay(replay_address: str, logdir: str) -> str | None:
     try:
         path = checkpoint_replay(replay_address, root=inside)
     except (ReplayCheckpointError, StorageError) as e:
-        print(f"rlfleet learner: warning: {e}", flush=True)
+        log.warning("%s", e)
         return None
     if path is None:
-        print(
-            "rlfleet learner: warning: the replay server checkpointed outside this run directory; start "
-            f"`rlfleet replay` with --checkpoint-dir {shlex.quote(inside)} so that the run directory can serve "
-            "as a teacher.",
-            flush=True,
+        log.warning(
+            "the replay server checkpointed outside this run directory; start `rlfleet replay` with "
+            "--checkpoint-dir %s so that the run directory can serve as a teacher.",
+            shlex.quote(inside),
         )
         return None
-    print(f"rlfleet learner: replay checkpoint {path}", flush=True)
+    log.info("replay checkpoint %s", path)
     return os.path.dirname(path)

@@ -14,9 +14,12 @@ import time
 
 import reverb
 
+from rlfleet.common.logs import logger
 from rlfleet.learner.errors import LearnerError, LearnerStopped
 from rlfleet.learner.run_spec import WAIT_REPORT_S
 from rlfleet.replay.server import table_status
+
+log = logger("learner")
 
 REPLAY_OUTAGE_S = 300.0  # how long the learner waits for a lost replay server to come back
 
@@ -98,10 +101,11 @@ class ReplayFeed:
                         "--start-timeout."
                     ) from e
                 if now >= next_report:
-                    print(
-                        f"rlfleet learner: waiting for the replay server {address} ({now - start:.0f} s; gives up "
-                        f"{deadline - now:.0f} s from now)",
-                        flush=True,
+                    log.info(
+                        "waiting for the replay server %s (%.0f s; gives up %.0f s from now)",
+                        address,
+                        now - start,
+                        deadline - now,
                     )
                     next_report = now + WAIT_REPORT_S
                 self.stop_event.wait(min(1.0, max(0.0, deadline - now)))
@@ -134,7 +138,7 @@ class ReplayFeed:
             try:
                 for sample in self.agent.samples(self.address):
                     if lost_since is not None:
-                        print(f"rlfleet learner: replay server {self.address} is back", flush=True)
+                        log.warning("replay server %s is back", self.address)
                     lost_since, backoff = None, 0.5
                     self._put(sample)
                     if self.stop_event.is_set():
@@ -145,10 +149,8 @@ class ReplayFeed:
                     return
                 if lost_since is None:
                     lost_since = time.monotonic()
-                    print(
-                        f"rlfleet learner: lost the replay server {self.address} ({e}); "
-                        f"reconnecting for up to {REPLAY_OUTAGE_S:.0f}s",
-                        flush=True,
+                    log.warning(
+                        "lost the replay server %s (%s); reconnecting for up to %.0fs", self.address, e, REPLAY_OUTAGE_S
                     )
                 elif time.monotonic() - lost_since > REPLAY_OUTAGE_S:
                     self._error = e  # the training loop's next `take` reports it

@@ -12,10 +12,13 @@ import tensorflow as tf
 
 from rlfleet import algorithms
 from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.common.logs import logger
 from rlfleet.envs.core import EnvSpec, env_spec
 from rlfleet.learner.checkpoints import CheckpointError, restore_newest
 from rlfleet.learner.progress import BEST_SUBDIR, read_best
 from rlfleet.learner.run_dir import RunDirError, read_run_settings
+
+log = logger("learner")
 
 LATEST, BEST = "latest", "best"
 
@@ -112,7 +115,7 @@ def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
         hint = " (the best evaluation's checkpoint: --checkpoint best)" if choice not in (LATEST, BEST) else ""
         raise RestoreError(f"{where}: {e}{hint}") from None
     for line in skipped:
-        print(f"rlfleet: warning: {where}: skipped the damaged checkpoint {line}", flush=True)
+        log.warning("%s: skipped the damaged checkpoint %s", where, line)
     agent.sync_from_checkpoint()
     env_steps = int(counters["env_steps"].numpy())
     agent.on_resume(env_steps)

@@ -23,12 +23,10 @@ All state shared with the gRPC threads is guarded by `Learner.lock`.
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import numbers
 import os
 import queue
-import sys
 import threading
 import time
 
@@ -41,6 +39,7 @@ from rlfleet.algorithms.library.networks import compute_device
 from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.common.addresses import host_port
 from rlfleet.common.files import StorageError, check_writable
+from rlfleet.common.logs import logger
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_spec
 from rlfleet.learner.actor_registry import ActorRegistry
@@ -63,7 +62,7 @@ from rlfleet.learner.summary import end_summary, failure_summary
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2
 
-log = logging.getLogger("rlfleet.learner")
+log = logger("learner")
 
 # After the run's end (`Learner._linger`): seconds between looks at who is still there; the least time it serves
 # on (actors that left ask for status every 2 s, `rlfleet.actors.actor.RUN_END_POLL_S`, until they see the end);
@@ -134,11 +133,9 @@ class Learner:
                 "fields of NetworkSpec in proto/rlfleet.proto."
             ) from None
         if getattr(self.config, "lr_schedule", "constant") == "linear" and not run.total_steps:
-            print(
-                "rlfleet learner: warning: lr_schedule = linear anneals over --total-steps, which is not set; "
-                "the learning rate stays constant (pass --total-steps, or --set lr_schedule=constant).",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "lr_schedule = linear anneals over --total-steps, which is not set; the learning rate stays "
+                "constant (pass --total-steps, or --set lr_schedule=constant)."
             )
         return identity
 
@@ -376,8 +373,8 @@ class Learner:
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
-        print(f"rlfleet learner: serving on {self.address} (env {run.env_id}, preset {run.preset})", flush=True)
-        print(f"rlfleet learner: {compute_device()}", flush=True)
+        log.info("serving on %s (env %s, preset %s)", self.address, run.env_id, run.preset)
+        log.info("%s", compute_device())
         try:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
         except evaluation.EvaluationInterrupted:
@@ -549,7 +546,7 @@ class Learner:
         with self.lock:
             self.status.phase = "done"
             self.status.finished = completed
-        print(f"rlfleet learner: {'finished' if completed else 'stopped'}; checkpoint {path}", flush=True)
+        log.info("%s; checkpoint %s", "finished" if completed else "stopped", path)
         if completed:
             self._linger(run.linger_s)
         return summary
@@ -570,17 +567,17 @@ class Learner:
                 with self.lock:
                     still = sorted(self.registry.actors)
                 if still:
-                    print(f"rlfleet learner: --linger is over, actors {still} still registered; exiting", flush=True)
+                    log.info("--linger is over, actors %s still registered; exiting", still)
                 return
             last = self.feed.last_answer  # refreshed every second (`_housekeeping_loop`)
             replay_stopped = last is not None and start - LINGER_REPLAY_RECENT_S <= last <= now - LINGER_REPLAY_GONE_S
             with self.lock:
                 actors_left = bool(self.registry.actors)  # evicted after their timeout by housekeeping
             if not actors_left and not self.run_spec.linger_for_replay:
-                print("rlfleet learner: no actor is registered; exiting", flush=True)
+                log.info("no actor is registered; exiting")
                 return
             if replay_stopped and not actors_left and now - start >= LINGER_MIN_S:
-                print("rlfleet learner: the actors and the replay server have stopped; exiting", flush=True)
+                log.info("the actors and the replay server have stopped; exiting")
                 return
 
     def _fail(self, fault: str) -> None:

@@ -46,6 +46,9 @@ import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from rlfleet.common.files import fsync_path, glob_free, listdir, storage_error
+from rlfleet.common.logs import logger
+
+log = logger("replay")
 
 DONE = "DONE"  # Reverb writes this file last into a complete checkpoint
 TABLES_FILE = "tables.tfrecord"  # ZLIB-compressed TFRecord of PriorityTableCheckpoint messages
@@ -444,7 +447,7 @@ def open_teacher_replay(teacher_root: str, work_root: str) -> str:
     """
     src, skipped, _ = usable_checkpoint(teacher_root)
     for line in skipped:
-        print(f"rlfleet: warning: skipped the damaged teacher replay checkpoint: {line}", flush=True)
+        log.warning("skipped the damaged teacher replay checkpoint: %s", line)
     if src is None:
         raise ReplayCheckpointError(
             f"no readable Reverb checkpoint under {teacher_root}"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import socket
 import tempfile
@@ -16,13 +15,14 @@ import reverb
 import tensorflow as tf
 
 from rlfleet.common.files import StorageError, check_writable, disk_space, tree_bytes
+from rlfleet.common.logs import NOTICE, logger
 from rlfleet.common.progress_line import ReadingProgress
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.replay import checkpoints
 
 RUN_OVER_POLL_S = 2.0  # seconds between asks of `serve`'s run_over
 
-log = logging.getLogger("rlfleet.replay")
+log = logger("replay")
 
 
 def tables_for(algo: str, spec, config, queue_items: int | None = None) -> list:
@@ -46,7 +46,7 @@ def serve(
     checkpoint_interval_s: float = 0.0,
     run_over: Callable[[], str | None] | None = None,
 ) -> None:
-    """Runs a Reverb server on `port` (all interfaces; 0: a free one, printed) until SIGTERM/SIGINT, `stop_event`,
+    """Runs a Reverb server on `port` (all interfaces; 0: a free one, logged) until SIGTERM/SIGINT, `stop_event`,
     or `run_over`.
 
     With `checkpoint_dir` the tables start from the latest Reverb checkpoint
@@ -75,7 +75,7 @@ def serve(
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
     if restore_from:  # Reverb reads the whole checkpoint before it serves, and says nothing meanwhile
-        with ReadingProgress("rlfleet replay", "restoring the replay", tree_bytes([restore_from])):
+        with ReadingProgress("restoring the replay", tree_bytes([restore_from])):
             server = _start_server(tables, port, ckpt, scratch)
     else:
         server = _start_server(tables, port, ckpt, scratch)
@@ -84,8 +84,7 @@ def serve(
         _check_restored(server, requested, restoring)
     stop = stop_event or threading.Event()
     on_stop_signals(stop.set)
-    log.info("replay server listening on port %d with tables %s", port, [t.name for t in tables])
-    print(f"rlfleet replay: serving on port {port}", flush=True)
+    log.info("serving on port %d (tables %s)", port, ", ".join(t.name for t in tables))
     writes = checkpoint_dir if checkpoint_dir and not teacher_dir else None
     _serve_until_stopped(port, stop, writes, restoring, checkpoint_interval_s, run_over)
     saved = _checkpoint_if_changed(port, writes, restoring, final=True) if writes else True
@@ -97,11 +96,8 @@ def serve(
             f"{checkpoints.latest_checkpoint(checkpoint_dir)}, is what a restart restores.",
         )
     if scratch and not _remove_if_empty(scratch):
-        print(
-            f"rlfleet replay: checkpoints asked of this server (started without --checkpoint-dir) are in {scratch}",
-            flush=True,
-        )
-    print("rlfleet replay: stopped", flush=True)
+        log.log(NOTICE, "checkpoints asked of this server (started without --checkpoint-dir) are in %s", scratch)
+    log.info("stopped")
 
 
 def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
@@ -124,13 +120,13 @@ def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
     checkpoints.promote(checkpoint_dir, then_prune=False)  # nothing goes before it is known which one reads
     restoring, skipped, damaged = checkpoints.usable_checkpoint(checkpoint_dir)
     for line in skipped:
-        print(f"rlfleet replay: warning: skipped a damaged replay checkpoint: {line}", flush=True)
+        log.warning("skipped a damaged replay checkpoint: %s", line)
     for path in checkpoints.quarantine(damaged):
-        print(f"rlfleet replay: moved the damaged checkpoint aside: {path}", flush=True)
+        log.warning("moved the damaged checkpoint aside: %s", path)
     if restoring:
-        print(f"rlfleet replay: restoring {restoring}", flush=True)
+        log.log(NOTICE, "restoring %s", restoring)
     elif skipped:
-        print("rlfleet replay: warning: no replay checkpoint could be read; the tables start empty", flush=True)
+        log.warning("no replay checkpoint could be read; the tables start empty")
     checkpoints.prune(checkpoint_dir, protect=restoring)  # the newest KEEP, and the restored one
     return checkpoints.checkpointer(checkpoint_dir, restore_from=restoring), restoring, restoring
 
@@ -181,7 +177,7 @@ def _serve_until_stopped(port, stop, checkpoint_dir, restoring, checkpoint_inter
         if run_over is not None and time.monotonic() >= next_poll:
             reason = run_over()
             if reason:
-                print(f"rlfleet replay: {reason}; stopping", flush=True)
+                log.info("%s; stopping", reason)
                 return
             next_poll = time.monotonic() + RUN_OVER_POLL_S
         if not checkpoint_dir:
@@ -189,7 +185,7 @@ def _serve_until_stopped(port, stop, checkpoint_dir, restoring, checkpoint_inter
         try:
             checkpoints.promote(checkpoint_dir, protect=restoring)  # those clients asked for (`checkpoint_replay`)
         except StorageError as e:
-            print(f"rlfleet replay: error: {e}", flush=True)
+            log.error("%s", e)
         if checkpoint_interval_s > 0 and time.monotonic() >= next_checkpoint:
             _checkpoint_if_changed(port, checkpoint_dir, restoring)
             next_checkpoint = time.monotonic() + checkpoint_interval_s
@@ -205,14 +201,11 @@ def _checkpoint_if_changed(port: int, checkpoint_dir: str, restoring: str | None
         if checkpoints.tables_changed(client, latest):
             client.checkpoint()
             checkpoints.promote(checkpoint_dir, protect=restoring)
-            print(f"rlfleet replay: checkpoint {checkpoints.latest_checkpoint(checkpoint_dir)}", flush=True)
+            log.info("checkpoint %s", checkpoints.latest_checkpoint(checkpoint_dir))
+        elif final and latest:
+            log.info("tables unchanged since checkpoint %s", latest)
         elif final:
-            print(
-                f"rlfleet replay: tables unchanged since checkpoint {latest}"
-                if latest
-                else "rlfleet replay: tables empty, no checkpoint written",
-                flush=True,
-            )
+            log.info("tables empty, no checkpoint written")
         return True
     except (StorageError, RuntimeError, ValueError, reverb.errors.ReverbError, tf.errors.OpError) as e:
         space = ""
@@ -222,7 +215,7 @@ def _checkpoint_if_changed(port: int, checkpoint_dir: str, restoring: str | None
                 space = f" ({disk_space(checkpoint_dir, tree_bytes([last]) if last else None)})"
             except OSError:
                 pass
-        print(f"rlfleet replay: error: the replay checkpoint failed: {e}{space}", flush=True)
+        log.error("the replay checkpoint failed: %s%s", e, space)
         return False
 
 

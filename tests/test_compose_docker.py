@@ -67,7 +67,7 @@ def test_up_returns_the_learners_exit_status(image):
         out = res.stdout
         # Nothing exited (which stops every container) before the learner had finished: its final evaluation
         # and summary.json; then replay and actors ended by themselves.
-        finished, abort = out.find("rlfleet learner: finished"), out.find("Aborting on container exit")
+        finished, abort = out.find(" INFO finished; checkpoint "), out.find("Aborting on container exit")
         assert 0 <= finished < abort, out[-6000:]
         assert out.count("stopped after") == 2, out[-6000:]  # both actors
         cat = [DOCKER, "run", "--rm", "--network", "none", "-v", f"{project}_runs:/runs", "--entrypoint", "cat", image]

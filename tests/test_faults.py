@@ -216,7 +216,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
         "a filled replay table",
         [c["learner"], c["replay"], *c["actors"]],
     )
-    checkpoints = lambda: c["replay"].output().count("rlfleet replay: checkpoint")
+    checkpoints = lambda: c["replay"].output().count(" INFO checkpoint ")
     # A checkpoint under way when `before` was read (status reads replay counters up to a second late) may
     # hold fewer items: wait for the second one to finish.
     seen = checkpoints()
@@ -233,7 +233,7 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     replay_address = f"127.0.0.1:{c['replay_args'][c['replay_args'].index('--port') + 1]}"
     info = wait_for(lambda: _server_info(replay_address), 120, "the restarted replay", [replay])
     assert info.current_size >= _table(before)["size"], "the table did not come back from its checkpoint"
-    assert "rlfleet replay: restoring " in replay.output(), replay.output()[-2000:]
+    assert " NOTICE restoring " in replay.output(), replay.output()[-2000:]
     restored = wait_for(lambda: status_or_none(c["address"]), 60, "status after the restart", [replay, c["learner"]])
     # Learner and actors (none restarted) reconnect: new items arrive and learning goes on.
     later = wait_for(
@@ -256,8 +256,8 @@ def test_replay_kill9_restores_checkpoint(procs, tmp_path, free_port):
     assert replay.stop() == 0
     latest = latest_checkpoint(str(c["run"] / "replay"))
     assert (
-        f"rlfleet replay: checkpoint {latest}" in replay.output()
-        or f"rlfleet replay: tables unchanged since checkpoint {latest}" in replay.output()
+        f" INFO checkpoint {latest}" in replay.output()
+        or f" INFO tables unchanged since checkpoint {latest}" in replay.output()
     ), replay.output()[-2000:]
     again = procs.start("replay-again", *c["replay_args"])
     wait_for(lambda: _server_info(replay_address), 120, "the replay server once more", [again])

@@ -46,7 +46,7 @@ def test_up_learns_inverted_pendulum(tmp_path):
     # `up` stops its replay server itself: the finished learner exits once its actors have left, not after
     # waiting out --linger for the replay server.
     learner_log = (logdir / "logs" / "learner.log").read_text()
-    assert "rlfleet learner: no actor is registered; exiting" in learner_log, learner_log[-2000:]
+    assert " INFO no actor is registered; exiting" in learner_log, learner_log[-2000:]
     summary = json.loads((logdir / "summary.json").read_text())
     for key in (
         "algo",

@@ -77,7 +77,7 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
     assert a["host"] == socket.gethostname() and a["num_envs"] == 2
     assert a["env_steps"] > 0 and a["policy_version"] >= 1 and a["seconds_since_heartbeat"] < 5
     assert a["env_backend"] == "sync" and a["env_backend_reason"] == "--env-backend sync (this actor)"
-    assert "rlfleet actor 0: env backend --env-backend sync (this actor)" in actor.output()
+    assert "actor-0[" in actor.output() and " INFO env backend --env-backend sync (this actor)" in actor.output()
     assert st["env_steps"] >= st["consumed_env_steps"]
     table = st["replay"][0]
     assert table["inserts"] > 0 and table["samples"] > 0 and table["max_size"] >= 2

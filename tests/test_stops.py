@@ -207,8 +207,8 @@ def test_a_burst_of_sigterms_stops_every_service_cleanly(procs, tmp_path, free_p
     )
     for p, done in (
         (actor, "stopped after"),
-        (learner, "rlfleet learner: stopped"),
-        (replay, "rlfleet replay: stopped"),
+        (learner, " INFO stopped; checkpoint "),
+        (replay, " INFO stopped\n"),
     ):
         _signal_burst(p.proc)
         try:
@@ -218,7 +218,7 @@ def test_a_burst_of_sigterms_stops_every_service_cleanly(procs, tmp_path, free_p
         # Signals that come after the stop, while the interpreter exits, may end it with -SIGTERM: no harm then.
         assert done in p.output() and p.proc.returncode in (0, -signal.SIGTERM), (p.proc.returncode, p.output())
     assert list((logdir / "checkpoints").glob("ckpt-*.index")), learner.output()[-3000:]
-    assert "rlfleet replay: checkpoint" in replay.output(), replay.output()[-3000:]
+    assert " INFO checkpoint " in replay.output(), replay.output()[-3000:]
 
 
 def test_the_stop_signal_handler_never_waits_for_the_stop_events_lock():
@@ -264,4 +264,4 @@ def test_replay_on_port_0_serves_on_the_free_port_it_prints_and_stops(procs, tmp
     port = int(line.rsplit(" ", 1)[1])
     assert port > 0, line
     assert reverb.Client(f"127.0.0.1:{port}").server_info(timeout=10)
-    assert replay.stop(timeout=60) == 0 and "rlfleet replay: stopped" in replay.output(), replay.output()[-3000:]
+    assert replay.stop(timeout=60) == 0 and " INFO stopped\n" in replay.output(), replay.output()[-3000:]

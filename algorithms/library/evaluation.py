@@ -10,7 +10,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rlfleet.common.logs import logger
 from rlfleet.envs.core import env_seeds, make_batched_env, make_env, make_rendering_env, resolve_backend
+
+log = logger("evaluation")
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
 # EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
@@ -141,7 +144,7 @@ def run_batched_episodes(
     """
     from rlfleet.common.progress_line import ProgressLine
 
-    line = ProgressLine("rlfleet learner", progress, "env steps") if progress else None
+    line = ProgressLine(progress, "env steps") if progress else None
     backend = resolve_backend(env_id, "auto")
     venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
     try:
@@ -219,9 +222,7 @@ class EvaluationVideos:
         if not self.every or self.evaluations % self.every:
             return
         if self.thread is not None and self.thread.is_alive():
-            print(
-                f"rlfleet learner: no video at env steps {env_steps:,}: the previous one is still rendering", flush=True
-            )
+            log.info("no video at env steps %s: the previous one is still rendering", f"{env_steps:,}")
             return
         self.thread = threading.Thread(
             target=self._record, args=(policy, seed, env_steps), name="evaluation-video", daemon=True
@@ -242,12 +243,14 @@ class EvaluationVideos:
         except Exception as e:  # VideoError, EnvError, OSError, and whatever rendering or encoding raised
             self.every = 0
             words = str(e) if isinstance(e, (VideoError, EnvError)) else f"{type(e).__name__}: {e}"
-            print(f"rlfleet learner: warning: no more videos this run: {words}", flush=True)
+            log.warning("no more videos this run: %s", words)
             return
-        print(
-            f"rlfleet learner: video of an evaluation episode at env steps {env_steps:,} (return "
-            f"{episode.returns[0]:,.1f}, {episode.lengths[0]} env steps): {path}",
-            flush=True,
+        log.info(
+            "video of an evaluation episode at env steps %s (return %s, %d env steps): %s",
+            f"{env_steps:,}",
+            f"{episode.returns[0]:,.1f}",
+            episode.lengths[0],
+            path,
         )
 
     def _to_tensorboard(self, path: str, env_steps: int) -> None:

@@ -25,7 +25,6 @@ iteration, each from a 125k-agent-step evaluation (`record_score`).
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 
 import numpy as np
@@ -39,10 +38,11 @@ from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.teacher import Teacher
+from rlfleet.common.logs import NOTICE, logger
 from rlfleet.common.progress_line import ProgressLine
 from rlfleet.envs.core import EnvSpec
 
-log = logging.getLogger("rlfleet.qdagger")
+log = logger("qdagger")
 
 OFFLINE, ONLINE = "offline_pretraining", "online"
 # Evaluation seeds of the teacher and of the random policy at start: far from the student's own evaluation
@@ -77,7 +77,7 @@ class QDaggerAgent(DQNAgent):
         self.score_returns = tf.Variable(tf.zeros([max(1, config.distillation_score_episodes)], tf.float32))
         self.score_played = tf.Variable(0, dtype=tf.int64)
         self.score_return = math.nan  # R_S that λ was last set from
-        self._offline_progress = ProgressLine("rlfleet learner", "offline pretraining", "learner steps")
+        self._offline_progress = ProgressLine("offline pretraining", "learner steps")
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
@@ -132,10 +132,13 @@ class QDaggerAgent(DQNAgent):
                 self.teacher_return,
                 self.random_return,
             )
-        print(
-            f"rlfleet learner: teacher {self.teacher.directory} evaluates at {self.teacher_return:.1f} "
-            f"({episodes} episodes), a random policy at {self.random_return:.1f}",
-            flush=True,
+        log.log(
+            NOTICE,
+            "teacher %s evaluates at %.1f (%d episodes), a random policy at %.1f",
+            self.teacher.directory,
+            self.teacher_return,
+            episodes,
+            self.random_return,
         )
 
     def samples(self, replay_address: str):
@@ -205,7 +208,7 @@ class QDaggerAgent(DQNAgent):
             if steps % c.target_update_period:  # the online phase bootstraps from the student as it is now
                 self._copy_target()
             done = f"offline pretraining done ({steps} gradient steps)" if c.offline_steps else "no offline pretraining"
-            print(f"rlfleet learner: {done}; online phase", flush=True)
+            log.log(NOTICE, "%s; online phase", done)
             return StepResult(gradient_steps=k, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - start
         if (

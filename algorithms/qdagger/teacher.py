@@ -15,9 +15,12 @@ import os
 
 import tensorflow as tf
 
+from rlfleet.common.logs import logger
 from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.checkpoints import CheckpointError, checkpoint_numbers, restore_newest
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, usable_checkpoint
+
+log = logger("qdagger")
 
 TEACHER_ALGOS = ("dqn", "qdagger")
 
@@ -97,12 +100,12 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
             f"({spec.action_dim} actions, observations {spec.obs_shape}): {e}"
         ) from None
     for line in skipped:
-        print(f"rlfleet: warning: --teacher {directory}: skipped the damaged checkpoint {line}", flush=True)
+        log.warning("--teacher %s: skipped the damaged checkpoint %s", directory, line)
     replay, skipped, _ = usable_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
     if replay is None:  # the replay server serving it (`open_teacher_replay`) would find none either
         raise TeacherError(f"--teacher {directory}: no replay checkpoint of it can be read ({'; '.join(skipped)})")
     for line in skipped:
-        print(f"rlfleet: warning: --teacher {directory}: skipped the damaged replay checkpoint {line}", flush=True)
+        log.warning("--teacher %s: skipped the damaged replay checkpoint %s", directory, line)
     summary_path = os.path.join(directory, "summary.json")
     final = None
     if os.path.exists(summary_path):
