@@ -360,6 +360,32 @@ def _video_every_option(f):
     )(f)
 
 
+def _track_option(f):
+    return click.option(
+        "--track",
+        multiple=True,
+        type=click.Choice(["mlflow", "wandb"]),
+        envvar="RLFLEET_TRACK",
+        show_envvar=True,
+        help="Also send the metrics rows to an experiment tracker (repeatable): mlflow (a file store in "
+        'RUN/mlruns, or $MLFLOW_TRACKING_URI; pip install -e ".[mlflow]") or wandb (offline, RUN/wandb; pip install '
+        '-e ".[wandb]"). A resumed run keeps its trackers.',
+    )(f)
+
+
+def _check_track(track: tuple) -> tuple:
+    """`--track`, checked before anything starts; exported to the processes this one starts (`up`'s learner)."""
+    from rlfleet.learner.trackers import TrackerError, check_trackers
+
+    try:
+        track = check_trackers(track)
+    except TrackerError as e:
+        _fail(str(e))
+    if track:
+        os.environ["RLFLEET_TRACK"] = " ".join(track)
+    return track
+
+
 def _teacher_option(help_text: str):
     return click.option("--teacher", type=click.Path(file_okay=False), default=None, help=help_text)
 
@@ -499,6 +525,7 @@ def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
 )
 @_report_interval_option("Seconds between progress rows.")
 @_video_every_option
+@_track_option
 @_teacher_option("qdagger: the run directory of a finished dqn run on the same env (its Q-network and replay).")
 @_offline_steps_option
 @click.option(
@@ -527,6 +554,7 @@ def up(
     resume,
     report_interval,
     video_every,
+    track,
     teacher,
     offline_steps,
     show_config,
@@ -556,6 +584,7 @@ def up(
         overrides["envs_per_actor"] = envs_per_actor
     _check_env_backend(env_id, env_backend)
     _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
+    _check_track(track)
     if show_config:
         _show_config(algo, preset, env_id, overrides)
         return
@@ -891,6 +920,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 @_env_backend_option("Env backend actors use (see `up`).")
 @_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).")
 @_video_every_option
+@_track_option
 @click.option(
     "--checkpoint-interval",
     default=120.0,
@@ -1000,6 +1030,7 @@ def learner_cmd(
     tls_key,
     tls_client_ca,
     token,
+    track,
 ):
     """Run the learner service of an algorithm against a replay server (started before or after it)."""
     import threading
@@ -1020,6 +1051,7 @@ def learner_cmd(
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
     if tls_client_ca and not tls_cert:
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    track = _check_track(track)
     if run_config:
         _run_config_alone(algo, env_id, preset, overrides, config_file)
     logdir = _logdir(logdir, resume)
@@ -1058,6 +1090,7 @@ def learner_cmd(
             checkpoint_interval_s=checkpoint_interval, linger_s=linger, linger_for_replay=linger_for_replay,
             actor_timeout_s=actor_timeout,
             start_timeout_s=start_timeout, start_deadline=deadline, video_every=video_every,
+            track=track,
         )  # fmt: skip
         learner = Learner(run, server, stop_event=stop)
         if port_file and server is None:

@@ -21,6 +21,9 @@ import os
 import shlex
 
 from rlfleet.common.files import atomic_write, storage_error
+from rlfleet.common.logs import logger
+
+log = logger("learner")
 
 
 class RunDirError(ValueError):
@@ -233,8 +236,9 @@ def run_state(run_dir: str, total_steps: int) -> str:
 
 
 class MetricsLog:
-    """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes) and
-    RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps).
+    """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes),
+    RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps) and the experiment trackers
+    `trackers` ({name: tracker}, `rlfleet.learner.trackers`; one that fails is dropped with a warning).
 
     A row's scalars are written, and the writer flushed, by one traced call per set of field names (up to
     `TRACED_FIELD_SETS` sets, then eagerly): with Python 3.11, TensorFlow 2.15 keeps about 100 bytes for every eager
@@ -244,9 +248,10 @@ class MetricsLog:
 
     TRACED_FIELD_SETS = 16
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, trackers: dict | None = None):
         import tensorflow as tf
 
+        self.trackers = dict(trackers or {})
         self._tf = tf
         self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
         self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
@@ -284,6 +289,7 @@ class MetricsLog:
             self.file.flush()
         except OSError as e:  # a full disk: StorageError, which the learner's command reports
             raise storage_error(e, "metrics.jsonl", os.path.dirname(self.file.name)) from None
+        self._track(row)
         scalars = {
             k: float(v)
             for k, v in row.items()
@@ -305,6 +311,27 @@ class MetricsLog:
                 self._tf.summary.scalar(k, v)
         self.writer.flush()
 
+    def _track(self, row: dict) -> None:
+        from rlfleet.learner.trackers import scalars_of
+
+        for name, tracker in list(self.trackers.items()):
+            try:
+                tracker.log(int(row["env_steps"]), scalars_of(row))
+            except Exception as e:  # whatever the tracker's package raised: the row is in metrics.jsonl
+                self.trackers.pop(name)
+                log.warning("--track %s: stopped tracking this run (%s: %s)", name, type(e).__name__, e)
+
+    def end_tracking(self, completed: bool) -> None:
+        """Ends each tracker's run, as finished (`completed`) or stopped."""
+        trackers, self.trackers = self.trackers, {}
+        for name, tracker in trackers.items():
+            try:
+                tracker.close(completed)
+            except Exception as e:  # whatever the tracker's package raised
+                log.warning("--track %s: the tracked run did not end cleanly (%s: %s)", name, type(e).__name__, e)
+
     def close(self) -> None:
+        """Closes the files; trackers still open end their runs as stopped."""
+        self.end_tracking(False)
         self.file.close()
         self.writer.close()

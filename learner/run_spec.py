@@ -45,6 +45,8 @@ class RunSpec:
             its --start-timeout of `start_timeout_s` seconds, counted from the process's start.
         video_every: after every this many evaluations, one evaluation episode again as a video in RUN/videos and
             TensorBoard (`rlfleet.algorithms.library.evaluation.EvaluationVideos`; 0: none).
+        track: experiment trackers that also get the metrics rows (`rlfleet.learner.trackers.TRACKERS`), beside
+            those the run directory recorded.
     """
 
     algo: str
@@ -72,3 +74,4 @@ class RunSpec:
     start_timeout_s: float = START_TIMEOUT_S
     start_deadline: float | None = None
     video_every: int = 0
+    track: tuple = ()

@@ -22,6 +22,7 @@ All state shared with the gRPC threads is guarded by `Learner.lock`.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import numbers
@@ -341,10 +342,22 @@ class Learner:
 
     def _serve_and_train(self) -> dict:
         self._start_serving()
-        metrics = self._metrics = MetricsLog(self.run_spec.logdir)
+        metrics = self._metrics = MetricsLog(self.run_spec.logdir, self._open_trackers())
         last = dict(time=time.monotonic(), env_steps=self._env_steps(), learner_steps=self.count["learner_steps"])
         completed, last = self._train(metrics, last)
         return self._finish(completed, metrics, last)
+
+    def _open_trackers(self) -> dict:
+        """The experiment trackers of `--track` and of the run directory's record (`rlfleet.learner.trackers`),
+        their runs named after the run directory, with the run's settings as parameters."""
+        run = self.run_spec
+        from rlfleet.learner.trackers import open_trackers, read_recorded
+
+        if not run.track and not read_recorded(run.logdir):
+            return {}
+        params = dict(algo=run.algo, env_id=run.env_id, preset=run.preset, seed=run.seed, total_steps=run.total_steps)
+        params.update(dataclasses.asdict(self.config))
+        return open_trackers(run.track, run.logdir, os.path.basename(os.path.abspath(run.logdir)), params)
 
     def _start_serving(self) -> None:
         """Answers status while it waits for the replay servers (phase waiting_for_replay) and checks their
@@ -543,6 +556,7 @@ class Learner:
             run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, self.best, **more
         )
         write_json(os.path.join(run.logdir, "summary.json"), summary)
+        metrics.end_tracking(completed)
         with self.lock:
             self.status.phase = "done"
             self.status.finished = completed
