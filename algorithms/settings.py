@@ -11,6 +11,8 @@ import dataclasses
 import difflib
 import inspect
 import io
+import json
+import os
 import shlex
 import textwrap
 import tokenize
@@ -155,6 +157,106 @@ def describe(cls) -> dict[str, str]:
             elif tok.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL):
                 line.append(tok)
     return {f.name: found.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """One run's description: built once by the command line, written as RUN/settings.json and run.json
+    (`to_json`), and read back as the same type by every process of the run (`from_json`).
+
+    Attributes:
+        algo: a registered algorithm's name.
+        env_id: the gymnasium id, with its constructor arguments where `--env-kwargs` gave some (`ID?{...}`).
+        preset: the preset the settings start from.
+        overrides: {setting: value} that differ from the preset and its per-env overrides (what `--set` gives).
+        config: the algorithm's settings dataclass, resolved from the three above (`build_config`).
+        teacher: an algorithm with a teacher: the teacher's run directory (an absolute path); else None.
+        seed: the run seed; None where not recorded (a file of `rlfleet settings`).
+        total_steps: the env-step budget; None where not recorded.
+    """
+
+    algo: str
+    env_id: str
+    preset: str
+    overrides: dict
+    config: object
+    teacher: str | None = None
+    seed: int | None = None
+    total_steps: int | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        algo: str,
+        env_id: str,
+        preset: str = "default",
+        overrides: dict | None = None,
+        teacher: str | None = None,
+        seed: int | None = None,
+        total_steps: int | None = None,
+    ) -> RunSettings:
+        """The settings of a run, resolved and checked (`make_algo_config`).
+
+        Raises:
+            ValueError: unknown algorithm, preset or setting, or a value out of its range (the message names it).
+        """
+        overrides = dict(overrides or {})
+        config = make_algo_config(algo, preset, env_id, overrides)
+        teacher = os.path.abspath(teacher) if teacher else None
+        return cls(algo, env_id, preset, overrides, config, teacher, seed, total_steps)
+
+    def with_changes(self, **changes) -> RunSettings:
+        """A copy with `changes` (any attribute but `config`), resolved again where the settings change.
+
+        Raises:
+            ValueError: as `resolve`.
+        """
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "config"}
+        return RunSettings.resolve(**{**fields, **changes})
+
+    def to_json(self) -> dict:
+        """What settings.json and run.json hold: {"algo", "env_id", "preset", "config": {setting: value}}, and
+        "teacher", "seed" and "total_steps" where known."""
+        run = dict(algo=self.algo, env_id=self.env_id, preset=self.preset, config=json.loads(self.config.to_json()))
+        if self.teacher:
+            run["teacher"] = self.teacher
+        if self.seed is not None:
+            run["seed"] = int(self.seed)
+        if self.total_steps is not None:
+            run["total_steps"] = int(self.total_steps)
+        return run
+
+    @classmethod
+    def from_json(cls, run: dict, where: str) -> RunSettings:
+        """The settings `to_json` wrote; settings the file does not record take the preset's value.
+
+        Raises:
+            ValueError: missing keys, an unknown algorithm, settings the algorithm refuses, or a seed or budget
+                that is not a whole number >= 0 (the message starts with `where`).
+        """
+        missing = [k for k in ("algo", "env_id", "preset", "config") if not isinstance(run, dict) or k not in run]
+        if missing:
+            raise ValueError(
+                f"{where}: no {', '.join(missing)}; a settings file holds algo, env_id, preset and "
+                "config (write one with `rlfleet settings --out FILE`)."
+            )
+        try:
+            base = dataclasses.asdict(make_algo_config(run["algo"], run["preset"], run["env_id"]))
+            recorded = run["config"]
+            overrides = {k: v for k, v in recorded.items() if base.get(k, object()) != _plain(v, base.get(k))}
+            settings = cls.resolve(run["algo"], run["env_id"], run["preset"], overrides, run.get("teacher"))
+        except (ValueError, AttributeError, TypeError) as e:  # a value of the wrong kind: a list for a dict, say
+            raise ValueError(f"{where}: {e}") from None
+        seed, total_steps = run.get("seed"), run.get("total_steps")
+        for name, value in (("seed", seed), ("total_steps", total_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{where}: {name} must be a whole number ≥ 0, not {value!r}.")
+        return dataclasses.replace(settings, seed=seed, total_steps=total_steps)
+
+
+def _plain(value, like):
+    """A JSON value as the config holds it (lists as tuples where the config has a tuple)."""
+    return tuple(value) if isinstance(value, list) and isinstance(like, tuple) else value
 
 
 def make_algo_config(algo: str, preset: str, env_id: str, overrides: dict | None = None):

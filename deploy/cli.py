@@ -13,6 +13,7 @@ import time
 import click
 
 from rlfleet import algorithms
+from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common import logs
 from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import one_blas_thread
@@ -84,11 +85,10 @@ def _check_algo(algo: str) -> algorithms.AlgorithmBuilder:
         _fail(str(e))
 
 
-def _check_teacher_args(
-    algo: str, teacher: str | None, offline_steps: int | None, overrides: dict, need_teacher: bool = True
-) -> None:
+def _check_teacher_args(algo: str, teacher: str | None, offline_steps: int | None, need_teacher: bool = True) -> dict:
     """--teacher belongs to (and, when `need_teacher`, is required by) algorithms with a teacher (QDagger);
-    --offline-steps becomes the offline_steps setting of algorithms that have it."""
+    --offline-steps becomes the offline_steps setting of algorithms that have it: returns {"offline_steps": G}
+    then, else {}."""
     alg = _check_algo(algo)
     with_teacher = [a for a in algorithms.names() if algorithms.get(a).uses_teacher]
     if alg.uses_teacher and need_teacher and not teacher:
@@ -103,10 +103,11 @@ def _check_teacher_args(
     has_offline = "offline_steps" in {f.name for f in dataclasses.fields(alg.config_class())}
     if offline_steps is not None and not has_offline:
         _fail(f"--offline-steps is a setting of {algo}'s config only if it has one; {algo} has no offline_steps.")
-    if offline_steps is not None:
-        if offline_steps < 0:
-            _fail(f"--offline-steps {offline_steps}: must be >= 0.")
-        overrides["offline_steps"] = offline_steps
+    if offline_steps is None:
+        return {}
+    if offline_steps < 0:
+        _fail(f"--offline-steps {offline_steps}: must be >= 0.")
+    return {"offline_steps": offline_steps}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -203,17 +204,6 @@ _common = [
 ]
 
 
-@dataclasses.dataclass
-class Settings:
-    """A command's algorithm, env, preset and overrides, from its options or its --run-config file."""
-
-    algo: str
-    env_id: str
-    preset: str
-    overrides: dict
-    teacher: str | None = None  # recorded in the --run-config file
-
-
 def _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel) -> None:
     """Exits with the reason where `up`'s --seeds/--parallel do not fit the other options."""
     if not seeds:
@@ -229,21 +219,24 @@ def _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel) ->
         _fail("--learner-port with --parallel > 1: the runs at a time would share the port; leave --learner-port out.")
 
 
-def _recorded_run(resume: str, settings_given: bool) -> dict:
-    """What the run directory `resume` records in its run.json: all of `read_run_settings` where the command gives
-    no settings of its own (exits with a message on a damaged or missing file), else only its seed, budget,
-    algorithm and preset (those the command leaves out are the run's; the run directory check compares the
-    rest)."""
+def _recorded_partial(resume: str) -> dict:
+    """The seed, budget, algorithm and preset the run directory `resume` records in its run.json, for a command
+    that gives settings of its own (those it leaves out are the run's; the run directory check compares the
+    rest); {} where run.json cannot be read."""
+    try:
+        with open(os.path.join(resume, "run.json")) as f:  # read as a path, never globbed
+            run = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: run.get(k) for k in ("seed", "total_steps", "algo", "preset")} if isinstance(run, dict) else {}
+
+
+def _recorded_settings(resume: str) -> RunSettings:
+    """The settings the run directory `resume` records in its run.json (exits with a message on a damaged or
+    missing file)."""
     from rlfleet.learner.run_dir import RunDirError, read_run_settings
 
-    path = os.path.join(resume, "run.json")  # read as a path, never globbed
-    if settings_given:
-        try:
-            with open(path) as f:
-                run = json.load(f)
-        except (OSError, ValueError):
-            return {}
-        return {k: run.get(k) for k in ("seed", "total_steps", "algo", "preset")} if isinstance(run, dict) else {}
+    path = os.path.join(resume, "run.json")
     if not os.path.exists(path):
         _fail(
             f"--resume {resume}: no run.json there, so the run's settings are unknown; pass the run directory "
@@ -256,29 +249,51 @@ def _recorded_run(resume: str, settings_given: bool) -> dict:
         _fail(f"--resume {resume}: {e}")
 
 
-def _teacher(given: str | None, s: Settings) -> str | None:
+def _teacher(given: str | None, s: RunSettings) -> str | None:
     """--teacher, or the teacher the --run-config file records; exits when both are given and differ."""
     if given and s.teacher and os.path.abspath(given) != os.path.abspath(s.teacher):
         _fail(f"--teacher {given} differs from the teacher {s.teacher} that --run-config records; give one of them.")
     return given or s.teacher
 
 
-def _settings(algo, env_id, preset, overrides, config_file, run_config) -> Settings:
-    """Resolves the common options (exits with a message on a conflict or a bad file)."""
+def _settings(algo, env_id, preset, overrides, config_file, run_config) -> RunSettings:
+    """The run's settings from the common options or the --run-config file, resolved and checked (exits with a
+    message on a conflict, a bad file or a bad setting)."""
     if run_config:
         _run_config_alone(algo, env_id, preset, overrides, config_file)
         from rlfleet.learner.run_dir import RunDirError, read_run_settings
 
         try:
-            r = read_run_settings(run_config)
+            return read_run_settings(run_config)
         except RunDirError as e:
             _fail(f"--run-config {e}")
-        return Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
     if env_id is None:
         _fail("Missing option '--env' (a gymnasium env id; or give a whole configuration with --run-config).")
     algo = algo or "ppo"
     _check_algo(algo)
-    return Settings(algo, _env_with_kwargs(env_id), preset or "default", _parse_overrides(overrides, config_file))
+    overrides = _parse_overrides(overrides, config_file)
+    return _resolved(algo, _env_with_kwargs(env_id), preset or "default", overrides)
+
+
+def _resolved(*args, **kwargs) -> RunSettings:
+    """`RunSettings.resolve(*args, **kwargs)`; exits with the message of a bad setting."""
+    try:
+        return RunSettings.resolve(*args, **kwargs)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _changed(s: RunSettings, extra: dict, teacher: str | None) -> RunSettings:
+    """`s` with the settings `extra` (from options such as --envs-per-actor) and the teacher `teacher`, resolved
+    again only where they change it; exits with the message of a bad setting."""
+    overrides = {**s.overrides, **extra}
+    teacher = os.path.abspath(teacher) if teacher else None
+    if overrides == s.overrides and teacher == s.teacher:
+        return s
+    try:
+        return s.with_changes(overrides=overrides, teacher=teacher)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _env_kwargs_given() -> tuple[str, ...]:
@@ -449,15 +464,12 @@ def _logdir(logdir: str | None, resume: str | None) -> str:
     return logdir if logdir is not None else resume
 
 
-def _show_config(algo: str, preset: str, env_id: str, overrides: dict) -> None:
+def _show_config(run: RunSettings) -> None:
     """Prints every setting of the run's resolved config: name, value, description (with its unit) and the values
     it may take (its declared range or choices)."""
     from rlfleet.algorithms.settings import choices, describe, make_algo_config, ranges
 
-    try:
-        cfg = make_algo_config(algo, preset, env_id, overrides)
-    except ValueError as e:
-        _fail(str(e))
+    algo, preset, env_id, cfg = run.algo, run.preset, run.env_id, run.config
     base = dataclasses.asdict(make_algo_config(algo, preset, env_id))
     click.echo(
         f"# {algo} on {env_id}: preset {preset!r} with its per-env overrides; * = changed from that by "
@@ -566,11 +578,11 @@ def up(
     records; options given with it must match the run (--total-steps may change the budget)."""
     _quiet_tf()
     settings_given = any((algo, env_id, preset, overrides, config_file, run_config, _env_kwargs_given()))
-    recorded = _recorded_run(resume, settings_given) if resume else {}
-    if resume and not settings_given:  # the run's own settings, read once above
-        r = recorded
-        s = Settings(r["algo"], r["env_id"], r["preset"], r["overrides"], r["teacher"])
+    if resume and not settings_given:  # the run's own settings
+        s = _recorded_settings(resume)
+        recorded = dict(seed=s.seed, total_steps=s.total_steps)
     else:
+        recorded = _recorded_partial(resume) if resume else {}
         if resume and not run_config:
             if env_id is None:
                 _fail(
@@ -579,14 +591,14 @@ def up(
                 )
             algo, preset = algo or recorded.get("algo"), preset or recorded.get("preset")  # the run's, unless given
         s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
-    if envs_per_actor is not None:
-        overrides["envs_per_actor"] = envs_per_actor
-    _check_env_backend(env_id, env_backend)
-    _check_teacher_args(algo, teacher, offline_steps, overrides, need_teacher=not show_config)
+    teacher = _teacher(teacher, s)
+    extra = {"envs_per_actor": envs_per_actor} if envs_per_actor is not None else {}
+    _check_env_backend(s.env_id, env_backend)
+    extra.update(_check_teacher_args(s.algo, teacher, offline_steps, need_teacher=not show_config))
     _check_track(track)
+    run = _changed(s, extra, teacher)
     if show_config:
-        _show_config(algo, preset, env_id, overrides)
+        _show_config(run)
         return
     if seeds or parallel > 1:
         _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel)
@@ -597,7 +609,7 @@ def up(
     if total_steps is None:
         _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
     from rlfleet.common.files import StorageError
-    from rlfleet.deploy.launcher import LaunchError, launch
+    from rlfleet.deploy.launcher import LaunchError, UpOptions, launch
 
     logdir = _logdir(logdir, resume)
     if total_steps <= 0:  # a budget read from the run's run.json
@@ -610,29 +622,23 @@ def up(
         except ValueError as e:
             _fail(str(e))
         settings_path = os.path.join(logdir, "settings.json")
-        _write_settings(dataclasses.replace(s, teacher=teacher), settings_path, "rlfleet up")
+        _write_settings(run, settings_path, click.echo)  # each seed's run adds its seed and budget
         up_args = ["--actors", str(num_actors), "--env-backend", env_backend, "--bind", bind]
         up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
         up_args += ["--learner-port", str(learner_port)] if learner_port else []
         sys.exit(run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args))
+    options = UpOptions(
+        logdir=logdir,
+        num_actors=num_actors,
+        learner_port=learner_port,
+        bind=bind,
+        env_backend=env_backend,
+        resume=resume,
+        report_interval=report_interval,
+        video_every=video_every,
+    )
     try:
-        code = launch(
-            algo=algo,
-            env_id=env_id,
-            preset=preset,
-            overrides=overrides,
-            total_steps=total_steps,
-            logdir=logdir,
-            num_actors=num_actors,
-            seed=seed,
-            learner_port=learner_port,
-            env_backend=env_backend,
-            resume=resume,
-            report_interval=report_interval,
-            teacher=teacher,
-            bind=bind,
-            video_every=video_every,
-        )
+        code = launch(dataclasses.replace(run, seed=seed, total_steps=total_steps), options)
     except (LaunchError, StorageError) as e:
         _fail(str(e))
     sys.exit(code)
@@ -707,10 +713,9 @@ def replay_cmd(
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides = s.algo, s.env_id, s.preset, s.overrides
+    algo, env_id = s.algo, s.env_id
     alg = _check_algo(algo)
 
-    from rlfleet.algorithms.settings import make_algo_config
     from rlfleet.common.files import StorageError
     from rlfleet.envs.core import EnvError, env_spec
     from rlfleet.replay.server import serve, tables_for
@@ -718,8 +723,7 @@ def replay_cmd(
     try:
         spec = env_spec(env_id)
         algorithms.require_action_kind(spec, algo)
-        cfg = make_algo_config(algo, preset, env_id, overrides)
-        tables = tables_for(algo, spec, cfg, queue_items)
+        tables = tables_for(algo, spec, s.config, queue_items)
         if teacher and not alg.uses_teacher:
             with_teacher = [a for a in algorithms.names() if algorithms.get(a).uses_teacher]
             _fail(
@@ -813,31 +817,19 @@ def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     if out is None:
-        click.echo(json.dumps(_resolved_settings(s), indent=2))
+        click.echo(json.dumps(s.to_json(), indent=2))
         return
     _write_settings(s, out, click.echo)
 
 
-def _resolved_settings(s: Settings) -> dict:
-    """The settings file's content for `s` (algo, env_id, preset, full config, teacher); exits on a bad setting."""
-    from rlfleet.algorithms.settings import make_algo_config
-    from rlfleet.learner.run_dir import run_identity
-
-    try:
-        cfg = make_algo_config(s.algo, s.preset, s.env_id, s.overrides)
-    except ValueError as e:
-        _fail(str(e))
-    return run_identity(s.algo, s.env_id, s.preset, cfg.to_json(), s.teacher)
-
-
-def _write_settings(s: Settings, out: str, say) -> None:
+def _write_settings(s: RunSettings, out: str, say) -> None:
     """Writes the resolved settings of `s` to `out`. When `out` exists (a restarted service, a second start of
     the same run) it must hold the same settings: a run keeps the settings it started with, so that its
     checkpoints and replay stay valid; exits naming the differences otherwise. `say` is given the line that
     tells what was done (`click.echo` for `rlfleet settings`, the log for a service)."""
     from rlfleet.learner.run_dir import write_json
 
-    run = _resolved_settings(s)
+    run = s.to_json()
     if os.path.exists(out):
         with open(out) as f:
             try:
@@ -1070,9 +1062,9 @@ def learner_cmd(
             log.info("stopped while waiting for the run's settings %s.", run_config)
             sys.exit(exit_code_if_stopped)
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id, preset, overrides, teacher = s.algo, s.env_id, s.preset, s.overrides, _teacher(teacher, s)
-    _check_teacher_args(algo, teacher, offline_steps, overrides)
-    _check_env_backend(env_id, env_backend)
+    teacher = _teacher(teacher, s)
+    s = _changed(s, _check_teacher_args(s.algo, teacher, offline_steps), teacher)
+    _check_env_backend(s.env_id, env_backend)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
     from rlfleet.common.files import StorageError
@@ -1083,9 +1075,9 @@ def learner_cmd(
 
     try:
         run = RunSpec(
-            algo=algo, env_id=env_id, replay_address=replay_address, logdir=logdir, total_steps=total_steps,
-            preset=preset, overrides=overrides or {}, seed=seed, resume=resume, teacher=teacher,
-            teacher_replay=teacher_replay, replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
+            settings=dataclasses.replace(s, seed=seed, total_steps=total_steps),
+            replay_address=replay_address, logdir=logdir, resume=resume, teacher_replay=teacher_replay,
+            replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
             bind=bind, tls=tls, token=token, report_interval_s=report_interval,
             checkpoint_interval_s=checkpoint_interval, linger_s=linger, linger_for_replay=linger_for_replay,
             actor_timeout_s=actor_timeout,

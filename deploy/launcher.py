@@ -23,14 +23,14 @@ import portpicker
 
 from rlfleet import algorithms
 from rlfleet.algorithms.base import AlgorithmBuilder
-from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.addresses import bare_host, bind_problem, host_port
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import RELAYED_LEVELS, line_level, logger
 from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
 from rlfleet.envs.core import EnvError, env_spec
-from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_identity, run_state, write_json
+from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_state, write_json
 from rlfleet.learner.run_spec import START_TIMEOUT_S
 from rlfleet.proto.security import ClientSecurity, token_from_env
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR
@@ -157,32 +157,53 @@ def _progress_values(st: dict) -> list[tuple[str, str]]:
     return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
 
 
-def resume_command(
-    logdir: str, num_actors: int, bind: str = LOOPBACK, env_backend: str = "auto", video_every: int = 0
-) -> str:
+@dataclasses.dataclass(frozen=True)
+class UpOptions:
+    """How `launch` runs a run on this machine: what `rlfleet up` is told besides the run's settings.
+
+    Attributes:
+        logdir: the run directory.
+        num_actors: actor processes.
+        learner_port: the learner's port (0: a free one).
+        bind: the address the learner listens on (loopback; another address lets actors on other machines
+            attach, and the replay server is announced to actors at that address too).
+        env_backend: the actors' env backend ("auto", or one of `rlfleet.envs.ENV_BACKENDS`).
+        resume: a run directory whose latest checkpoint to continue from (None: a new run).
+        report_interval: seconds between progress rows (and the learner's metrics rows).
+        video_every: the learner's `--video-every` (0: no videos).
+    """
+
+    logdir: str
+    num_actors: int = 1
+    learner_port: int = 0
+    bind: str = LOOPBACK
+    env_backend: str = "auto"
+    resume: str | None = None
+    report_interval: float = 5.0
+    video_every: int = 0
+
+
+def resume_command(options: UpOptions) -> str:
     """The `rlfleet up --resume LOGDIR` command line that continues a run (its algorithm, env, settings, seed and
     budget come from LOGDIR/run.json) with the same actors, address, env backend and videos, shell-quoted
     (`shlex.join`): pasted into a POSIX shell it passes the path unchanged."""
-    argv = ["rlfleet", "up", "--resume", str(logdir), "--actors", str(num_actors)]
-    argv += ["--bind", bind] if bind != LOOPBACK else []
-    argv += ["--env-backend", env_backend] if env_backend != "auto" else []
-    argv += ["--video-every", str(video_every)] if video_every else []
+    o = options
+    argv = ["rlfleet", "up", "--resume", str(o.logdir), "--actors", str(o.num_actors)]
+    argv += ["--bind", o.bind] if o.bind != LOOPBACK else []
+    argv += ["--env-backend", o.env_backend] if o.env_backend != "auto" else []
+    argv += ["--video-every", str(o.video_every)] if o.video_every else []
     return shlex.join(argv)
 
 
 @dataclasses.dataclass
 class LaunchPlan:
-    """What `launch` checked and chose before starting anything: the run's identity and settings, the
+    """What `launch` checked and chose before starting anything: the run's settings and options, the
     addresses of its processes and the command that resumes it."""
 
+    run: RunSettings  # with its seed and budget
+    options: UpOptions
     algorithm: AlgorithmBuilder
-    config: object  # the algorithm's settings dataclass
-    run: dict  # run.json's identity (`run_identity`)
     security: ClientSecurity
-    logdir: str
-    total_steps: int
-    num_actors: int
-    report_interval: float
     resume_cmd: str
     replay_address: str
     teacher_address: str | None
@@ -191,57 +212,48 @@ class LaunchPlan:
     settings_path: str  # RUN/settings.json: the resolved settings every process reads
 
 
-def _plan(
-    algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
-    report_interval, teacher, bind, video_every=0,
-) -> LaunchPlan:  # fmt: skip
+def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
     """Checks `launch`'s arguments (see there) and the run directory, and picks the ports.
 
     Raises:
-        LaunchError: bad env/preset/teacher/token, a run directory that conflicts or cannot be written, or an
-            address the learner cannot listen on.
+        LaunchError: bad env/teacher/token, a run directory that conflicts or cannot be written, or an address
+            the learner cannot listen on.
     """
+    o = options
     try:
-        algorithm = algorithms.get(algo)
-        spec = env_spec(env_id)
-        algorithms.require_action_kind(spec, algo)
-        cfg = make_algo_config(algo, preset, env_id, overrides)
-        if teacher:
-            algorithm.check_teacher(teacher, spec)
-        run = run_identity(algo, env_id, preset, cfg.to_json(), teacher, seed, total_steps)
-        check_run_dir(logdir, resume, run)
+        algorithm = algorithms.get(run.algo)
+        spec = env_spec(run.env_id)
+        algorithms.require_action_kind(spec, run.algo)
+        if run.teacher:
+            algorithm.check_teacher(run.teacher, spec)
+        check_run_dir(o.logdir, o.resume, run)
         security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token
     except (EnvError, ValueError) as e:
         raise LaunchError(str(e)) from None
-    resume_cmd = resume_command(logdir, num_actors, bind, env_backend, video_every)
-    problem = bind_problem(bind, learner_port or 0)
+    problem = bind_problem(o.bind, o.learner_port or 0)
     if problem:
+        where = host_port(o.bind, o.learner_port) if o.learner_port else o.bind
         raise LaunchError(
-            f"the learner cannot listen on {host_port(bind, learner_port) if learner_port else bind}: {problem}; "
-            "choose another --bind address" + (" or --learner-port (or leave it out)." if learner_port else ".")
+            f"the learner cannot listen on {where}: {problem}; choose another --bind address"
+            + (" or --learner-port (or leave it out)." if o.learner_port else ".")
         )
     try:
-        check_writable(os.path.join(logdir, "logs"), "the run directory")  # makes RUN/logs
+        check_writable(os.path.join(o.logdir, "logs"), "the run directory")  # makes RUN/logs
     except StorageError as e:
         raise LaunchError(str(e)) from None
-    learner_port = learner_port or portpicker.pick_unused_port()
-    plan = LaunchPlan(
-        algorithm=algorithm,
-        config=cfg,
+    learner_port = o.learner_port or portpicker.pick_unused_port()
+    return LaunchPlan(
         run=run,
+        options=o,
+        algorithm=algorithm,
         security=security,
-        logdir=logdir,
-        total_steps=total_steps,
-        num_actors=num_actors,
-        report_interval=report_interval,
-        resume_cmd=resume_cmd,
+        resume_cmd=resume_command(o),
         replay_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}",
-        teacher_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}" if teacher else None,
+        teacher_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}" if run.teacher else None,
         learner_port=learner_port,
-        learner_address=host_port(LOOPBACK if bare_host(bind) in ("0.0.0.0", "::") else bind, learner_port),
-        settings_path=os.path.join(logdir, SETTINGS_FILE),
+        learner_address=host_port(LOOPBACK if bare_host(o.bind) in ("0.0.0.0", "::") else o.bind, learner_port),
+        settings_path=os.path.join(o.logdir, SETTINGS_FILE),
     )
-    return plan
 
 
 class _Cluster:
@@ -255,22 +267,23 @@ class _Cluster:
         self._pending: list[tuple] = []  # (ready(), what, timeout s, log) of processes started, not yet seen ready
 
     def _start(self, name: str, args: list[str]) -> _Child:
-        child = _Child(name, args, self.plan.logdir)
+        child = _Child(name, args, self.plan.options.logdir)
         self.children.append(child)
         return child
 
-    def start_replay(self, teacher: str | None) -> None:
+    def start_replay(self) -> None:
         """Starts the replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and, with
         a teacher, a second one holding the teacher's replay; `wait_ready` waits until each answers."""
         p, common = self.plan, ["--run-config", self.plan.settings_path]
+        logdir, teacher = p.options.logdir, p.run.teacher
         args = ["replay", *common, "--port", p.replay_address.split(":")[1]]
         if p.algorithm.keeps_replay:
-            args += ["--checkpoint-dir", os.path.join(p.logdir, REPLAY_SUBDIR)]
+            args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
         replay = self._start("replay", args)
         ready = lambda: check_health(replay=p.replay_address, timeout_s=1)[0]
         self._pending.append((ready, "the replay server", REPLAY_READY_S, replay.log_path))
         if teacher:
-            teacher_dir = os.path.join(p.logdir, "teacher_replay")
+            teacher_dir = os.path.join(logdir, "teacher_replay")
             port = p.teacher_address.split(":")[1]
             teacher_replay = self._start(
                 "teacher-replay",
@@ -279,24 +292,24 @@ class _Cluster:
             ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
             self._pending.append((ready, "the teacher's replay server", REPLAY_READY_S, teacher_replay.log_path))
 
-    def start_learner(self, seed: int, env_backend: str, resume, teacher, bind: str, video_every: int = 0) -> None:
-        """Starts the learner, on the plan's settings and replay server (with `video_every`: its `--video-every`);
-        `wait_ready` waits until it answers."""
-        p = self.plan
-        args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", p.logdir]
-        args += ["--total-steps", str(p.total_steps), "--port", str(p.learner_port), "--bind", bind]
-        args += ["--seed", str(seed), "--env-backend", env_backend, "--report-interval", str(p.report_interval)]
+    def start_learner(self) -> None:
+        """Starts the learner, on the plan's settings and replay server; `wait_ready` waits until it answers."""
+        p, o = self.plan, self.plan.options
+        args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", o.logdir]
+        args += ["--total-steps", str(p.run.total_steps), "--port", str(p.learner_port), "--bind", o.bind]
+        args += ["--seed", str(p.run.seed), "--env-backend", o.env_backend]
+        args += ["--report-interval", str(o.report_interval)]
         # This process stops the replay servers after the learner: the learner lingers for the actors alone.
         args += ["--linger", "3", "--no-linger-for-replay"]
         args += ["--start-timeout", str(self._learner_start_timeout())]
-        if video_every:
-            args += ["--video-every", str(video_every)]
-        if bind != LOOPBACK and bare_host(bind) not in ("0.0.0.0", "::"):
-            args += ["--replay-for-actors", host_port(bind, p.replay_address.rsplit(":", 1)[1])]
-        if resume:
-            args += ["--resume", resume]
-        if teacher:
-            args += ["--teacher", teacher, "--teacher-replay", p.teacher_address]
+        if o.video_every:
+            args += ["--video-every", str(o.video_every)]
+        if o.bind != LOOPBACK and bare_host(o.bind) not in ("0.0.0.0", "::"):
+            args += ["--replay-for-actors", host_port(o.bind, p.replay_address.rsplit(":", 1)[1])]
+        if o.resume:
+            args += ["--resume", o.resume]
+        if p.run.teacher:
+            args += ["--teacher", p.run.teacher, "--teacher-replay", p.teacher_address]
         self.learner = self._start("learner", args)
         ready = lambda: check_health(p.learner_address, timeout_s=1)[0]
         self._pending.append((ready, "the learner", LEARNER_READY_S, self.learner.log_path))
@@ -323,7 +336,7 @@ class _Cluster:
         for as long as the learner may take to start (its --start-timeout, then `LEARNER_READY_S`)."""
         p = self.plan
         wait = self._learner_start_timeout() + LEARNER_READY_S
-        for i in range(p.num_actors):
+        for i in range(p.options.num_actors):
             args = ["actor", "--learner", p.learner_address, "--connect-timeout", str(wait)]
             self.actors.append(self._start(f"actor-{i}", args))
 
@@ -335,7 +348,7 @@ class _Cluster:
             LaunchError: an actor or a replay server died, or the learner failed.
         """
         p, learner = self.plan, self.learner
-        next_report = time.monotonic() + p.report_interval
+        next_report = time.monotonic() + p.options.report_interval
         phase = "starting"
         while learner.proc.poll() is None:
             for c in self.children:
@@ -347,11 +360,11 @@ class _Cluster:
                 if "replay" in c.name and c.proc.poll() is not None:
                     raise _fail_child(c)
             if time.monotonic() >= next_report:
-                next_report = time.monotonic() + p.report_interval
+                next_report = time.monotonic() + p.options.report_interval
                 try:
                     st = get_status(p.learner_address, 5, p.security)
                     phase = st["phase"]
-                    print(progress_line(st, p.total_steps), flush=True)
+                    print(progress_line(st, p.run.total_steps), flush=True)
                 except StatusError as e:
                     try:
                         learner.proc.wait(2)  # it was just finishing: no message
@@ -374,7 +387,7 @@ class _Cluster:
             self.learner.stop(120)
         for c in self.children:
             c.relay()  # what they said while stopping (a checkpoint that failed, say)
-        if os.path.exists(os.path.join(self.plan.logdir, "checkpoints", "checkpoint")):
+        if os.path.exists(os.path.join(self.plan.options.logdir, "checkpoints", "checkpoint")):
             print(f"rlfleet up: stopped. Resume with:\n  {self.plan.resume_cmd}", flush=True)
         else:
             print("rlfleet up: stopped before the learner wrote a checkpoint; nothing to resume.", flush=True)
@@ -400,60 +413,39 @@ def _print_summary(logdir: str) -> None:
     )
 
 
-def launch(
-    algo: str,
-    env_id: str,
-    preset: str,
-    overrides: dict,
-    total_steps: int,
-    logdir: str,
-    num_actors: int,
-    seed: int = 0,
-    learner_port: int = 0,
-    env_backend: str = "auto",
-    resume: str | None = None,
-    report_interval: float = 5.0,
-    teacher: str | None = None,
-    bind: str = LOOPBACK,
-    video_every: int = 0,
-) -> int:
-    """Runs the cluster; returns the process exit code (0 done, 130 interrupted).
+def launch(run: RunSettings, options: UpOptions) -> int:
+    """Runs the run `run` (its settings, with its seed and budget `total_steps`) as local processes as `options`
+    say; returns the process exit code (0 done, 130 interrupted).
 
-    The learner listens on `bind` (default loopback; another address lets actors on other machines attach,
-    and the replay server is announced to actors at that address too). With $RLFLEET_TOKEN set, the
-    learner requires that token and the actors and the progress rows send it.
-
-    The replay server of an algorithm that keeps its replay (`AlgorithmBuilder.keeps_replay`: DQN, QDagger)
-    keeps Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume
-    restores its replay); an algorithm with a teacher (QDagger) also gets a second replay server with
-    the teacher's replay, restored read-only. `video_every`: the learner's `--video-every` (0: no videos).
-    A run resumed (`resume`) into a `logdir` whose summary.json says it finished `total_steps` starts nothing
+    With $RLFLEET_TOKEN set, the learner requires that token and the actors and the progress rows send it. The
+    replay server of an algorithm that keeps its replay (`AlgorithmBuilder.keeps_replay`: DQN, QDagger) keeps
+    Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume restores its replay);
+    an algorithm with a teacher (QDagger) also gets a second replay server with the teacher's replay, restored
+    read-only. A run resumed into a run directory whose summary.json says it finished its budget starts nothing
     (returns 0 and says so).
 
     Raises:
-        LaunchError: bad env/preset/teacher (before anything starts), or a child died.
+        LaunchError: bad env/teacher (before anything starts), or a child died.
     """
-    plan = _plan(
-        algo, env_id, preset, overrides, total_steps, logdir, num_actors, seed, learner_port, env_backend, resume,
-        report_interval, teacher, bind, video_every,
-    )  # fmt: skip
-    if resume and run_state(logdir, total_steps) == "done":  # after the run directory's checks in `_plan`
+    plan = _plan(run, options)
+    logdir = options.logdir
+    if options.resume and run_state(logdir, run.total_steps) == "done":  # after the run directory's checks
         print(
-            f"rlfleet up: {logdir} finished its budget of {total_steps:,} env steps earlier (its summary.json); "
+            f"rlfleet up: {logdir} finished its budget of {run.total_steps:,} env steps earlier (its summary.json); "
             "nothing to train. Give a larger --total-steps to train it on.",
             flush=True,
         )
         return 0
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
-    write_json(plan.settings_path, plan.run)
+    write_json(plan.settings_path, run.to_json())
     cluster = _Cluster(plan)
     # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or
     # `kill -INT` must still stop the cluster cleanly.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        cluster.start_replay(teacher)
-        cluster.start_learner(seed, env_backend, resume, teacher, bind, video_every)
+        cluster.start_replay()
+        cluster.start_learner()
         cluster.start_actors()  # their start-up overlaps the learner's
         cluster.wait_ready()
         print(
@@ -462,7 +454,7 @@ def launch(
             flush=True,
         )
         print(
-            f"rlfleet up: {num_actors} actor(s) x {plan.config.envs_per_actor} {env_id} envs; logs in "
+            f"rlfleet up: {options.num_actors} actor(s) x {run.config.envs_per_actor} {run.env_id} envs; logs in "
             f"{os.path.join(logdir, 'logs')}",
             flush=True,
         )

@@ -11,7 +11,6 @@ import re
 import tensorflow as tf
 
 from rlfleet import algorithms
-from rlfleet.algorithms.settings import make_algo_config
 from rlfleet.common.logs import logger
 from rlfleet.envs.core import EnvSpec, env_spec
 from rlfleet.learner.checkpoints import CheckpointError, restore_newest
@@ -90,12 +89,12 @@ def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
     except RunDirError as e:
         raise RestoreError(str(e)) from None
     try:
-        spec = env_spec(run["env_id"])
+        spec = env_spec(run.env_id)
     except ValueError as e:  # EnvError: an env (or its package) this machine does not have
         raise RestoreError(f"{where}: the run's env cannot be made here: {e}") from None
-    config = make_algo_config(run["algo"], run["preset"], run["env_id"], run["overrides"])
-    seed = run["seed"] or 0
-    agent = algorithms.get(run["algo"]).make_policy_agent(spec, config, seed)
+    config = run.config
+    seed = run.seed or 0
+    agent = algorithms.get(run.algo).make_policy_agent(spec, config, seed)
     counters = {k: tf.Variable(0, dtype=tf.int64) for k in ("env_steps", "weights_version", "learner_steps")}
     checkpoint = tf.train.Checkpoint(**agent.checkpoint_items(), **counters)
     folder = os.path.join(run_dir, "checkpoints")
@@ -123,9 +122,9 @@ def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
         env_steps = best["eval_env_steps"]
     return RestoredRun(
         run_dir=run_dir,
-        algo=run["algo"],
-        env_id=run["env_id"],
-        preset=run["preset"],
+        algo=run.algo,
+        env_id=run.env_id,
+        preset=run.preset,
         seed=seed,
         spec=spec,
         agent=agent,

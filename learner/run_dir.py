@@ -1,7 +1,7 @@
 """The run directory: its identity (refuses to mix runs in one directory) and the files the learner writes.
 
-Layout of RUN/: run.json (algo, env, preset, full config: `run_identity`), settings.json (the same
-resolved settings as `rlfleet up` gave them to its processes: `read_run_settings`), checkpoints/ (TensorFlow
+Layout of RUN/: run.json (algo, env, preset, full config, seed, budget: `RunSettings.to_json`), settings.json
+(the same resolved settings as `rlfleet up` gave them to its processes: `read_run_settings`), checkpoints/ (TensorFlow
 checkpoints, each with a progress record beside it: `write_progress`), metrics.jsonl and tb/ (one row per
 report interval, and one per update for an agent with `metrics_every_update`: `MetricsLog`), summary.json
 (the run's end: `write_json`), logs/ (`rlfleet up`), replay/ (Reverb checkpoints of algorithms that keep their
@@ -14,12 +14,12 @@ started on its own), so a wrong --resume fails before anything runs. TensorFlow 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import shlex
 
+from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.files import atomic_write, storage_error
 from rlfleet.common.logs import logger
 
@@ -30,31 +30,9 @@ class RunDirError(ValueError):
     """--logdir / --resume do not fit the run; the message names the conflict and the fix."""
 
 
-def run_identity(
-    algo: str,
-    env_id: str,
-    preset: str,
-    config_json: str,
-    teacher: str | None = None,
-    seed: int | None = None,
-    total_steps: int | None = None,
-) -> dict:
-    """What `run.json` records of a run: algo, env id, preset, the full config (dict), a QDagger teacher, and
-    where known the run seed and its env-step budget (`rlfleet up --resume DIR` alone takes all of them from
-    there)."""
-    run = dict(algo=algo, env_id=env_id, preset=preset, config=json.loads(config_json))
-    if teacher:
-        run["teacher"] = os.path.abspath(teacher)
-    if seed is not None:
-        run["seed"] = int(seed)
-    if total_steps is not None:
-        run["total_steps"] = int(total_steps)
-    return run
-
-
-def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
+def check_run_dir(logdir: str, resume: str | None, settings: RunSettings) -> None:
     """A used `logdir` needs `resume`; `resume` must hold a checkpoint, and its `run.json` the same algo, env,
-    config values and (where both record one) seed as `run` (from `run_identity`); the budget may change.
+    config values and (where both record one) seed as `settings`; the budget may change.
 
     Raises:
         RunDirError: naming the conflict and the fix.
@@ -66,6 +44,7 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
         )
     if resume is None:
         return
+    run = settings.to_json()
     if os.path.exists(os.path.join(resume, "run.json")):
         with open(os.path.join(resume, "run.json")) as f:
             before = json.load(f)
@@ -93,59 +72,24 @@ def check_run_dir(logdir: str, resume: str | None, run: dict) -> None:
 SETTINGS_FILE = "settings.json"  # RUN/settings.json: the resolved settings `up` gives every process
 
 
-def read_run_settings(path: str) -> dict:
+def read_run_settings(path: str) -> RunSettings:
     """A run's resolved settings from `path`: a run.json, or a settings file (`rlfleet settings --out`,
-    `rlfleet up` writes RUN/settings.json), both {"algo", "env_id", "preset", "config": {setting: value}}
-    and for algorithms with a teacher "teacher". Settings that the file does not record take the preset's
-    value.
+    `rlfleet up` writes RUN/settings.json), both `RunSettings.to_json`'s content. Settings that the file does
+    not record take the preset's value; `seed` and `total_steps` are None where it records none.
 
-    Returns:
-        dict(algo, env_id, preset, overrides, teacher, seed, total_steps): `overrides` are the settings that
-        differ from the preset and its per-env overrides (what --set would give), so that
-        `make_algo_config(algo, preset, env_id, overrides)` rebuilds the recorded config; `seed` and
-        `total_steps` are None where the file records none.
     Raises:
         RunDirError: unreadable file, missing keys, unknown algorithm, settings the algorithm refuses, or a
             seed or budget that is not a whole number ≥ 0 (the message starts with `path`).
     """
-    from rlfleet.algorithms.settings import make_algo_config
-
     try:
         with open(path) as f:
             run = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read it ({e}); pass a run.json or a settings file.") from None
-    missing = [k for k in ("algo", "env_id", "preset", "config") if not isinstance(run, dict) or k not in run]
-    if missing:
-        raise RunDirError(
-            f"{path}: no {', '.join(missing)}; a settings file holds algo, env_id, preset and "
-            "config (write one with `rlfleet settings --out FILE`)."
-        )
     try:
-        base = dataclasses.asdict(make_algo_config(run["algo"], run["preset"], run["env_id"]))
-        recorded = run["config"]
-        overrides = {k: v for k, v in recorded.items() if base.get(k, object()) != _plain(v, base.get(k))}
-        make_algo_config(run["algo"], run["preset"], run["env_id"], overrides)  # every value checked
+        return RunSettings.from_json(run, path)
     except ValueError as e:
-        raise RunDirError(f"{path}: {e}") from None
-    seed, total_steps = run.get("seed"), run.get("total_steps")
-    for name, value in (("seed", seed), ("total_steps", total_steps)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise RunDirError(f"{path}: {name} must be a whole number ≥ 0, not {value!r}.")
-    return dict(
-        algo=run["algo"],
-        env_id=run["env_id"],
-        preset=run["preset"],
-        overrides=overrides,
-        teacher=run.get("teacher"),
-        seed=seed,
-        total_steps=total_steps,
-    )
-
-
-def _plain(value, like):
-    """A JSON value as the config holds it (lists as tuples where the config has a tuple)."""
-    return tuple(value) if isinstance(value, list) and isinstance(like, tuple) else value
+        raise RunDirError(str(e)) from None
 
 
 PROGRESS_SUFFIX = ".progress.json"  # beside each checkpoint: actor env steps, next actor id, wall time

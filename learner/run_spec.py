@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlfleet.algorithms.settings import RunSettings
+
 ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
 # Default: how long a starting learner waits for its settings file and the replay servers, in all (seconds). Under
 # an engine with no start order (Swarm, Kubernetes) the replay server may start after the learner.
@@ -17,16 +19,14 @@ class RunSpec:
     """Everything one learner process is told: what it trains, where its data is, and how it serves.
 
     Attributes:
-        algo: a registered algorithm (`rlfleet.algorithms`: ppo, dqn, qdagger, or a plugin's).
-        env_id: gymnasium id.
+        settings: what the run trains (`RunSettings`: algorithm, env, resolved config, teacher), with its seed
+            (actors' env seeds and the networks' initialisation follow from it) and its budget in env steps
+            (`total_steps`; 0: run until stopped).
         replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
-        total_steps: stop after this many env steps (0: run until stopped).
-        preset / overrides: hyperparameters (`rlfleet.algorithms.settings.make_algo_config`).
-        seed: the run's seed (actors' env seeds and the networks' initialisation follow from it).
         resume: a run directory whose latest checkpoint to continue from.
-        teacher / teacher_replay: algorithms with a teacher (QDagger): the teacher's run directory and the
-            Reverb server holding its restored replay (`rlfleet replay --teacher`).
+        teacher_replay: algorithms with a teacher (QDagger): the Reverb server holding the teacher's restored
+            replay (`rlfleet replay --teacher`).
         replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
         env_backend: the actors' env backend (`rlfleet.envs.core.BACKENDS`, or "auto").
         port / bind: where the gRPC service listens (port 0: a free one).
@@ -49,16 +49,10 @@ class RunSpec:
             those the run directory recorded.
     """
 
-    algo: str
-    env_id: str
+    settings: RunSettings
     replay_address: str
     logdir: str
-    total_steps: int = 0
-    preset: str = "default"
-    overrides: dict = dataclasses.field(default_factory=dict)
-    seed: int = 0
     resume: str | None = None
-    teacher: str | None = None
     teacher_replay: str | None = None
     replay_for_actors: str | None = None
     env_backend: str = "auto"

@@ -37,7 +37,7 @@ from rlfleet import algorithms
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.library import evaluation
 from rlfleet.algorithms.library.networks import compute_device
-from rlfleet.algorithms.settings import make_algo_config
+from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.addresses import host_port
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import logger
@@ -53,7 +53,6 @@ from rlfleet.learner.run_dir import (
     check_run_dir,
     read_next_actor_id,
     read_progress,
-    run_identity,
     write_json,
 )
 from rlfleet.learner.run_spec import RunSpec
@@ -92,48 +91,53 @@ class Learner:
         self.run_spec = run
         identity = self._setup_algorithm(run)
         progress = self._setup_checkpoints(run)
-        write_json(os.path.join(run.logdir, "run.json"), identity)
+        write_json(os.path.join(run.logdir, "run.json"), identity.to_json())
         self._setup_state(run, progress, stop_event)
         self.server = server or bind_learner_server(None, run.bind, run.port, run.tls, run.token)
         self.server.attach(self)  # status is this learner's from now on; actors' calls wait for `start`
         self.port = self.server.port
         self.address = host_port(run.bind, self.port)
 
-    def _setup_algorithm(self, run: RunSpec) -> dict:
-        """The env, settings and agent of the run, checked against the run directory; returns run.json's
-        identity."""
-        self.spec = env_spec(run.env_id)
-        algorithms.require_action_kind(self.spec, run.algo)
-        self.config = make_algo_config(run.algo, run.preset, run.env_id, run.overrides)
+    def _setup_algorithm(self, run: RunSpec) -> RunSettings:
+        """The env, settings and agent of the run, checked against the run directory; returns what run.json
+        records."""
+        self.spec = env_spec(run.settings.env_id)
+        algorithms.require_action_kind(self.spec, run.settings.algo)
+        self.config = run.settings.config
         check_writable(run.logdir, "the run directory")  # StorageError: read-only, no permission, full
-        self.algorithm = algorithms.get(run.algo)
-        if self.algorithm.uses_teacher and not (run.teacher and run.teacher_replay):
+        self.algorithm = algorithms.get(run.settings.algo)
+        if self.algorithm.uses_teacher and not (run.settings.teacher and run.teacher_replay):
             raise LearnerError(
-                f"--algo {run.algo} needs --teacher DIR (the run directory it learns from) and "
+                f"--algo {run.settings.algo} needs --teacher DIR (the run directory it learns from) and "
                 "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
             )
         # An algorithm without a teacher is given neither of the teacher's places.
-        teacher, teacher_replay = (run.teacher, run.teacher_replay) if self.algorithm.uses_teacher else (None, None)
-        identity = run_identity(
-            run.algo, run.env_id, run.preset, self.config.to_json(), teacher, run.seed, run.total_steps
+        teacher, teacher_replay = (
+            (run.settings.teacher, run.teacher_replay) if self.algorithm.uses_teacher else (None, None)
         )
+        identity = dataclasses.replace(run.settings, teacher=teacher)
         check_run_dir(run.logdir, run.resume, identity)
         self.agent = self.algorithm.make_agent(
-            self.spec, self.config, run.seed, run.total_steps, teacher=teacher, teacher_replay=teacher_replay
+            self.spec,
+            self.config,
+            run.settings.seed,
+            run.settings.total_steps,
+            teacher=teacher,
+            teacher_replay=teacher_replay,
         )
         extras = {k: v for k, v in self.agent.status_extras().items() if k != "phase"}
         if not all(isinstance(v, numbers.Real) for v in extras.values()):
             raise LearnerError(
-                f"algorithm {run.algo}: status_extras() must give numbers (besides 'phase'), not {extras}."
+                f"algorithm {run.settings.algo}: status_extras() must give numbers (besides 'phase'), not {extras}."
             )
         try:
             self.network_spec = rlfleet_pb2.NetworkSpec(**self.agent.actor_network())
         except (ValueError, TypeError) as e:
             raise LearnerError(
-                f"algorithm {run.algo}: its actor_network() does not fit the NetworkSpec message ({e}); use the "
-                "fields of NetworkSpec in proto/rlfleet.proto."
+                f"algorithm {run.settings.algo}: its actor_network() does not fit the NetworkSpec message ({e}); use "
+                "the fields of NetworkSpec in proto/rlfleet.proto."
             ) from None
-        if getattr(self.config, "lr_schedule", "constant") == "linear" and not run.total_steps:
+        if getattr(self.config, "lr_schedule", "constant") == "linear" and not run.settings.total_steps:
             log.warning(
                 "lr_schedule = linear anneals over --total-steps, which is not set; the learning rate stays "
                 "constant (pass --total-steps, or --set lr_schedule=constant)."
@@ -148,7 +152,7 @@ class Learner:
         if not run.resume:
             self.count = dict.fromkeys(COUNTERS, 0)
             return read_progress(None)
-        self.count, progress = self.checkpoints.restore(run.resume, run.total_steps)
+        self.count, progress = self.checkpoints.restore(run.resume, run.settings.total_steps)
         return progress
 
     def _setup_state(self, run: RunSpec, progress: dict, stop_event: threading.Event | None) -> None:
@@ -161,7 +165,9 @@ class Learner:
         self.final_env_steps: int | None = None  # the run's env steps at its end, as summary.json gives them
         # Phase, fault, returns, rates; its wall-clock count continues the seconds this run trained in earlier
         # processes (up to the restored checkpoint).
-        self.status = RunStatus(run.algo, run.env_id, progress["wall_seconds"], progress["evaluation_seconds"])
+        self.status = RunStatus(
+            run.settings.algo, run.settings.env_id, progress["wall_seconds"], progress["evaluation_seconds"]
+        )
         self.status.phase, self.status.waiting_for = "waiting_for_replay", run.replay_address
         self.registry = ActorRegistry(
             run.actor_timeout_s,
@@ -176,7 +182,7 @@ class Learner:
             # rejoin with them (ActorRegistry.heartbeat) and a newcomer must not share one.
             self.registry.next_actor_id = max(self.registry.next_actor_id, read_next_actor_id(run.resume))
         self.last_metrics: dict = {}
-        self.videos = evaluation.EvaluationVideos(run.logdir, run.env_id, run.video_every)
+        self.videos = evaluation.EvaluationVideos(run.logdir, run.settings.env_id, run.video_every)
         if run.video_every:
             try:
                 self.agent.policy(False, 0)
@@ -204,14 +210,14 @@ class Learner:
         """What actor `actor_id` needs to start collecting (its env seeds follow from its id)."""
         run = self.run_spec
         return rlfleet_pb2.RunConfig(
-            algo=run.algo,
-            env_id=run.env_id,
+            algo=run.settings.algo,
+            env_id=run.settings.env_id,
             replay_address=run.replay_for_actors or run.replay_address,
             table=self.agent.table,
             num_envs=self.config.envs_per_actor,
             unroll_length=self.agent.unroll_length,
             envs_per_item=self.agent.envs_per_item,
-            seed=run.seed + 1000 * (actor_id + 1),
+            seed=run.settings.seed + 1000 * (actor_id + 1),
             network=self.network_spec,
             env_backend=run.env_backend,
         )
@@ -355,7 +361,13 @@ class Learner:
 
         if not run.track and not read_recorded(run.logdir):
             return {}
-        params = dict(algo=run.algo, env_id=run.env_id, preset=run.preset, seed=run.seed, total_steps=run.total_steps)
+        params = dict(
+            algo=run.settings.algo,
+            env_id=run.settings.env_id,
+            preset=run.settings.preset,
+            seed=run.settings.seed,
+            total_steps=run.settings.total_steps,
+        )
         params.update(dataclasses.asdict(self.config))
         return open_trackers(run.track, run.logdir, os.path.basename(os.path.abspath(run.logdir)), params)
 
@@ -375,7 +387,12 @@ class Learner:
         self.server.serve_waiting()  # status is this learner's: phase waiting_for_replay
         deadline = run.start_deadline if run.start_deadline is not None else time.monotonic() + run.start_timeout_s
         self.feed.check_tables(
-            run.algo, run.env_id, self.config.envs_per_actor, deadline, run.start_timeout_s, self._waiting_for_replay
+            run.settings.algo,
+            run.settings.env_id,
+            self.config.envs_per_actor,
+            deadline,
+            run.start_timeout_s,
+            self._waiting_for_replay,
         )
         with self.lock:
             self.status.phase, self.status.waiting_for = "waiting_for_actors", ""
@@ -386,7 +403,7 @@ class Learner:
         if self.agent.ready_for_actors():
             self._publish_weights()
         self.server.start()
-        log.info("serving on %s (env %s, preset %s)", self.address, run.env_id, run.preset)
+        log.info("serving on %s (env %s, preset %s)", self.address, run.settings.env_id, run.settings.preset)
         log.info("%s", compute_device())
         try:
             self.agent.on_start()  # e.g. QDagger's teacher and random-policy evaluations
@@ -416,7 +433,7 @@ class Learner:
             if time.monotonic() - last["time"] >= run.report_interval_s:
                 last = self._log_metrics(metrics, last)
             env_steps = self._env_steps()
-            if run.total_steps and env_steps >= run.total_steps:
+            if run.settings.total_steps and env_steps >= run.settings.total_steps:
                 return True, last
             try:
                 sample = self.feed.take(timeout_s=0.5)
@@ -482,7 +499,7 @@ class Learner:
         """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
         interrupted it."""
         env_steps = self._env_steps()  # actors collect on while it runs: the weights are of this point
-        seed = evaluation.evaluation_seed(self.run_spec.seed)
+        seed = evaluation.evaluation_seed(self.run_spec.settings.seed)
         start = time.monotonic()
         try:
             returns = self.agent.evaluate(episodes, seed)

@@ -22,11 +22,11 @@ from rlfleet.learner.status import counts
 def _head(run: RunSpec, completed: bool, **more) -> dict:
     """The summary's first fields: algo, env_id, preset, seed, total_steps of `run`, completed, then `more`."""
     return dict(
-        algo=run.algo,
-        env_id=run.env_id,
-        preset=run.preset,
-        seed=run.seed,
-        total_steps=run.total_steps,
+        algo=run.settings.algo,
+        env_id=run.settings.env_id,
+        preset=run.settings.preset,
+        seed=run.settings.seed,
+        total_steps=run.settings.total_steps,
         completed=completed,
         **more,
     )

@@ -375,19 +375,19 @@ def test_resume_with_other_settings_than_the_run_recorded_is_refused(tmp_path):
     network or rule), naming the setting and both values; the same settings resume."""
     import json
 
-    from rlfleet.algorithms.settings import make_algo_config
-    from rlfleet.learner.run_dir import RunDirError, check_run_dir, run_identity
+    from rlfleet.algorithms.settings import RunSettings
+    from rlfleet.learner.run_dir import RunDirError, check_run_dir
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
-    today = run_identity("dqn", "CartPole-v1", "default", make_algo_config("dqn", "default", "CartPole-v1").to_json())
-    old = json.loads(json.dumps(today))
+    today = RunSettings.resolve("dqn", "CartPole-v1")
+    old = today.to_json()
     old["config"]["double_q"] = False
     (run / "run.json").write_text(json.dumps(old))
     with pytest.raises(RunDirError, match="double_q: False -> True"):
         check_run_dir(str(run), str(run), today)
-    (run / "run.json").write_text(json.dumps(today))
+    (run / "run.json").write_text(json.dumps(today.to_json()))
     check_run_dir(str(run), str(run), today)  # the same settings resume
 
 
