@@ -26,6 +26,7 @@ from rlfleet.actors.backend_choice import choose_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
 from rlfleet.actors.writers import ActorContext
+from rlfleet.algorithms.base import CreditLimit
 from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_seeds, make_batched_env, resolve_backend
@@ -83,6 +84,15 @@ class Policy(typing.NamedTuple):
     exploration: rlfleet_pb2.Exploration
 
 
+class _Collection(typing.NamedTuple):
+    """What the learner's latest weights message says of collection: its policy version, the items each actor
+    writes with it (`Weights.items_per_actor`; 0: no limit) and the credit limit (`CreditLimit`)."""
+
+    policy_version: int
+    items_per_actor: int
+    credit: CreditLimit
+
+
 class _WeightsSubscriber(threading.Thread):
     """Keeps the latest `Policy` from the learner's StreamWeights RPC; reconnects with backoff.
 
@@ -93,7 +103,7 @@ class _WeightsSubscriber(threading.Thread):
         super().__init__(daemon=True, name="weights")
         self.stub_of, self.actor_id, self.stop = stub_of, actor_id, stop
         self.latest: Policy | None = None
-        self._collection = (-1, 0, 0.0, 0)  # (policy version, its Weights.items_per_actor, item_share, versions_ahead)
+        self._collection = _Collection(-1, 0, CreditLimit())
         self.serial = 0  # weights messages received (a restarted learner may send a version again)
         self.resends = 0  # weights messages whose version was not newer than the latest (a restarted learner's)
         self._arrived = threading.Condition()
@@ -124,8 +134,7 @@ class _WeightsSubscriber(threading.Thread):
                     self.receive(
                         Policy(version, arrays, msg.exploration),
                         int(msg.items_per_actor),
-                        float(msg.item_share),
-                        int(msg.versions_ahead),
+                        CreditLimit(float(msg.item_share), int(msg.max_policy_lag)),
                     )
                     self.ready.set()
                     backoff = 0.5
@@ -142,11 +151,11 @@ class _WeightsSubscriber(threading.Thread):
             self.stop.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
-    def receive(self, policy: Policy, items_per_actor: int, item_share: float = 0.0, versions_ahead: int = 0) -> None:
-        """Makes `policy` the latest, with the learner's `Weights.items_per_actor`, `item_share` and
-        `versions_ahead` for it, and wakes `wait_next`."""
+    def receive(self, policy: Policy, items_per_actor: int, credit: CreditLimit | None = None) -> None:
+        """Makes `policy` the latest, with the learner's `Weights.items_per_actor` and credit limit for it (None:
+        no limit), and wakes `wait_next`."""
         with self._arrived:
-            self._collection = (policy.version, items_per_actor, item_share, versions_ahead)
+            self._collection = _Collection(policy.version, items_per_actor, credit or CreditLimit())
             if self.latest is not None and policy.version <= self.latest.version:
                 self.resends += 1
             self.latest = policy
@@ -156,14 +165,13 @@ class _WeightsSubscriber(threading.Thread):
     def items_per_actor(self, version: int) -> int:
         """The replay items this actor may write with policy `version` before it waits for a newer one
         (`Weights.items_per_actor`: the learner's synchronous mode); 0: no limit."""
-        known, items, _, _ = self._collection
-        return items if known == version else 0
+        known = self._collection
+        return known.items_per_actor if known.policy_version == version else 0
 
-    def item_credit(self) -> tuple[float, int]:
-        """(`Weights.item_share`, `Weights.versions_ahead`) of the latest weights message: asynchronous
-        collection's limit on running ahead (`rlfleet.actors.writers.ItemCredit`); (0.0, 0): no limit."""
-        _, _, share, ahead = self._collection
-        return share, ahead
+    def item_credit(self) -> CreditLimit:
+        """The credit limit of the latest weights message: asynchronous collection's limit on running ahead
+        (`rlfleet.actors.writers.ItemCredit`); `CreditLimit()`: no limit."""
+        return self._collection.credit
 
     def wait_next(self, serial: int, stop: threading.Event, check=None) -> bool:
         """Blocks until a weights message after the `serial`-th has arrived: a newer policy version, or the

@@ -17,27 +17,31 @@ items into the run's replay table until `actor.stop` is set. What it gets:
 
 from __future__ import annotations
 
+from rlfleet.algorithms.base import CreditLimit
+
 
 class ItemCredit:
     """How many more replay items an asynchronous actor may start (flow control by policy version).
 
-    The learner trains one batch per policy version and gives each actor a share of it, `share` items per
-    version (`Weights.item_share`). The actor may hold `share` × (`ahead` + 1) items beyond the versions it
-    has received (`Weights.versions_ahead`, the learner's `max_policy_lag`): each newer version it receives
-    gives back `share` items per version it advanced. With every actor keeping to it, an item started with
-    version v belongs to a batch trained by version v + `ahead` at the latest, so the learner never has to drop
-    it for lag however much faster the actors are than the learner. A share of 0 means no limit.
+    The learner trains one batch per policy version and gives each actor a share of it, `item_share` items per
+    version (`CreditLimit`, sent as `Weights.item_share` and `Weights.max_policy_lag`). The actor may hold
+    `item_share` × (`max_policy_lag` + 1) items beyond the versions it has received: each newer version it
+    receives gives back `item_share` items per version it advanced. With every actor keeping to it, an item
+    started with version v belongs to a batch trained by version v + `max_policy_lag` at the latest, so the
+    learner never has to drop it for lag however much faster the actors are than the learner. A share of 0 means
+    no limit.
     """
 
     def __init__(self):
         self.version, self.resends, self.share, self.items = 0, 0, 0.0, 0.0
 
-    def see(self, version: int, share: float, ahead: int, resends: int = 0) -> None:
-        """Takes the latest policy `version`, with its item `share` and versions `ahead`, into account.
-        `resends` counts the weights messages that were not newer than the one before (`weights.resends`): a
-        restarted learner sends its checkpoint's version again and may have lost the items it held, so a
-        resend, like the first limit, gives a full window. Limits (see the class doc): share ≥ 0, ahead ≥ 0."""
-        window = max(1.0, share * (ahead + 1))
+    def see(self, version: int, limit: CreditLimit, resends: int = 0) -> None:
+        """Takes the latest policy `version`, with its credit `limit`, into account. `resends` counts the
+        weights messages that were not newer than the one before (`weights.resends`): a restarted learner sends
+        its checkpoint's version again and may have lost the items it held, so a resend, like the first limit,
+        gives a full window. Limits (see the class doc): item_share ≥ 0, max_policy_lag ≥ 0."""
+        share = limit.item_share
+        window = max(1.0, share * (limit.max_policy_lag + 1))
         if self.share <= 0 or resends != self.resends:
             self.items = window
         elif version > self.version:

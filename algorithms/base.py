@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:  # for annotations only: importing them here would import TensorFlow
     import reverb
@@ -83,6 +83,15 @@ def OneOf(*values: str):
 
 
 LrSchedule = OneOf("constant", "linear")  # a learning rate held constant, or annealed linearly over the budget
+
+
+class CreditLimit(NamedTuple):
+    """Asynchronous collection's limit on how far actors run ahead of the learner, as the learner sends it with
+    each policy version (`Weights.item_share`, `Weights.max_policy_lag`) and an actor keeps to it
+    (`rlfleet.actors.writers.ItemCredit`). The default, (0.0, 0), is no limit."""
+
+    item_share: float = 0.0  # replay items per policy version each actor may write (the batch's items / actors)
+    max_policy_lag: int = 0  # policy versions' worth of items beyond the trained ones an actor may hold
 
 
 @dataclasses.dataclass
@@ -150,12 +159,10 @@ class Agent(abc.ABC):
         (`Weights.items_per_actor`; 0: no limit, asynchronous collection). `num_actors`: actors registered now."""
         return 0
 
-    def item_credit(self, num_actors: int) -> tuple[float, int]:
-        """Asynchronous collection's limit on how far actors run ahead (`Weights.item_share`,
-        `Weights.versions_ahead`): (replay items per policy version each actor may write, how many versions'
-        worth of them beyond the trained ones it may hold). (0.0, 0): no limit. `num_actors`: actors registered
-        now."""
-        return 0.0, 0
+    def item_credit(self, num_actors: int) -> CreditLimit:
+        """Asynchronous collection's limit on how far actors run ahead (`CreditLimit`; the default: no limit).
+        `num_actors`: actors registered now."""
+        return CreditLimit()
 
     def on_idle(self, policy_version: int, env_steps: int, num_actors: int) -> StepResult | None:
         """Called when no sample came for a while (about half a second); `num_actors`: actors registered now.

@@ -302,7 +302,7 @@ class Learner:
         with self.lock:
             num_actors = len(self.registry.actors)
         msg.items_per_actor = self.agent.items_per_actor(num_actors)
-        msg.item_share, msg.versions_ahead = self.agent.item_credit(num_actors)
+        msg.item_share, msg.max_policy_lag = self.agent.item_credit(num_actors)
         self.weights.publish(msg)
 
     def _check_finite(self, values: dict, what: str) -> None:

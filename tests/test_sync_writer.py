@@ -15,6 +15,7 @@ import pytest
 
 from rlfleet.actors import writers
 from rlfleet.actors.actor import Policy, ReplayLost, _WeightsSubscriber
+from rlfleet.algorithms.base import CreditLimit
 from rlfleet.algorithms.ppo import items as ppo_items
 from rlfleet.algorithms.ppo.agent import PPOAgent
 from rlfleet.algorithms.ppo.config import make_config
@@ -148,28 +149,28 @@ def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monk
 
 def test_item_credit_refills_by_share_per_version_up_to_the_window():
     credit = writers.ItemCredit()
-    credit.see(5, 0.0, 0)
+    credit.see(5, CreditLimit(0.0, 0))
     for _ in range(3):  # no limit
         assert credit.available()
         credit.take()
-    credit.see(5, 1.5, 1)  # a window of 3 items
+    credit.see(5, CreditLimit(1.5, 1))  # a window of 3 items
     for _ in range(3):
         assert credit.available()
         credit.take()
     assert not credit.available()
-    credit.see(5, 1.5, 1)  # the same version again: nothing new
+    credit.see(5, CreditLimit(1.5, 1))  # the same version again: nothing new
     assert not credit.available()
-    credit.see(6, 1.5, 1)
+    credit.see(6, CreditLimit(1.5, 1))
     assert credit.items == 1.5 and credit.available()
-    credit.see(9, 1.5, 1)  # versions skipped: refilled up to the window, not beyond
+    credit.see(9, CreditLimit(1.5, 1))  # versions skipped: refilled up to the window, not beyond
     assert credit.items == 3.0
-    credit.see(10, 0.5, 1)  # a smaller share (more actors): the window shrinks to 1
+    credit.see(10, CreditLimit(0.5, 1))  # a smaller share (more actors): the window shrinks to 1
     assert credit.items == 1.0
     credit.take()
-    credit.see(10, 0.5, 1, resends=1)  # a restarted learner sent its version again: a full window
+    credit.see(10, CreditLimit(0.5, 1), resends=1)  # a restarted learner sent its version again: a full window
     assert credit.items == 1.0 and credit.available()
     credit.take()
-    credit.see(11, 0.25, 3, resends=1)  # a share under one item per version: one item every 4 versions
+    credit.see(11, CreditLimit(0.25, 3), resends=1)  # a share under one item per version: one item every 4 versions
     assert credit.items == 0.25 and not credit.available()
 
 
@@ -212,10 +213,10 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     subscribers = [_WeightsSubscriber(None, i, stop) for i in range(num_actors)]
 
     def publish(version):
-        share, ahead = agent.item_credit(num_actors)
-        assert (share > 0) == credit
+        limit = agent.item_credit(num_actors)
+        assert (limit.item_share > 0) == credit
         for s in subscribers:
-            s.receive(Policy(version, agent.export_weights(), rlfleet_pb2.Exploration()), 0, share, ahead)
+            s.receive(Policy(version, agent.export_weights(), rlfleet_pb2.Exploration()), 0, limit)
 
     publish(0)
     threads = []

@@ -7,7 +7,7 @@ import numpy as np
 import reverb
 import tensorflow as tf
 
-from rlfleet.algorithms.base import Agent, StepResult
+from rlfleet.algorithms.base import Agent, CreditLimit, StepResult
 from rlfleet.algorithms.library.evaluation import evaluate_policy
 from rlfleet.algorithms.ppo.config import PPOConfig
 from rlfleet.algorithms.ppo.items import TABLE, ppo_queue_items, ppo_signature
@@ -124,17 +124,18 @@ class PPOAgent(Agent):
         self._shared_by = max(1, num_actors)
         return -(-ppo_queue_items(self.config) // self._shared_by)
 
-    def item_credit(self, num_actors: int) -> tuple[float, int]:
-        """Asynchronous with `actor_credit`: (the batch's items ÷ `num_actors` (at least 1), `max_policy_lag`);
+    def item_credit(self, num_actors: int) -> CreditLimit:
+        """Asynchronous with `actor_credit`: the batch's items ÷ `num_actors` (at least 1) a version, up to
+        `max_policy_lag` versions ahead;
         the count is kept for `on_idle`. Batches triggered by episodes only have no env-step size to share: no
         limit. Equal shares suit actors of one speed: where the actors, not the learner, are the bottleneck,
         a faster actor waits for a slower one's share (`actor_credit=false` lets it run free, at the price of
         items dropped for lag when the learner is the bottleneck)."""
         c = self.config
         if c.synchronous or not c.batch_env_steps or not c.actor_credit:
-            return 0.0, 0
+            return CreditLimit()
         self._shared_by = max(1, num_actors)
-        return ppo_queue_items(self.config) / self._shared_by, c.max_policy_lag
+        return CreditLimit(ppo_queue_items(self.config) / self._shared_by, c.max_policy_lag)
 
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         c = self.config

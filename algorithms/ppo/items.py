@@ -179,7 +179,7 @@ class _ItemWriter:
         self.credit = ItemCredit()  # asynchronous collection's limit on running ahead of the learner
 
     def _see_credit(self, version: int) -> None:
-        self.credit.see(version, *self.weights.item_credit(), self.weights.resends)
+        self.credit.see(version, self.weights.item_credit(), self.weights.resends)
 
     def before_step(self, version: int) -> None:
         """Before a step acted on by `version`: takes credit when it starts an item; synchronously, a new
