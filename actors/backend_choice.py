@@ -97,6 +97,88 @@ def _envpool_has(env_id: str) -> bool:
         return False
 
 
+class _Trial:
+    """The candidates of one `choose_backend` call, tried in turn: their timings, the preferred one so far (kept
+    open) and notes on those not tried or not usable."""
+
+    def __init__(self, env_id: str, num_envs: int, workers: int, order: list[str], stop: threading.Event | None):
+        self.env_id, self.num_envs, self.workers, self.order, self.stop = env_id, num_envs, workers, order, stop
+        self.timings: dict[str, float] = {}
+        self.best: str | None = None
+        self.best_venv = None
+        self.notes: list[str] = []
+
+    def consider(self, backend: str, optional: bool = True) -> None:
+        """Builds and times `backend`; keeps it open if it is preferred over the best so far (`preferred_over`),
+        else closes it. A failure of an `optional` candidate is noted, not raised."""
+        if optional and self.stop is not None and self.stop.is_set():  # sync, always there, is always measured
+            self.notes.append(f"{backend} not tried: the actor is stopping")
+            return
+        venv = None
+        try:
+            workers = self.workers if backend == "workers" else None
+            venv = make_batched_env(self.env_id, self.num_envs, backend, num_workers=workers)
+            self.timings[backend] = seconds_per_batch_step(venv)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails here is left out; the others still work
+            if venv is not None:
+                _close(venv)
+            if not optional:
+                raise
+            detail = (str(e).splitlines() or [""])[0].split("; ")[0]  # what failed, without a hint for people
+            self.notes.append(f"{backend} not usable ({type(e).__name__}: {detail})")
+            return
+        except BaseException:
+            if venv is not None:
+                _close(venv)
+            raise
+        if self.best is None or self.preferred_over(backend, self.best):
+            if self.best_venv is not None:
+                _close(self.best_venv)
+            self.best, self.best_venv = backend, venv
+        else:
+            _close(venv)
+
+    def preferred_over(self, backend: str, other: str) -> bool:
+        """Whether `backend` should replace `other`: an earlier one in `order` unless it is slower by more than
+        `SWITCH_MARGIN`, a later one only when it is faster by more than that."""
+        if self.order.index(backend) < self.order.index(other):
+            return self.timings[backend] <= self.timings[other] * (1 + SWITCH_MARGIN)
+        return self.timings[backend] * (1 + SWITCH_MARGIN) < self.timings[other]
+
+    def consider_workers(self, usable: int) -> None:
+        """Tries the `workers` backend where its processes could save more per batch step than their round trips
+        cost; notes why not otherwise."""
+        workers, sync = self.workers, self.timings["sync"]
+        if workers >= 2 and sync * (1 - 1 / workers) > WORKER_ROUND_TRIP_S * workers:
+            self.consider("workers")
+        elif workers >= 2:
+            self.notes.append(
+                f"workers not tried: {workers} worker processes would save less per batch step than their round "
+                "trips cost"
+            )
+        elif usable < 2:
+            self.notes.append("workers not tried: only 1 usable core")
+        else:
+            self.notes.append(
+                f"workers not tried: {self.num_envs} envs cannot be shared evenly by 2 or more of {usable} cores"
+            )
+
+    def reason(self) -> str:
+        """Why the chosen backend: its timing against the others', and the notes."""
+        timings, best, n = self.timings, self.best, self.num_envs
+        measured = ", ".join(f"{b} {t * 1e3:.3g} ms" for b, t in sorted(timings.items(), key=lambda bt: bt[1]))
+        label = f"workers ({self.workers} processes x {n // self.workers} envs)" if best == "workers" else best
+        if best == min(timings, key=timings.get):
+            reason = f"{label}: fastest measured per batch step of {n} envs ({measured})"
+        else:
+            why = "the default for this env" if best == self.order[0] else "in the actor process"
+            reason = (
+                f"{label}: {why}, within {SWITCH_MARGIN:.0%} of the fastest measured per batch step of {n} envs "
+                f"({measured})"
+            )
+        return reason + "".join(f"; {note}" for note in self.notes)
+
+
 def choose_backend(
     env_id: str, num_envs: int, cores: int | None = None, stop: threading.Event | None = None
 ) -> tuple[gym.vector.VectorEnv, BackendChoice]:
@@ -114,80 +196,20 @@ def choose_backend(
     if is_atari(env_id):
         venv = make_batched_env(env_id, num_envs, "ale")
         return venv, BackendChoice("ale", {}, "ale: Atari ids step on ale-py's C++ vector env")  # as the actor says
-    timings, best, best_venv, notes = {}, None, None, []
-
-    def consider(backend: str, optional: bool = True) -> None:
-        nonlocal best, best_venv
-        if optional and stop is not None and stop.is_set():  # sync, the one always there, is always measured
-            notes.append(f"{backend} not tried: the actor is stopping")
-            return
-        venv = None
-        try:
-            venv = make_batched_env(env_id, num_envs, backend, num_workers=workers if backend == "workers" else None)
-            timings[backend] = seconds_per_batch_step(venv)
-        except Exception as e:  # noqa: BLE001 - a candidate that fails here is left out; the others still work
-            if venv is not None:
-                _close(venv)
-            if not optional:
-                raise
-            detail = (str(e).splitlines() or [""])[0].split("; ")[0]  # what failed, without a hint for people
-            notes.append(f"{backend} not usable ({type(e).__name__}: {detail})")
-            return
-        except BaseException:
-            if venv is not None:
-                _close(venv)
-            raise
-        if best is None or preferred_over(backend, best):
-            if best_venv is not None:
-                _close(best_venv)
-            best, best_venv = backend, venv
-        else:
-            _close(venv)
-
-    def preferred_over(backend: str, other: str) -> bool:
-        """Whether `backend` should replace `other`: an earlier one in `order` unless it is slower by more than
-        `SWITCH_MARGIN`, a later one only when it is faster by more than that."""
-        if order.index(backend) < order.index(other):
-            return timings[backend] <= timings[other] * (1 + SWITCH_MARGIN)
-        return timings[backend] * (1 + SWITCH_MARGIN) < timings[other]
-
     usable = usable_cores() if cores is None else cores
-    workers = worker_count(num_envs, usable)
     base_id, kwargs = split_env_id(env_id)
     envpool_steps_it = _envpool_has(env_id)
     order = ["envpool", "sync", "workers"] if envpool_steps_it else ["sync", "workers"]
+    trial = _Trial(env_id, num_envs, worker_count(num_envs, usable), order, stop)
     try:
-        consider("sync", optional=False)
+        trial.consider("sync", optional=False)
         if envpool_steps_it:
-            consider("envpool")
+            trial.consider("envpool")
         elif kwargs and _envpool_has(base_id):
-            notes.append("envpool not tried: it takes no --env-kwargs")
-        if workers >= 2 and timings["sync"] * (1 - 1 / workers) > WORKER_ROUND_TRIP_S * workers:
-            consider("workers")
-        elif workers >= 2:
-            notes.append(
-                f"workers not tried: {workers} worker processes would save less per batch step than their round "
-                "trips cost"
-            )
-        else:
-            notes.append(
-                "workers not tried: only 1 usable core"
-                if usable < 2
-                else f"workers not tried: {num_envs} envs cannot be shared evenly by 2 or more of {usable} cores"
-            )
+            trial.notes.append("envpool not tried: it takes no --env-kwargs")
+        trial.consider_workers(usable)
     except BaseException:
-        if best_venv is not None:
-            _close(best_venv)
+        if trial.best_venv is not None:
+            _close(trial.best_venv)
         raise
-    measured = ", ".join(f"{b} {t * 1e3:.3g} ms" for b, t in sorted(timings.items(), key=lambda bt: bt[1]))
-    label = f"workers ({workers} processes x {num_envs // workers} envs)" if best == "workers" else best
-    if best == min(timings, key=timings.get):
-        reason = f"{label}: fastest measured per batch step of {num_envs} envs ({measured})"
-    else:
-        why = "the default for this env" if best == order[0] else "in the actor process"
-        reason = (
-            f"{label}: {why}, within {SWITCH_MARGIN:.0%} of the fastest measured per batch step of {num_envs} envs "
-            f"({measured})"
-        )
-    reason += "".join(f"; {note}" for note in notes)
-    return best_venv, BackendChoice(best, timings, reason)
+    return trial.best_venv, BackendChoice(trial.best, trial.timings, trial.reason())

@@ -188,62 +188,68 @@ def seeds_report(paths: list[str], points: int = 50) -> list[dict]:
         ValueError: a path names no run directory.
     """
     runs = [load_run(d) for p in paths for d in find_run_dirs(p)]
-    out = []
-    for group in group_runs(runs):
-        group.sort(key=lambda r: (r["run"].get("seed") is None, r["run"].get("seed") or 0))
-        first = group[0]["run"]
-        rows = []
-        for r in group:
-            s = r["summary"] or {}
-            finished = bool(s.get("completed")) and s.get("final_eval_return_mean") is not None
-            latest = eval_points(r["rows"])
-            rows.append(
-                dict(
-                    dir=r["dir"],
-                    seed=r["run"].get("seed"),
-                    env_steps=s.get("env_steps") if s else (r["rows"][-1]["env_steps"] if r["rows"] else 0),
-                    finished=finished,
-                    final=s.get("final_eval_return_mean") if finished else None,
-                    best=s.get("best_eval_return_mean"),
-                    latest_eval=latest[-1][1] if latest else None,
-                )
-            )
-        finals = np.array([r["final"] for r in rows if r["finished"]], float)
-        group_report = dict(
-            algo=first.get("algo"),
-            env_id=first.get("env_id"),
-            preset=first.get("preset"),
-            runs=rows,
-            finished=int(finals.size),
-            median=float(np.median(finals)) if finals.size else None,
-            mean=float(finals.mean()) if finals.size else None,
-            std=float(finals.std()) if finals.size else None,
-            iqm=None,
-            iqm_ci95=None,
-            curve=None,
-        )
-        try:
-            import rliable  # noqa: F401
-        except ImportError:
-            out.append(group_report)
-            continue
-        if finals.size >= 2:
-            point, low, high = iqm_with_ci(finals[:, None])
-            group_report.update(iqm=point, iqm_ci95=[low, high])
-        done = [r for r, row in zip(group, rows) if row["finished"]]
-        if len(done) >= 2:
-            budget = min(row["env_steps"] for row in rows if row["finished"])
-            marks = np.linspace(budget / points, budget, points).astype(int)
-            values = [[return_at(r["rows"], int(m)) for m in marks] for r in done]
-            keep = [j for j in range(points) if all(v[j] is not None for v in values)]
-            if keep:
-                matrix = np.array([[v[j] for j in keep] for v in values], float)
-                iqm, low, high = _iqm_per_column(matrix)
-                group_report["curve"] = dict(
-                    env_steps=[int(marks[j]) for j in keep], iqm=iqm.tolist(), low=low.tolist(), high=high.tolist()
-                )
-        out.append(group_report)
-    return out
+    return [_group_report(group, points) for group in group_runs(runs)]
+
+
+def _run_row(r: dict) -> dict:
+    """A run's row of the seeds' report (`seeds_report`) from what `load_run` read of it."""
+    s = r["summary"] or {}
+    finished = bool(s.get("completed")) and s.get("final_eval_return_mean") is not None
+    latest = eval_points(r["rows"])
+    return dict(
+        dir=r["dir"],
+        seed=r["run"].get("seed"),
+        env_steps=s.get("env_steps") if s else (r["rows"][-1]["env_steps"] if r["rows"] else 0),
+        finished=finished,
+        final=s.get("final_eval_return_mean") if finished else None,
+        best=s.get("best_eval_return_mean"),
+        latest_eval=latest[-1][1] if latest else None,
+    )
+
+
+def _group_report(group: list[dict], points: int) -> dict:
+    """One group's part of `seeds_report`."""
+    group.sort(key=lambda r: (r["run"].get("seed") is None, r["run"].get("seed") or 0))
+    first = group[0]["run"]
+    rows = [_run_row(r) for r in group]
+    finals = np.array([r["final"] for r in rows if r["finished"]], float)
+    report = dict(
+        algo=first.get("algo"),
+        env_id=first.get("env_id"),
+        preset=first.get("preset"),
+        runs=rows,
+        finished=int(finals.size),
+        median=float(np.median(finals)) if finals.size else None,
+        mean=float(finals.mean()) if finals.size else None,
+        std=float(finals.std()) if finals.size else None,
+        iqm=None,
+        iqm_ci95=None,
+        curve=None,
+    )
+    try:
+        import rliable  # noqa: F401
+    except ImportError:
+        return report
+    if finals.size >= 2:
+        point, low, high = iqm_with_ci(finals[:, None])
+        report.update(iqm=point, iqm_ci95=[low, high])
+    done = [r for r, row in zip(group, rows) if row["finished"]]
+    if len(done) >= 2:
+        report["curve"] = _curve(done, min(row["env_steps"] for row in rows if row["finished"]), points)
+    return report
+
+
+def _curve(done: list[dict], budget: int, points: int) -> dict | None:
+    """The IQM over the finished runs `done` of their latest evaluation return at `points` env-step marks up to
+    `budget`, with its 95% CI; None where no mark has a value in every run."""
+    marks = np.linspace(budget / points, budget, points).astype(int)
+    values = [[return_at(r["rows"], int(m)) for m in marks] for r in done]
+    keep = [j for j in range(points) if all(v[j] is not None for v in values)]
+    if not keep:
+        return None
+    matrix = np.array([[v[j] for j in keep] for v in values], float)
+    iqm, low, high = _iqm_per_column(matrix)
+    return dict(env_steps=[int(marks[j]) for j in keep], iqm=iqm.tolist(), low=low.tolist(), high=high.tolist())
 
 
 def format_seeds_report(report: list[dict]) -> str:

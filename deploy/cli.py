@@ -577,20 +577,7 @@ def up(
     `--resume DIR` alone continues a run with the algorithm, env, preset, settings, seed and budget its run.json
     records; options given with it must match the run (--total-steps may change the budget)."""
     _quiet_tf()
-    settings_given = any((algo, env_id, preset, overrides, config_file, run_config, _env_kwargs_given()))
-    if resume and not settings_given:  # the run's own settings
-        s = _recorded_settings(resume)
-        recorded = dict(seed=s.seed, total_steps=s.total_steps)
-    else:
-        recorded = _recorded_partial(resume) if resume else {}
-        if resume and not run_config:
-            if env_id is None:
-                _fail(
-                    f"--resume {resume} with settings: give --env too (and the run's --env-kwargs), or leave the "
-                    "settings out: --resume DIR alone takes them from the run."
-                )
-            algo, preset = algo or recorded.get("algo"), preset or recorded.get("preset")  # the run's, unless given
-        s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    s, recorded = _up_settings(resume, algo, env_id, preset, overrides, config_file, run_config)
     teacher = _teacher(teacher, s)
     extra = {"envs_per_actor": envs_per_actor} if envs_per_actor is not None else {}
     _check_env_backend(s.env_id, env_backend)
@@ -602,31 +589,16 @@ def up(
         return
     if seeds or parallel > 1:
         _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel)
-    if seed is None:
-        seed = recorded["seed"] if type(recorded.get("seed")) is int else 0
-    if total_steps is None and type(recorded.get("total_steps")) is int:
-        total_steps = recorded["total_steps"]
-    if total_steps is None:
-        _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
+    seed, total_steps = _seed_and_budget(recorded, seed, total_steps)
     from rlfleet.common.files import StorageError
     from rlfleet.deploy.launcher import LaunchError, UpOptions, launch
 
     logdir = _logdir(logdir, resume)
-    if total_steps <= 0:  # a budget read from the run's run.json
-        _fail(f"--total-steps {total_steps}: the budget must be a positive number of env steps; give --total-steps.")
     if seeds:
-        from rlfleet.deploy.seeds import parse_seeds, run_seeds
-
-        try:
-            seed_list = parse_seeds(seeds, 2**31 - 1)
-        except ValueError as e:
-            _fail(str(e))
-        settings_path = os.path.join(logdir, "settings.json")
-        _write_settings(run, settings_path, click.echo)  # each seed's run adds its seed and budget
         up_args = ["--actors", str(num_actors), "--env-backend", env_backend, "--bind", bind]
         up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
         up_args += ["--learner-port", str(learner_port)] if learner_port else []
-        sys.exit(run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args))
+        sys.exit(_up_seeds(run, seeds, logdir, total_steps, parallel, up_args))
     options = UpOptions(
         logdir=logdir,
         num_actors=num_actors,
@@ -642,6 +614,52 @@ def up(
     except (LaunchError, StorageError) as e:
         _fail(str(e))
     sys.exit(code)
+
+
+def _up_settings(resume, algo, env_id, preset, overrides, config_file, run_config) -> tuple[RunSettings, dict]:
+    """`up`'s run settings, and the seed and budget of the run it resumes ({} for a new run): with `--resume` and
+    no settings, the run's own; with settings, those given (the algorithm and preset the run's where not
+    given)."""
+    settings_given = any((algo, env_id, preset, overrides, config_file, run_config, _env_kwargs_given()))
+    if resume and not settings_given:  # the run's own settings
+        s = _recorded_settings(resume)
+        return s, dict(seed=s.seed, total_steps=s.total_steps)
+    recorded = _recorded_partial(resume) if resume else {}
+    if resume and not run_config:
+        if env_id is None:
+            _fail(
+                f"--resume {resume} with settings: give --env too (and the run's --env-kwargs), or leave the "
+                "settings out: --resume DIR alone takes them from the run."
+            )
+        algo, preset = algo or recorded.get("algo"), preset or recorded.get("preset")  # the run's, unless given
+    return _settings(algo, env_id, preset, overrides, config_file, run_config), recorded
+
+
+def _seed_and_budget(recorded: dict, seed: int | None, total_steps: int | None) -> tuple[int, int]:
+    """--seed and --total-steps, else those the resumed run recorded (seed 0 for a new run); exits when there is
+    no budget or it is not positive."""
+    if seed is None:
+        seed = recorded["seed"] if type(recorded.get("seed")) is int else 0
+    if total_steps is None and type(recorded.get("total_steps")) is int:
+        total_steps = recorded["total_steps"]
+    if total_steps is None:
+        _fail("Missing option '--total-steps' (env steps to train for; only --show-config goes without it).")
+    if total_steps <= 0:  # a budget read from the run's run.json
+        _fail(f"--total-steps {total_steps}: the budget must be a positive number of env steps; give --total-steps.")
+    return seed, total_steps
+
+
+def _up_seeds(run: RunSettings, seeds: str, logdir: str, total_steps: int, parallel: int, up_args: list) -> int:
+    """`up --seeds`: the settings written once to DIR/settings.json, then one `up` per seed (`run_seeds`)."""
+    from rlfleet.deploy.seeds import parse_seeds, run_seeds
+
+    try:
+        seed_list = parse_seeds(seeds, 2**31 - 1)
+    except ValueError as e:
+        _fail(str(e))
+    settings_path = os.path.join(logdir, "settings.json")
+    _write_settings(run, settings_path, click.echo)  # each seed's run adds its seed and budget
+    return run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args)
 
 
 @main.command("replay")
@@ -1035,25 +1053,15 @@ def learner_cmd(
         from rlfleet.envs.video import use_offscreen_rendering
 
         use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
-    deadline = time.monotonic() + start_timeout
+    deadline = time.monotonic() + start_timeout  # counted from the process's start
     # A stop before the learner serves (while it waits, or while it is built) ends it with --exit-code-if-stopped.
     stop = threading.Event()
     on_stop_signals(stop.set)
-    if bool(tls_cert) != bool(tls_key):
-        _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
-    if tls_client_ca and not tls_cert:
-        _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    tls, token = _server_security(tls_cert, tls_key, tls_client_ca, token)
     track = _check_track(track)
     if run_config:
         _run_config_alone(algo, env_id, preset, overrides, config_file)
     logdir = _logdir(logdir, resume)
-    from rlfleet.proto.security import SecurityError, token_from_env
-
-    try:
-        token = token_from_env(token)
-    except SecurityError as e:
-        _fail(str(e))
-    tls = (tls_cert, tls_key, tls_client_ca) if tls_cert else None
     server = None
     if run_config and not os.path.exists(run_config):
         server = _wait_for_settings(run_config, bind, port, tls, token, port_file, deadline, start_timeout, stop)
@@ -1067,27 +1075,35 @@ def learner_cmd(
     _check_env_backend(s.env_id, env_backend)
     if auto_resume and resume is None:
         resume = _auto_resume(logdir)
+    from rlfleet.learner.run_spec import RunSpec
+
+    run = RunSpec(
+        settings=dataclasses.replace(s, seed=seed, total_steps=total_steps),
+        replay_address=replay_address, logdir=logdir, resume=resume, teacher_replay=teacher_replay,
+        replay_for_actors=replay_for_actors, env_backend=env_backend, port=port, bind=bind, tls=tls, token=token,
+        report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval, linger_s=linger,
+        linger_for_replay=linger_for_replay, actor_timeout_s=actor_timeout, start_timeout_s=start_timeout,
+        start_deadline=deadline, video_every=video_every, track=track,
+    )  # fmt: skip
+    summary = _run_learner(run, server, stop, port_file, exit_code_if_stopped)
+    if not summary.get("completed"):
+        sys.exit(exit_code_if_stopped)
+
+
+def _run_learner(run, server, stop, port_file: str | None, exit_code_if_stopped: int) -> dict:
+    """Builds and runs the learner of `run` (on `server` where one is bound already), writing its port to
+    `port_file`; returns the run's summary. Exits with `exit_code_if_stopped` when stopped before it served, 2
+    with the message of a bad env, setting, replay table, run directory or storage."""
     from rlfleet.common.files import StorageError
     from rlfleet.envs.core import EnvError
     from rlfleet.learner.errors import LearnerError, LearnerStopped
-    from rlfleet.learner.run_spec import RunSpec
     from rlfleet.learner.service import Learner
 
     try:
-        run = RunSpec(
-            settings=dataclasses.replace(s, seed=seed, total_steps=total_steps),
-            replay_address=replay_address, logdir=logdir, resume=resume, teacher_replay=teacher_replay,
-            replay_for_actors=replay_for_actors, env_backend=env_backend, port=port,
-            bind=bind, tls=tls, token=token, report_interval_s=report_interval,
-            checkpoint_interval_s=checkpoint_interval, linger_s=linger, linger_for_replay=linger_for_replay,
-            actor_timeout_s=actor_timeout,
-            start_timeout_s=start_timeout, start_deadline=deadline, video_every=video_every,
-            track=track,
-        )  # fmt: skip
         learner = Learner(run, server, stop_event=stop)
         if port_file and server is None:
             _write_port_file(port_file, learner.port)
-        summary = learner.run()
+        return learner.run()
     except LearnerStopped as e:
         log.info("%s; nothing was trained.", e)
         sys.exit(exit_code_if_stopped)
@@ -1095,8 +1111,23 @@ def learner_cmd(
         if server is not None:
             server.stop()
         _fail(str(e))
-    if not summary.get("completed"):
-        sys.exit(exit_code_if_stopped)
+
+
+def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | None, str]:
+    """The learner's TLS files ((cert, key, client CA or None), or None: plaintext) and its token (--token, else
+    $RLFLEET_TOKEN); exits on a certificate without its key (or the reverse), a client CA without TLS, or a bad
+    token."""
+    from rlfleet.proto.security import SecurityError, token_from_env
+
+    if bool(tls_cert) != bool(tls_key):
+        _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
+    if tls_client_ca and not tls_cert:
+        _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    try:
+        token = token_from_env(token)
+    except SecurityError as e:
+        _fail(str(e))
+    return ((tls_cert, tls_key, tls_client_ca) if tls_cert else None), token
 
 
 def _run_config_alone(algo, env_id, preset, overrides, config_file) -> None:

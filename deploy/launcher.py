@@ -351,26 +351,10 @@ class _Cluster:
         next_report = time.monotonic() + p.options.report_interval
         phase = "starting"
         while learner.proc.poll() is None:
-            for c in self.children:
-                c.relay()
-            for c in self.children:
-                if c is not learner and c.proc.poll() not in (None, 0):
-                    raise _fail_child(c)
-            for c in self.children:
-                if "replay" in c.name and c.proc.poll() is not None:
-                    raise _fail_child(c)
+            self._check_children()
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + p.options.report_interval
-                try:
-                    st = get_status(p.learner_address, 5, p.security)
-                    phase = st["phase"]
-                    print(progress_line(st, p.run.total_steps), flush=True)
-                except StatusError as e:
-                    try:
-                        learner.proc.wait(2)  # it was just finishing: no message
-                    except subprocess.TimeoutExpired:
-                        if phase not in ("evaluating", "done"):
-                            log.warning("status unavailable: %s", e)
+                phase = self._report(phase)
             time.sleep(0.2)
         for c in self.children:
             c.relay()
@@ -378,6 +362,36 @@ class _Cluster:
             raise _fail_child(learner)
         # The run is over: the actors have left (they wait for the run's end, which `up` tells them by this).
         _stop_together(self.actors, 10)
+
+    def _check_children(self) -> None:
+        """Relays what the children said since the last call.
+
+        Raises:
+            LaunchError: an actor failed, or a replay server exited (the learner's exit `watch` sees itself).
+        """
+        for c in self.children:
+            c.relay()
+        for c in self.children:
+            if c is not self.learner and c.proc.poll() not in (None, 0):
+                raise _fail_child(c)
+            if "replay" in c.name and c.proc.poll() is not None:
+                raise _fail_child(c)
+
+    def _report(self, phase: str) -> str:
+        """Prints a progress row from the learner's status; returns the run's phase (`phase`, the last one seen,
+        when status did not answer: a learner that is finishing says nothing, one in another phase a warning)."""
+        p = self.plan
+        try:
+            st = get_status(p.learner_address, 5, p.security)
+        except StatusError as e:
+            try:
+                self.learner.proc.wait(2)  # it was just finishing: no message
+            except subprocess.TimeoutExpired:
+                if phase not in ("evaluating", "done"):
+                    log.warning("status unavailable: %s", e)
+            return phase
+        print(progress_line(st, p.run.total_steps), flush=True)
+        return st["phase"]
 
     def interrupt(self) -> None:
         """Ctrl-C: stops the actors, lets the learner checkpoint, and says how to resume."""

@@ -116,14 +116,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         act = agent.policy(stochastic, first_seed)
     except NotImplementedError as e:
         fail(str(e))
-    video_paths = None
-    if video_dir:
-        try:
-            os.makedirs(video_dir, exist_ok=True)
-        except OSError as e:
-            fail(f"--video {video_dir}: cannot create the folder ({e.strerror}).")
-        tag = f"{_checkpoint_tag(restored)}{'-stochastic' if stochastic else ''}"
-        video_paths = [os.path.join(video_dir, f"{tag}-seed{first_seed + i}.mp4") for i in range(episodes)]
+    video_paths = _video_paths(video_dir, restored, stochastic, first_seed, episodes) if video_dir else None
     policy_words = "behaviour policy (stochastic)" if stochastic else "evaluation policy"
     click.echo(
         f"rlfleet eval: {restored.algo} on {restored.env_id}, checkpoint {restored.checkpoint} (env steps "
@@ -143,9 +136,30 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     except (VideoError, EnvError) as e:  # EnvError: the env cannot render (or be made rendering)
         fail(str(e))
     stats = summarize(result.returns)
+    _print_eval(restored, result, stats)
+    if json_path:
+        _write_eval_json(json_path, restored, stochastic, first_seed, result, stats)
+        click.echo(f"result: {json_path}")
+
+
+def _video_paths(video_dir: str, restored, stochastic: bool, first_seed: int, episodes: int) -> list[str]:
+    """One MP4 path in `video_dir` (made here) for each episode, named by checkpoint, policy and env seed; exits 2
+    when the folder cannot be made."""
+    try:
+        os.makedirs(video_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"--video {video_dir}: cannot create the folder ({e.strerror}).")
+    tag = f"{_checkpoint_tag(restored)}{'-stochastic' if stochastic else ''}"
+    return [os.path.join(video_dir, f"{tag}-seed{first_seed + i}.mp4") for i in range(episodes)]
+
+
+def _print_eval(restored, result, stats: dict) -> None:
+    """The result `rlfleet eval` prints: the return's statistics, the run's own evaluation of the checkpoint, the
+    videos."""
     click.echo(
         f"return mean {stats['mean']:,.2f}  std {stats['std']:,.2f}  min {stats['min']:,.2f}  "
-        f"max {stats['max']:,.2f}  over {episodes} episode(s); length mean {np.mean(result.lengths):,.1f} env steps"
+        f"max {stats['max']:,.2f}  over {len(result.returns)} episode(s); length mean "
+        f"{np.mean(result.lengths):,.1f} env steps"
     )
     if restored.best is not None:
         click.echo(
@@ -154,9 +168,6 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
         )
     for path in result.videos:
         click.echo(f"video: {path}")
-    if json_path:
-        _write_eval_json(json_path, restored, stochastic, first_seed, result, stats)
-        click.echo(f"result: {json_path}")
 
 
 def _write_eval_json(path: str, restored, stochastic: bool, first_seed: int, result, stats: dict) -> None:

@@ -4,6 +4,7 @@ seeds' report (`rlfleet.analysis.runs_report`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -13,8 +14,11 @@ import sys
 import time
 
 from rlfleet.common.files import atomic_write
+from rlfleet.common.logs import logger
 from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.learner.run_dir import run_state
+
+log = logger("up")
 
 # Why a report has no curve: each run's metrics.jsonl must hold evaluations before the shortest run's end.
 NO_CURVE = (
@@ -100,13 +104,8 @@ def run_seeds(
         os.path.join(logdir, SEEDS_FILE),
         json.dumps(dict(seeds=seeds, settings=os.path.abspath(settings_path), command=command), indent=2),
     )
-    pending = []
-    for seed in seeds:
-        state = run_state(seed_dir(logdir, seed), total_steps)
-        if state == "done":
-            print(f"rlfleet up: seed {seed}: finished earlier ({seed_dir(logdir, seed)})", flush=True)
-        else:
-            pending.append((seed, state))
+    pending = _pending(seeds, logdir, total_steps)
+    start = functools.partial(_start, logdir=logdir, settings_path=settings_path, total_steps=total_steps)
     stopping: list[int] = []
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda signum, frame: stopping.append(signum)) for sig in stop_signals}
@@ -114,44 +113,13 @@ def run_seeds(
     failed = 0
     try:
         while pending or running:
-            for run in [r for r in running if r.proc.poll() is not None]:
-                running.remove(run)
-                run.close()
-                code = run.proc.returncode
-                print(
-                    f"rlfleet up: seed {run.seed}: {'finished' if code == 0 else f'ended with exit status {code}'}",
-                    flush=True,
-                )
-                if code not in (0, 130) and not failed:
-                    failed = code if code > 0 else 1  # < 0: killed by a signal
+            failed = failed or _reap(running)
             if stopping:
                 for run in running:
                     run.stop()
                 pending = []
             while pending and len(running) < parallel and not stopping:
-                seed, state = pending.pop(0)
-                run_dir = seed_dir(logdir, seed)
-                where = ["--resume", run_dir] if state == "resume" else ["--logdir", run_dir]
-                args = [
-                    "--run-config",
-                    settings_path,
-                    "--seed",
-                    str(seed),
-                    "--total-steps",
-                    str(total_steps),
-                    *where,
-                    *up_args,
-                ]
-                log_path = None
-                if parallel > 1:
-                    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-                    log_path = os.path.join(run_dir, "logs", "up.log")
-                print(
-                    f"rlfleet up: seed {seed}: {'resumed' if state == 'resume' else 'started'} in {run_dir}"
-                    + (f" (its output: {log_path})" if log_path else ""),
-                    flush=True,
-                )
-                running.append(_Run(seed, args, log_path))
+                running.append(start(*pending.pop(0), up_args=up_args, own_log=parallel > 1))
             time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
@@ -172,6 +140,55 @@ def run_seeds(
     return 0
 
 
+def _pending(seeds: list[int], logdir: str, total_steps: int) -> list[tuple[int, str]]:
+    """(seed, "new" or "resume") of each seed whose run has not finished `total_steps`; says which finished."""
+    pending = []
+    for seed in seeds:
+        state = run_state(seed_dir(logdir, seed), total_steps)
+        if state == "done":
+            print(f"rlfleet up: seed {seed}: finished earlier ({seed_dir(logdir, seed)})", flush=True)
+        else:
+            pending.append((seed, state))
+    return pending
+
+
+def _reap(running: list[_Run]) -> int:
+    """Takes the runs that ended out of `running`, saying how each ended; returns the exit status of the first
+    that failed (1 for one killed by a signal), else 0."""
+    failed = 0
+    for run in [r for r in running if r.proc.poll() is not None]:
+        running.remove(run)
+        run.close()
+        code = run.proc.returncode
+        print(
+            f"rlfleet up: seed {run.seed}: {'finished' if code == 0 else f'ended with exit status {code}'}",
+            flush=True,
+        )
+        if code not in (0, 130) and not failed:
+            failed = code if code > 0 else 1  # < 0: killed by a signal
+    return failed
+
+
+def _start(
+    seed: int, state: str, *, logdir: str, settings_path: str, total_steps: int, up_args: list[str], own_log: bool
+) -> _Run:
+    """Starts the run of `seed` (`state` "resume": from its checkpoint), its output in its own up.log when
+    `own_log` (several runs at a time), else this process's."""
+    run_dir = seed_dir(logdir, seed)
+    where = ["--resume", run_dir] if state == "resume" else ["--logdir", run_dir]
+    args = ["--run-config", settings_path, "--seed", str(seed), "--total-steps", str(total_steps), *where, *up_args]
+    log_path = None
+    if own_log:
+        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        log_path = os.path.join(run_dir, "logs", "up.log")
+    print(
+        f"rlfleet up: seed {seed}: {'resumed' if state == 'resume' else 'started'} in {run_dir}"
+        + (f" (its output: {log_path})" if log_path else ""),
+        flush=True,
+    )
+    return _Run(seed, args, log_path)
+
+
 def _report(logdir: str) -> None:
     """Prints the seeds' report and writes DIR/learning-curves.png where the report extra is installed."""
     from rlfleet.analysis.runs_report import format_seeds_report, plot_seeds_report, seeds_report
@@ -189,4 +206,4 @@ def _report(logdir: str) -> None:
         except ImportError:
             pass
         except OSError as e:
-            print(f"rlfleet up: warning: no learning curves: {path}: {e.strerror or e}", flush=True)
+            log.warning("no learning curves: %s: %s", path, e.strerror or e)

@@ -11,6 +11,7 @@ import re
 import tensorflow as tf
 
 from rlfleet import algorithms
+from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.logs import logger
 from rlfleet.envs.core import EnvSpec, env_spec
 from rlfleet.learner.checkpoints import CheckpointError, restore_newest
@@ -70,6 +71,27 @@ def parse_checkpoint_choice(text: str) -> str | int:
     return int(m.group(1))
 
 
+def _run_settings(run_dir: str) -> tuple[RunSettings, EnvSpec]:
+    """The settings run.json records of the run directory `run_dir`, and its env's spec.
+
+    Raises:
+        RestoreError: no such directory, no run.json, one that does not parse, an env that cannot be made here.
+    """
+    if not os.path.isdir(run_dir):
+        raise RestoreError(f"{run_dir}: no such directory; give the --logdir of an rlfleet run.")
+    run_json = os.path.join(run_dir, "run.json")
+    if not os.path.exists(run_json):
+        raise RestoreError(f"{run_dir}: no run.json, so this is not an rlfleet run directory; give a run's --logdir.")
+    try:
+        run = read_run_settings(run_json)
+    except RunDirError as e:
+        raise RestoreError(str(e)) from None
+    try:
+        return run, env_spec(run.env_id)
+    except ValueError as e:  # EnvError: an env (or its package) this machine does not have
+        raise RestoreError(f"{run_dir}: the run's env cannot be made here: {e}") from None
+
+
 def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
     """Restores the policy of the run directory `run_dir` from the checkpoint `choice` ("latest": the newest one
     that reads whole, skipping damaged ones with a warning; "best": RUN/checkpoints/best; N: ckpt-N).
@@ -79,22 +101,9 @@ def restore_run(run_dir: str, choice: str | int = LATEST) -> RestoredRun:
             installed), no such checkpoint, or none that reads.
     """
     where = run_dir
-    if not os.path.isdir(run_dir):
-        raise RestoreError(f"{where}: no such directory; give the --logdir of an rlfleet run.")
-    run_json = os.path.join(run_dir, "run.json")
-    if not os.path.exists(run_json):
-        raise RestoreError(f"{where}: no run.json, so this is not an rlfleet run directory; give a run's --logdir.")
-    try:
-        run = read_run_settings(run_json)
-    except RunDirError as e:
-        raise RestoreError(str(e)) from None
-    try:
-        spec = env_spec(run.env_id)
-    except ValueError as e:  # EnvError: an env (or its package) this machine does not have
-        raise RestoreError(f"{where}: the run's env cannot be made here: {e}") from None
-    config = run.config
+    run, spec = _run_settings(run_dir)
     seed = run.seed or 0
-    agent = algorithms.get(run.algo).make_policy_agent(spec, config, seed)
+    agent = algorithms.get(run.algo).make_policy_agent(spec, run.config, seed)
     counters = {k: tf.Variable(0, dtype=tf.int64) for k in ("env_steps", "weights_version", "learner_steps")}
     checkpoint = tf.train.Checkpoint(**agent.checkpoint_items(), **counters)
     folder = os.path.join(run_dir, "checkpoints")

@@ -134,13 +134,16 @@ def peer_ip(peer: str) -> str:
     return host.strip("[]")
 
 
-def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
+class _Methods:
     """The `rlfleet.Learner` methods over `server.learner` (a `rlfleet.learner.service.Learner`). The actors'
     calls wait until the server is ready (`LearnerServer.start`); GetStatus answers at once, with the waiting
     status while no learner is attached."""
 
-    async def register_actor(request, context):
-        learner = await server.ready_learner(context)
+    def __init__(self, server: "LearnerServer"):
+        self.server = server
+
+    async def register_actor(self, request, context):
+        learner = await self.server.ready_learner(context)
         envs = learner.config.envs_per_actor
         if request.num_envs and request.num_envs != envs:
             await context.abort(
@@ -152,8 +155,8 @@ def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
         actor_id = learner.admit_actor(request.host or address, address)
         return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
 
-    async def stream_weights(request, context):
-        learner = await server.ready_learner(context)
+    async def stream_weights(self, request, context):
+        learner = await self.server.ready_learner(context)
         try:
             await learner.weights.serve(request.min_policy_version, context.write)
         except TimeoutError:  # the actor reconnects when it reads again (DEADLINE_EXCEEDED is retryable)
@@ -161,43 +164,50 @@ def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no weights message was read for {WRITE_TIMEOUT_S:.0f}s"
             )
 
-    async def heartbeat(request, context):
-        learner = await server.ready_learner(context)
+    async def heartbeat(self, request, context):
+        learner = await self.server.ready_learner(context)
         stop = learner.record_heartbeat(request, peer_ip(context.peer()))
         return rlfleet_pb2.HeartbeatResponse(stop=stop)
 
-    async def heartbeats(request_iterator, context):
-        learner = await server.ready_learner(context)
+    async def heartbeats(self, request_iterator, context):
+        learner = await self.server.ready_learner(context)
         address = peer_ip(context.peer())
         async for request in request_iterator:
             yield rlfleet_pb2.HeartbeatResponse(stop=learner.record_heartbeat(request, address))
 
-    async def get_status(request, context):
-        learner = server.learner
-        return learner.status_proto() if learner is not None else server.waiting_status()
+    async def get_status(self, request, context):
+        learner = self.server.learner
+        return learner.status_proto() if learner is not None else self.server.waiting_status()
 
-    def unary(fn, req, resp):
-        return grpc.unary_unary_rpc_method_handler(
-            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
-        )
 
+def _unary(fn, req, resp):
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+    )
+
+
+def _handlers(server: "LearnerServer") -> grpc.GenericRpcHandler:
+    """The `rlfleet.Learner` service's handlers (`_Methods`) over `server`."""
+    m = _Methods(server)
     return grpc.method_handlers_generic_handler(
         _SERVICE,
         {
-            "RegisterActor": unary(register_actor, rlfleet_pb2.RegisterActorRequest, rlfleet_pb2.RegisterActorResponse),
+            "RegisterActor": _unary(
+                m.register_actor, rlfleet_pb2.RegisterActorRequest, rlfleet_pb2.RegisterActorResponse
+            ),
             # The stream yields bytes serialized once per version by WeightsBroadcast.publish.
             "StreamWeights": grpc.unary_stream_rpc_method_handler(
-                stream_weights,
+                m.stream_weights,
                 request_deserializer=rlfleet_pb2.StreamWeightsRequest.FromString,
                 response_serializer=bytes,
             ),
-            "Heartbeat": unary(heartbeat, rlfleet_pb2.HeartbeatRequest, rlfleet_pb2.HeartbeatResponse),
+            "Heartbeat": _unary(m.heartbeat, rlfleet_pb2.HeartbeatRequest, rlfleet_pb2.HeartbeatResponse),
             "Heartbeats": grpc.stream_stream_rpc_method_handler(
-                heartbeats,
+                m.heartbeats,
                 request_deserializer=rlfleet_pb2.HeartbeatRequest.FromString,
                 response_serializer=rlfleet_pb2.HeartbeatResponse.SerializeToString,
             ),
-            "GetStatus": unary(get_status, rlfleet_pb2.GetStatusRequest, rlfleet_pb2.Status),
+            "GetStatus": _unary(m.get_status, rlfleet_pb2.GetStatusRequest, rlfleet_pb2.Status),
         },
     )
 

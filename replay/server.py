@@ -74,11 +74,7 @@ def serve(
         _sweep_scratch()
         scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         ckpt = checkpoints.checkpointer(scratch)
-    if restore_from:  # Reverb reads the whole checkpoint before it serves, and says nothing meanwhile
-        with ReadingProgress("restoring the replay", tree_bytes([restore_from])):
-            server = _start_server(tables, port, ckpt, scratch)
-    else:
-        server = _start_server(tables, port, ckpt, scratch)
+    server = _start_server(tables, port, ckpt, scratch, restore_from)
     port = server.port
     if restoring:
         _check_restored(server, requested, restoring)
@@ -131,8 +127,9 @@ def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
     return checkpoints.checkpointer(checkpoint_dir, restore_from=restoring), restoring, restoring
 
 
-def _start_server(tables: list, port: int, ckpt, scratch: str | None) -> reverb.Server:
-    """A Reverb server on `port` (0: a free one).
+def _start_server(tables: list, port: int, ckpt, scratch: str | None, restore_from: str | None) -> reverb.Server:
+    """A Reverb server on `port` (0: a free one), with progress lines while it restores `restore_from` (Reverb
+    reads the whole checkpoint before it serves, and says nothing meanwhile).
 
     Raises:
         ValueError: the port is in use (the scratch checkpoint folder, if empty, is removed).
@@ -140,6 +137,9 @@ def _start_server(tables: list, port: int, ckpt, scratch: str | None) -> reverb.
     try:
         if port:
             _check_port_free(port)
+        if restore_from:
+            with ReadingProgress("restoring the replay", tree_bytes([restore_from])):
+                return reverb.Server(tables=tables, port=port or None, checkpointer=ckpt)
         # Port 0: Reverb picks a free one when given None (given 0 it binds one but reports 0).
         return reverb.Server(tables=tables, port=port or None, checkpointer=ckpt)
     except ValueError as e:

@@ -166,17 +166,9 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
     rng, obs = actor.start_episodes(venv)
     client = Client(actor.replay_address)
     writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b // g)]
-    frame_shape = obs.shape[2:] if stack > 1 else obs.shape[1:]
-    padding = dict(
-        observation=np.zeros((g, *frame_shape), np.float32 if stack == 1 else obs.dtype),
-        action=np.zeros(g, np.int32),
-        reward=np.zeros(g, np.float32),
-        end=np.full(g, TRUNCATED, np.int8),
-        policy_version=np.int64(-1),
-    )
     for writer in writers:
         for _ in range(stack - 1):
-            writer.append(padding)
+            writer.append(_padding_step(obs, g, stack))
     try:
         while not actor.stop.is_set():
             version, arrays, exploration = weights.latest
@@ -189,20 +181,8 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
             frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
             end = np.where(terminated, TERMINATED, np.where(truncated, TRUNCATED, NOT_ENDED)).astype(np.int8)
             action, reward = np.asarray(action, np.int32), np.asarray(reward, np.float32)
-            for k, writer in enumerate(writers):
-                part = slice(k * g, (k + 1) * g)
-                writer.append(
-                    dict(
-                        observation=frames[part],
-                        action=action[part],
-                        reward=reward[part],
-                        end=end[part],
-                        policy_version=np.int64(version),
-                    )
-                )
-                if writer.episode_steps >= n + stack:
-                    history = writer.history
-                    writer.create_item(cfg.table, 1.0, {key: col[-(n + stack) :] for key, col in history.items()})
+            step = dict(observation=frames, action=action, reward=reward, end=end)
+            _append_step(writers, step, version, g, n + stack, cfg.table)
             if not all(actor.wait_written(w, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for w in writers):
                 break
             obs = next_obs
@@ -212,6 +192,29 @@ def collect_transitions(actor, venv, weights, epoch: int) -> None:
             writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
         writers.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
         writer = client = None
+
+
+def _padding_step(obs, g: int, stack: int) -> dict:
+    """A step of zero frames that ended by truncation, for `g` envs: what a writer starts with, stack − 1 times,
+    so that its first real step already starts an item (`collect_transitions`)."""
+    frame_shape = obs.shape[2:] if stack > 1 else obs.shape[1:]
+    return dict(
+        observation=np.zeros((g, *frame_shape), np.float32 if stack == 1 else obs.dtype),
+        action=np.zeros(g, np.int32),
+        reward=np.zeros(g, np.float32),
+        end=np.full(g, TRUNCATED, np.int8),
+        policy_version=np.int64(-1),
+    )
+
+
+def _append_step(writers: list, step: dict, version: int, g: int, span: int, table: str) -> None:
+    """Appends one batch step (`step`: {column: [B, ...] array}, acted on by policy `version`) to the writers,
+    `g` envs each, and makes an item of each writer's last `span` steps once it has that many."""
+    for k, writer in enumerate(writers):
+        part = slice(k * g, (k + 1) * g)
+        writer.append({**{key: col[part] for key, col in step.items()}, "policy_version": np.int64(version)})
+        if writer.episode_steps >= span:
+            writer.create_item(table, 1.0, {key: col[-span:] for key, col in writer.history.items()})
 
 
 def _stack(frames, end, first: int, frame_stack: int):
@@ -246,49 +249,58 @@ def transitions(data: dict, n_step: int, frame_stack: int, batch_size: int | Non
          after step k), "valid": float32 [N] (0 for a transition whose n-step window reaches a time-limit cut:
          it has no bootstrap observation and must not be trained on), "policy_version": int64 [N]}.
     """
-    import tensorflow as tf
-
-    n, s = n_step, frame_stack
-    if "end" not in data:  # the single-env layout
-        first, bootstrap = split_observations(data["observation"], n, s)
-        rows = tf.shape(data["action"])[0]
-        out = dict(
-            observation=first,
-            next_observation=bootstrap,
-            action=tf.cast(data["action"][:, 0], tf.int32),
-            reward=tf.cast(data["reward"][:, :n], tf.float32),
-            done=tf.cast(data["done"][:, :n], tf.float32),
-            valid=tf.ones([rows], tf.float32),
-            policy_version=tf.cast(data["policy_version"][:, 0], tf.int64),
-        )
-    else:
-        envs = tf.shape(data["action"])[2]
-
-        def per_env(x):  # [K, W, G, ...] -> [K·G, W, ...]
-            x = tf.transpose(x, tf.concat([[0, 2, 1], tf.range(3, tf.rank(x))], 0))
-            return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
-
-        frames, end = per_env(data["observation"]), per_env(data["end"])
-        window_end = end[:, s - 1 : s - 1 + n]
-        done = tf.cast(window_end != NOT_ENDED, tf.float32)
-        before_first_end = tf.math.cumprod(1.0 - done, axis=1, exclusive=True)
-        cut = tf.reduce_sum(before_first_end * tf.cast(window_end == TRUNCATED, tf.float32), axis=1)
-        if s == 1:
-            first, bootstrap = frames[:, 0], frames[:, n]
-        else:
-            first, bootstrap = _stack(frames, end, 0, s), _stack(frames, end, n, s)
-        out = dict(
-            observation=first,
-            next_observation=bootstrap,
-            action=per_env(data["action"])[:, s - 1],
-            reward=per_env(data["reward"])[:, s - 1 : s - 1 + n],
-            done=done,
-            valid=1.0 - tf.minimum(cut, 1.0),
-            policy_version=tf.repeat(data["policy_version"][:, s - 1], envs),
-        )
+    layout = _grouped_transitions if "end" in data else _single_env_transitions
+    out = layout(data, n_step, frame_stack)
     if batch_size is not None:
         out = {k: v[:batch_size] for k, v in out.items()}
     return out
+
+
+def _single_env_transitions(data: dict, n: int, s: int) -> dict:
+    """`transitions` of items in the single-env layout (every item a usable transition)."""
+    import tensorflow as tf
+
+    first, bootstrap = split_observations(data["observation"], n, s)
+    rows = tf.shape(data["action"])[0]
+    return dict(
+        observation=first,
+        next_observation=bootstrap,
+        action=tf.cast(data["action"][:, 0], tf.int32),
+        reward=tf.cast(data["reward"][:, :n], tf.float32),
+        done=tf.cast(data["done"][:, :n], tf.float32),
+        valid=tf.ones([rows], tf.float32),
+        policy_version=tf.cast(data["policy_version"][:, 0], tf.int64),
+    )
+
+
+def _grouped_transitions(data: dict, n: int, s: int) -> dict:
+    """`transitions` of items of `dqn_signature` (G envs each, S − 1 leading steps for the first stack)."""
+    import tensorflow as tf
+
+    envs = tf.shape(data["action"])[2]
+
+    def per_env(x):  # [K, W, G, ...] -> [K·G, W, ...]
+        x = tf.transpose(x, tf.concat([[0, 2, 1], tf.range(3, tf.rank(x))], 0))
+        return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
+
+    frames, end = per_env(data["observation"]), per_env(data["end"])
+    window_end = end[:, s - 1 : s - 1 + n]
+    done = tf.cast(window_end != NOT_ENDED, tf.float32)
+    before_first_end = tf.math.cumprod(1.0 - done, axis=1, exclusive=True)
+    cut = tf.reduce_sum(before_first_end * tf.cast(window_end == TRUNCATED, tf.float32), axis=1)
+    if s == 1:
+        first, bootstrap = frames[:, 0], frames[:, n]
+    else:
+        first, bootstrap = _stack(frames, end, 0, s), _stack(frames, end, n, s)
+    return dict(
+        observation=first,
+        next_observation=bootstrap,
+        action=per_env(data["action"])[:, s - 1],
+        reward=per_env(data["reward"])[:, s - 1 : s - 1 + n],
+        done=done,
+        valid=1.0 - tf.minimum(cut, 1.0),
+        policy_version=tf.repeat(data["policy_version"][:, s - 1], envs),
+    )
 
 
 def split_observations(frames, n_step: int, frame_stack: int):

@@ -108,17 +108,8 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
     (`ppo_signature`).
 
     Consecutive items share a step: the last step of one, used only for its
-    observation (the bootstrap value), is the first of the next. When the
-    learner collects synchronously (`weights.items_per_actor` > 0), every
-    item's steps (all but that last one) are acted on by one policy version:
-    the actor writes the learner's share of items with a version and then
-    waits for the next weights message; the step it had taken by then was
-    acted on by the old version, so it only ends the item before, and the
-    next item starts at the step after it. Steps of a version that a newer
-    one replaced before they filled an item are never written into one.
-    When it collects asynchronously, the actor starts an item only with
-    `ItemCredit` for it; without, it waits for newer versions and the next
-    item starts at the step after the wait, as above.
+    observation (the bootstrap value), is the first of the next. Which steps
+    make an item under synchronous and asynchronous collection: `_ItemWriter`.
     """
     cfg = actor.config
     b = cfg.num_envs
@@ -142,18 +133,9 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
             actor.check_finite(final_obs)  # the true last observations at truncations
             done = np.logical_or(terminated, truncated)
             discounted_return = discount * discounted_return + reward
-            step = dict(
-                observation=np.asarray(obs, np.float32),
-                action=action,
-                reward=np.asarray(reward, np.float32),
-                terminated=np.asarray(terminated, bool),
-                truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
-                final_observation=final_obs,
-                discounted_return=discounted_return.astype(np.float32),
-                behaviour_log_prob=log_prob,
-                behaviour_mean=mean,
-                behaviour_log_std=log_std,
-                policy_version=np.full(b, version, np.int64),
+            step = _step_record(obs, (action, log_prob, mean, log_std), (reward, terminated, truncated, final_obs))
+            step.update(
+                discounted_return=discounted_return.astype(np.float32), policy_version=np.full(b, version, np.int64)
             )
             if not items.append(step, version, serial):
                 break
@@ -164,9 +146,37 @@ def collect_trajectories(actor, venv, weights, epoch: int) -> None:
         items.close()
 
 
+def _step_record(obs, behaviour: tuple, outcome: tuple) -> dict:
+    """One batch step's columns of `ppo_signature` (but the discounted return and the policy version):
+    `behaviour` = (action, log-prob, mean, log-std) of the behaviour policy, `outcome` = (reward, terminated,
+    truncated, final observation) of the env step. A step that terminated is never also truncated."""
+    action, log_prob, mean, log_std = behaviour
+    reward, terminated, truncated, final_obs = outcome
+    return dict(
+        observation=np.asarray(obs, np.float32),
+        action=action,
+        reward=np.asarray(reward, np.float32),
+        terminated=np.asarray(terminated, bool),
+        truncated=np.asarray(truncated, bool) & ~np.asarray(terminated, bool),
+        final_observation=final_obs,
+        behaviour_log_prob=log_prob,
+        behaviour_mean=mean,
+        behaviour_log_std=log_std,
+    )
+
+
 class _ItemWriter:
     """`collect_trajectories`' one writer: which appended step starts the next item, which policy version a
-    synchronous item belongs to, and the asynchronous `ItemCredit`."""
+    synchronous item belongs to, and the asynchronous `ItemCredit`.
+
+    When the learner collects synchronously (`weights.items_per_actor` > 0), every item's steps (all but the
+    last one, used only for its observation) are acted on by one policy version: the actor writes the learner's
+    share of items with a version and then waits for the next weights message; the step it had taken by then
+    was acted on by the old version, so it only ends the item before, and the next item starts at the step
+    after it. Steps of a version that a newer one replaced before they filled an item are never written into
+    one. When it collects asynchronously, the actor starts an item only with `ItemCredit` for it; without, it
+    waits for newer versions and the next item starts at the step after the wait, as above.
+    """
 
     def __init__(self, actor, weights, epoch: int):
         self.actor, self.weights, self.epoch = actor, weights, epoch

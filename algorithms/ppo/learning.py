@@ -21,6 +21,8 @@ learner's policy to the behaviour policy (`losses.traced_gae_advantages`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import tensorflow as tf
 
@@ -35,6 +37,40 @@ _SPEC_1D = tf.TensorSpec([None], tf.float32)
 _SPEC_2D = tf.TensorSpec([None, None], tf.float32)
 _SPEC_3D = tf.TensorSpec([None, None, None], tf.float32)
 _SPEC_2D_BOOL = tf.TensorSpec([None, None], tf.bool)
+
+
+class Rollout(NamedTuple):
+    """A batch of trajectories as the update's graph takes it (`BatchPPO._graph_inputs`), T steps of N envs."""
+
+    obs: object  # float32 [T+1, N, obs_dim]: normalised observations; step T only bootstraps
+    final_obs: object  # float32 [T, N, obs_dim]: normalised true last observations (used where truncated)
+    rewards: object  # float32 [T, N]: scaled rewards
+    terminated: object  # bool [T, N]
+    truncated: object  # bool [T, N]: a time limit cut the episode (never also terminated)
+    actions: object  # float32 [T, N, A]
+    behaviour_log_prob: object  # float32 [T, N]: log π_behaviour(a|s), as the actors sampled
+
+
+class UpdateSamples(NamedTuple):
+    """One update's samples, flattened over time and envs (N samples), that its gradient steps draw minibatches
+    from (`BatchPPO._train`)."""
+
+    obs: object  # float32 [N, obs_dim]
+    actions: object  # float32 [N, A]
+    anchor_log_prob: object  # float32 [N]: the ratio's anchor (`off_policy_objective`)
+    prox_mean: object  # float32 [N, A]: the proximal policy's (the policy when the update starts)
+    prox_log_std: object  # float32 [N, A]
+    start_log_prob: object  # float32 [N]: log-probs under the policy when the update starts (`target_kl`)
+    is_weights: object  # float32 [N]: importance weights (π_prox / π_behaviour, truncated, or 1)
+    advantages: object  # float32 [N]
+    returns: object  # float32 [N]: value targets
+    old_values: object  # float32 [N]: V(s) when the update started (the clipped value loss)
+
+
+_ROLLOUT_SPEC = Rollout(_SPEC_3D, _SPEC_3D, _SPEC_2D, _SPEC_2D_BOOL, _SPEC_2D_BOOL, _SPEC_3D, _SPEC_2D)
+_SAMPLES_SPEC = UpdateSamples(
+    _SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_2D, _SPEC_2D, _SPEC_1D, _SPEC_1D, _SPEC_1D, _SPEC_1D, _SPEC_1D
+)
 
 
 class BatchPPO:
@@ -136,47 +172,17 @@ class BatchPPO:
             grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm)
         optimizer.apply_gradients(zip(grads, variables))
 
-    @tf.function(
-        input_signature=[
-            _SPEC_2D,
-            _SPEC_2D,
-            _SPEC_1D,
-            _SPEC_2D,
-            _SPEC_2D,
-            _SPEC_1D,
-            _SPEC_1D,
-            _SPEC_1D,
-            _SPEC_1D,
-            _SPEC_1D,
-            tf.TensorSpec([None, None], tf.int32),
-            tf.TensorSpec([], tf.float32),
-        ]
-    )
-    def _train(
-        self,
-        obs,
-        actions,
-        prox_log_prob,
-        prox_mean,
-        prox_log_std,
-        start_log_prob,
-        is_weights,
-        advantages,
-        returns,
-        old_values,
-        minibatches,
-        beta,
-    ):
+    @tf.function(input_signature=[_SAMPLES_SPEC, tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.float32)])
+    def _train(self, samples: UpdateSamples, minibatches, beta):
         """All gradient steps of one update in one graph call.
 
-        The ratio and the KL term are taken to `prox_log_prob`, the anchor `off_policy_objective` chooses (the
-        proximal policy, i.e. the policy when the update starts, or the behaviour policy), and `is_weights`
-        weigh the samples (π_prox / π_behaviour, `losses.proximal_weights`, or 1).
+        The ratio and the KL term are taken to `samples.anchor_log_prob`, the anchor `off_policy_objective`
+        chooses (the proximal policy, i.e. the policy when the update starts, or the behaviour policy), and
+        `samples.is_weights` weigh the samples (π_prox / π_behaviour, `losses.proximal_weights`, or 1).
         `minibatches` [S, M] int32 holds the sample indices of each of the S
-        gradient steps (epochs × minibatches, reshuffled every epoch).
-        `old_values` [N] are V(s) when the update started (the clipped value loss).
+        gradient steps (epochs × minibatches, reshuffled every epoch); `beta` is the KL penalty's coefficient.
         With `target_kl` > 0 the steps stop at the first minibatch whose approx KL from the policy at the
-        update's start (`start_log_prob` [N], whatever the ratio's anchor) exceeds 1.5 × target_kl, before
+        update's start (`samples.start_log_prob`, whatever the ratio's anchor) exceeds 1.5 × target_kl, before
         its step (Stable-Baselines3's `target_kl`; CleanRL checks once per epoch); the first step is always taken.
         Returns (last policy loss, last value loss, approx KL and clip fraction averaged over the gradient
         steps taken, each measured on its minibatch before its step, and the number of steps taken, int32).
@@ -194,16 +200,13 @@ class BatchPPO:
         policy_vars, value_vars = self.policy.trainable_variables, self.value.trainable_variables
         for i in tf.range(steps):
             idx = minibatches[i]
-            old_log_prob = tf.gather(prox_log_prob, idx)
+            old_log_prob = tf.gather(samples.anchor_log_prob, idx)
             with tf.GradientTape(persistent=True) as tape:
-                log_prob, policy_loss, v_loss = self._minibatch_losses(
-                    idx, obs, actions, old_log_prob, prox_mean, prox_log_std, is_weights, advantages, returns,
-                    old_values, beta,
-                )  # fmt: skip
+                log_prob, policy_loss, v_loss = self._minibatch_losses(idx, samples, old_log_prob, beta)
                 total = policy_loss + c.value_loss_coef * v_loss
             if c.target_kl > 0:
                 if tf.logical_and(
-                    i > 0, losses.approx_kl(log_prob, tf.gather(start_log_prob, idx)) > 1.5 * c.target_kl
+                    i > 0, losses.approx_kl(log_prob, tf.gather(samples.start_log_prob, idx)) > 1.5 * c.target_kl
                 ):
                     break
             if c.shared_optimizer:
@@ -220,26 +223,13 @@ class BatchPPO:
         n = tf.cast(tf.maximum(taken, 1), tf.float32)
         return policy_loss, v_loss, kl_sum / n, clip_sum / n, taken
 
-    def _minibatch_losses(
-        self,
-        idx,
-        obs,
-        actions,
-        old_log_prob,
-        prox_mean,
-        prox_log_std,
-        is_weights,
-        advantages,
-        returns,
-        old_values,
-        beta,
-    ):
-        """The policy and value losses of one minibatch (sample indices `idx` [M] into the update's arrays, as
-        `_train` gets them; `old_log_prob` [M] the anchor's log-probs of those samples); returns (log π(a|s) [M],
-        policy loss, value loss), inside the caller's gradient tape."""
+    def _minibatch_losses(self, idx, samples: UpdateSamples, old_log_prob, beta):
+        """The policy and value losses of one minibatch (sample indices `idx` [M] into `samples`, as `_train` gets
+        them; `old_log_prob` [M] the anchor's log-probs of those samples); returns (log π(a|s) [M], policy loss,
+        value loss), inside the caller's gradient tape."""
         c = self.config
-        o, a, w = tf.gather(obs, idx), tf.gather(actions, idx), tf.gather(is_weights, idx)
-        adv = tf.gather(advantages, idx)
+        o, a, w = tf.gather(samples.obs, idx), tf.gather(samples.actions, idx), tf.gather(samples.is_weights, idx)
+        adv = tf.gather(samples.advantages, idx)
         if c.advantage_norm == "minibatch":
             adv = losses.normalize_advantages(adv)
         mean, log_std = self.policy(o)
@@ -247,17 +237,19 @@ class BatchPPO:
         if c.policy_objective == "clip":
             policy_loss, _ = losses.ppo_clip_loss(log_prob, old_log_prob, adv, c.clip_epsilon, w)
         else:
-            kl = losses.gaussian_kl(tf.gather(prox_mean, idx), tf.gather(prox_log_std, idx), mean, log_std)
+            kl = losses.gaussian_kl(
+                tf.gather(samples.prox_mean, idx), tf.gather(samples.prox_log_std, idx), mean, log_std
+            )
             policy_loss, _ = losses.ppo_kl_penalty_loss(
                 log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
             )
         values = self.value(o)
         if c.value_clip > 0:
             v_loss = losses.clipped_value_loss(
-                values, tf.gather(old_values, idx), tf.gather(returns, idx), c.value_clip
+                values, tf.gather(samples.old_values, idx), tf.gather(samples.returns, idx), c.value_clip
             )
         else:
-            v_loss = losses.value_loss(values, tf.gather(returns, idx))
+            v_loss = losses.value_loss(values, tf.gather(samples.returns, idx))
         return log_prob, policy_loss, v_loss
 
     def scale_rewards(self, rewards: np.ndarray) -> np.ndarray:
@@ -297,13 +289,11 @@ class BatchPPO:
         inputs = self._graph_inputs(batch, obs_n)[:5]
         return self._advantages(*inputs, tf.zeros_like(inputs[2]))[:2]
 
-    def _graph_inputs(self, batch: dict, obs_n: np.ndarray | None = None) -> tuple:
-        """The batch as `_advantages` and `_update` take it: normalised observations [T+1, N, obs_dim] and
-        final observations [T, N, obs_dim], scaled rewards, terminated, truncated [T, N]; actions [T, N, A] and
-        behaviour log-probs [T, N] (numpy)."""
+    def _graph_inputs(self, batch: dict, obs_n: np.ndarray | None = None) -> Rollout:
+        """The batch as `_advantages` and `_update` take it (`Rollout`, numpy arrays)."""
         obs = batch["observation"]
         obs_n = self.obs_norm.normalize(obs) if obs_n is None else obs_n
-        return (
+        return Rollout(
             np.asarray(obs_n, np.float32),
             self.obs_norm.normalize(batch["final_observation"][:-1]),
             self.scale_rewards(batch["reward"][:-1]),
@@ -388,7 +378,7 @@ class BatchPPO:
         minibatches = np.concatenate(
             [self.rng.permutation(size)[: per_epoch * mb].reshape(per_epoch, mb) for _ in range(c.epochs)]
         ).astype(np.int32)
-        out = self._update(*inputs, minibatches, np.float32(self.beta), np.float32(lr))
+        out = self._update(inputs, minibatches, np.float32(self.beta), np.float32(lr))
         metrics = {k: float(v) for k, v in out.items()}
         if c.policy_objective == "kl_penalty":  # β exists only in that objective; clip leaves it at init_beta
             self.beta = losses.adapt_kl_beta(self.beta, metrics["kl"], c.kl_target)
@@ -396,34 +386,28 @@ class BatchPPO:
 
     @tf.function(
         input_signature=[
-            _SPEC_3D,
-            _SPEC_3D,
-            _SPEC_2D,
-            _SPEC_2D_BOOL,
-            _SPEC_2D_BOOL,
-            _SPEC_3D,
-            _SPEC_2D,
+            _ROLLOUT_SPEC,
             tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([], tf.float32),
             tf.TensorSpec([], tf.float32),
         ]
     )
-    def _update(
-        self, obs_n, final_obs_n, rewards, terminated, truncated, actions, behaviour_log_prob, minibatches, beta, lr
-    ):
+    def _update(self, rollout: Rollout, minibatches, beta, lr):
         """`update` after the normalizers, in one graph call: advantages (normalised as `advantage_norm`
         says), the proximal policy's outputs and importance weights, every gradient step (`_train`), and the
-        metrics `update` returns ({name: float32 scalar}).
+        metrics `update` returns ({name: float32 scalar}). `minibatches` [S, M] int32: the sample indices of each
+        gradient step; `beta`: the KL penalty's coefficient; `lr`: this update's learning rate.
 
         One call, not a few hundred eager ops: with Python 3.11, TensorFlow 2.15 keeps ~100 bytes per eager op
         or function call it runs (tensorflow/tensorflow#62551), so a learner making them per update grows steadily.
         """
         flat = lambda x: tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], axis=0))
-        obs_t, actions = flat(obs_n[:-1]), flat(actions)
+        obs_n, behaviour_log_prob = rollout.obs, rollout.behaviour_log_prob
+        obs_t, actions = flat(obs_n[:-1]), flat(rollout.actions)
         prox_mean, prox_log_std = self.policy(obs_t)
         prox_log_prob = losses.gaussian_log_prob(prox_mean, prox_log_std, actions)
         log_ratios = tf.reshape(prox_log_prob, tf.shape(behaviour_log_prob)) - behaviour_log_prob
-        adv, returns, values = self._advantages(obs_n, final_obs_n, rewards, terminated, truncated, log_ratios)
+        adv, returns, values = self._advantages(*rollout[:5], log_ratios)
         if self.config.advantage_norm == "batch":
             adv = losses.normalize_advantages(adv)
         for opt in (self.policy_opt, self.value_opt):
@@ -439,20 +423,19 @@ class BatchPPO:
             is_weights = losses.proximal_weights(
                 prox_log_prob, flat(behaviour_log_prob), self.config.max_importance_weight
             )
-        p_loss, v_loss, approx_kl, clip_fraction, taken = self._train(
-            obs_t,
-            actions,
-            anchor_log_prob,
-            prox_mean,
-            prox_log_std,
-            prox_log_prob,
-            is_weights,
-            flat(adv),
-            flat(returns),
-            flat(values),
-            minibatches,
-            beta,
+        samples = UpdateSamples(
+            obs=obs_t,
+            actions=actions,
+            anchor_log_prob=anchor_log_prob,
+            prox_mean=prox_mean,
+            prox_log_std=prox_log_std,
+            start_log_prob=prox_log_prob,
+            is_weights=is_weights,
+            advantages=flat(adv),
+            returns=flat(returns),
+            old_values=flat(values),
         )
+        p_loss, v_loss, approx_kl, clip_fraction, taken = self._train(samples, minibatches, beta)
         mean, log_std = self.policy(obs_t)
         return dict(
             policy_loss=p_loss,
