@@ -11,6 +11,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -261,7 +262,7 @@ def test_replay_on_port_0_serves_on_the_free_port_it_prints_and_stops(procs, tmp
         "the replay server",
         [replay],
     )
-    port = int(line.rsplit(" ", 1)[1])
+    port = int(re.search(r"serving on port (\d+)", line).group(1))
     assert port > 0, line
     assert reverb.Client(f"127.0.0.1:{port}").server_info(timeout=10)
     assert replay.stop(timeout=60) == 0 and " INFO stopped\n" in replay.output(), replay.output()[-3000:]
