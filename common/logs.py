@@ -2,9 +2,10 @@
 level an operator can raise or lower (`--log-level`, or `RLFLEET_LOG_LEVEL`).
 
 A line reads `2026-12-07T15:30:01.123Z learner[4242] NOTICE resumed from RUN/checkpoints/ckpt-40`: the time in
-UTC to the millisecond, the role (`learner`, `replay`, `actor-3`, `up`), the pid, the level, the message.
-`NOTICE` sits between INFO and WARNING: lines a person running `rlfleet up` is shown on the terminal as well
-(`relayed`), such as where a run resumed from and the progress of long waits.
+UTC to the millisecond, the role (`learner`, `replay`, `actor-3`, `up`), the pid, the level, the message. A line
+another library logged through Python's logging names it before the message (`... WARNING [tensorflow] ...`).
+`NOTICE` sits between INFO and WARNING: rlfleet's lines a person running `rlfleet up` is shown on the terminal
+as well (`RELAYED_LEVELS`), such as where a run resumed from and the progress of long waits.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ class _Format(logging.Formatter):
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
-        text = f"{self.formatTime(record)} {_role}[{record.process}] {record.levelname} {record.getMessage()}"
+        message = record.getMessage()
+        if record.name != "rlfleet" and not record.name.startswith("rlfleet."):
+            message = f"[{record.name}] {message}"  # another library's: `up` does not relay it
+        text = f"{self.formatTime(record)} {_role}[{record.process}] {record.levelname} {message}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
@@ -77,8 +81,11 @@ def logger(part: str) -> logging.Logger:
 
 
 def line_level(line: str) -> str | None:
-    """The level of a line in this format ("WARNING"), or None for a line in another (a library's own output)."""
+    """The level of one of rlfleet's lines in this format ("WARNING"); None for another library's line, logged
+    (`[name] ...`) or written in its own format."""
     parts = line.split(" ", 3)
-    if len(parts) < 3 or not parts[1].endswith("]") or "[" not in parts[1] or not parts[0].endswith("Z"):
+    if len(parts) < 4 or not parts[1].endswith("]") or "[" not in parts[1] or not parts[0].endswith("Z"):
+        return None
+    if parts[3].startswith("["):
         return None
     return parts[2] if parts[2] in logging.getLevelNamesMapping() else None

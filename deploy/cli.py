@@ -114,7 +114,7 @@ def _check_teacher_args(algo: str, teacher: str | None, offline_steps: int | Non
 @click.pass_context
 def main(ctx):
     """rlfleet: distributed actor-learner RL (actors -> Reverb replay -> TensorFlow learner)."""
-    level = os.environ.get(logs.LEVEL_ENV) or logs.DEFAULT_LEVEL
+    level = (os.environ.get(logs.LEVEL_ENV) or logs.DEFAULT_LEVEL).lower()
     if level not in logs.LEVELS:
         _fail(f"${logs.LEVEL_ENV}={level!r}: use one of {', '.join(logs.LEVELS)}, or unset it.")
     logs.configure(ctx.invoked_subcommand or "rlfleet", level)  # a service sets its own with --log-level
@@ -130,13 +130,14 @@ def _logged(role: str):
     def wrap(f):
         @functools.wraps(f)
         def run(*args, log_level: str, **kwargs):
+            log_level = log_level.lower()
             logs.configure(role, log_level)
             os.environ[logs.LEVEL_ENV] = log_level  # the processes it starts (`up`'s) log at the same level
             return f(*args, **kwargs)
 
         return click.option(
             "--log-level",
-            type=click.Choice(list(logs.LEVELS)),
+            type=click.Choice(list(logs.LEVELS), case_sensitive=False),
             default=logs.DEFAULT_LEVEL,
             envvar=logs.LEVEL_ENV,
             show_default=True,
@@ -835,9 +836,14 @@ def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
     _quiet_tf()
     s = _settings(algo, env_id, preset, overrides, config_file, run_config)
     if out is None:
-        click.echo(json.dumps(s.to_json(), indent=2))
+        click.echo(json.dumps(_settings_file(s), indent=2))
         return
     _write_settings(s, out, click.echo)
+
+
+def _settings_file(s: RunSettings) -> dict:
+    """A settings file's content: `s` without a seed or budget (each run that reads it gives its own)."""
+    return dataclasses.replace(s, seed=None, total_steps=None).to_json()
 
 
 def _write_settings(s: RunSettings, out: str, say) -> None:
@@ -847,7 +853,7 @@ def _write_settings(s: RunSettings, out: str, say) -> None:
     tells what was done (`click.echo` for `rlfleet settings`, the log for a service)."""
     from rlfleet.learner.run_dir import write_json
 
-    run = s.to_json()
+    run = _settings_file(s)
     if os.path.exists(out):
         with open(out) as f:
             try:

@@ -374,6 +374,7 @@ class _Cluster:
         for c in self.children:
             if c is not self.learner and c.proc.poll() not in (None, 0):
                 raise _fail_child(c)
+        for c in self.children:
             if "replay" in c.name and c.proc.poll() is not None:
                 raise _fail_child(c)
 

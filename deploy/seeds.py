@@ -113,7 +113,8 @@ def run_seeds(
     failed = 0
     try:
         while pending or running:
-            failed = failed or _reap(running)
+            code = _reap(running)  # every pass: runs that ended leave `running`, failed or not
+            failed = failed or code
             if stopping:
                 for run in running:
                     run.stop()

@@ -26,17 +26,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import re
 
 import gymnasium as gym
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
 
-from rlfleet.common.logs import logger
 from rlfleet.envs import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
 from rlfleet.envs.workers import WorkerVectorEnv
-
-log = logger("envs")
 
 BACKENDS = ENV_BACKENDS
 DEFAULT_BACKEND = "auto"  # ale for Atari; else the fastest measured on the actor (rlfleet.actors.backend_choice)
@@ -291,7 +289,7 @@ def quiet_settotalmass_warning() -> None:
 
     def handler(message: str) -> None:
         if _MUJOCO_DEPRECATED_SETTOTALMASS not in message:
-            log.warning("MuJoCo: %s", message)
+            logging.getLogger("mujoco").warning("%s", message)  # MuJoCo's own: in the log, not on `up`'s terminal
 
     mujoco.set_mju_user_warning(handler)
 

@@ -179,6 +179,14 @@ def run_state(run_dir: str, total_steps: int) -> str:
     return "resume" if os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint")) else "new"
 
 
+def _close_tracker(name: str, tracker, completed: bool) -> None:
+    """Ends an experiment tracker's run; a failure is a warning (the run's own records are complete)."""
+    try:
+        tracker.close(completed)
+    except Exception as e:  # whatever the tracker's package raised
+        log.warning("--track %s: the tracked run did not end cleanly (%s: %s)", name, type(e).__name__, e)
+
+
 class MetricsLog:
     """RUN/metrics.jsonl (one JSON object per row, NaN written as null; appended across resumes),
     RUN/tb (a TensorBoard scalar per numeric field, at step = the row's env_steps) and the experiment trackers
@@ -197,8 +205,12 @@ class MetricsLog:
 
         self.trackers = dict(trackers or {})
         self._tf = tf
-        self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
-        self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
+        try:
+            self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
+            self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
+        except BaseException:
+            self.end_tracking(False)
+            raise
         self._traced: dict[tuple[str, ...], object] = {}
 
     def _scalars_fn(self, names: tuple[str, ...]):
@@ -264,15 +276,13 @@ class MetricsLog:
             except Exception as e:  # whatever the tracker's package raised: the row is in metrics.jsonl
                 self.trackers.pop(name)
                 log.warning("--track %s: stopped tracking this run (%s: %s)", name, type(e).__name__, e)
+                _close_tracker(name, tracker, False)
 
     def end_tracking(self, completed: bool) -> None:
         """Ends each tracker's run, as finished (`completed`) or stopped."""
         trackers, self.trackers = self.trackers, {}
         for name, tracker in trackers.items():
-            try:
-                tracker.close(completed)
-            except Exception as e:  # whatever the tracker's package raised
-                log.warning("--track %s: the tracked run did not end cleanly (%s: %s)", name, type(e).__name__, e)
+            _close_tracker(name, tracker, completed)
 
     def close(self) -> None:
         """Closes the files; trackers still open end their runs as stopped."""

@@ -75,16 +75,22 @@ class MlflowTracker:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             uri = pathlib.Path(os.path.abspath(logdir), "mlruns").as_uri()  # percent-encoded: never parsed as a path
         self.client = MlflowClient(tracking_uri=uri)
-        if run_id is None:
-            experiment = self.client.get_experiment_by_name(EXPERIMENT)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
-            run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
-            from mlflow.entities import Param
+        if run_id is not None:  # a resumed run: the tracked run ended with the earlier process
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            return
+        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        from mlflow.entities import Param
 
-            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        try:
             for i in range(0, len(items), 100):  # MLflow takes at most 100 parameters a batch
-                self.client.log_batch(run_id, params=items[i : i + 100])
-        self.run_id = run_id
+                self.client.log_batch(self.run_id, params=items[i : i + 100])
+        except Exception:
+            self.close(False)  # not left RUNNING
+            raise
 
     def log(self, step: int, scalars: dict) -> None:
         from mlflow.entities import Metric
@@ -97,8 +103,10 @@ class MlflowTracker:
 
 
 class WandbTracker:
-    """A Weights & Biases run, offline by default; `log` sends a row's scalars at step `step` (W&B drops a step
-    below one it already has, as after a resume from an earlier checkpoint).
+    """A Weights & Biases run, offline by default; `log` sends every row, with its env steps as the x-axis of
+    every metric (`define_metric`): rows that share an env-step count (a learner that trains while the actors
+    wait) and the rows after a resume from an earlier checkpoint are all kept, which W&B's own step would merge
+    or drop.
 
     Args: as `MlflowTracker`'s; the run's files go to RUN/wandb.
     """
@@ -118,9 +126,10 @@ class WandbTracker:
             config=params,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
         )
+        self.run.define_metric("*", step_metric="env_steps")
 
     def log(self, step: int, scalars: dict) -> None:
-        self.run.log(scalars, step=step)
+        self.run.log({**scalars, "env_steps": step})
 
     def close(self, completed: bool) -> None:
         self.run.finish(exit_code=0 if completed else 1)
@@ -146,8 +155,10 @@ def open_trackers(names, logdir: str, name: str, params: dict) -> dict:
         except Exception as e:  # TrackerError, and whatever the tracker's package raised
             log.warning("--track %s: not tracking this run (%s: %s)", tracker, type(e).__name__, e)
     if opened:
+        # A recorded tracker that could not start this time keeps its run id for the next resume.
+        ids = {**recorded, **{k: t.run_id for k, t in opened.items()}}
         try:
-            atomic_write(os.path.join(logdir, STATE_FILE), json.dumps({k: t.run_id for k, t in opened.items()}))
+            atomic_write(os.path.join(logdir, STATE_FILE), json.dumps(ids))
         except OSError as e:  # a resume would start new tracked runs; this one is tracked all the same
             log.warning("could not record the tracked runs in %s (%s)", STATE_FILE, e)
     return opened

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import tempfile
@@ -67,6 +68,7 @@ def serve(
         ValueError: port in use; ReplayCheckpointError (a ValueError): no usable teacher replay;
         rlfleet.common.files.StorageError: the checkpoint folder cannot be written.
     """
+    chosen_port = port
     ckpt, restoring, restore_from = _checkpointer(checkpoint_dir, teacher_dir)
     requested = {t.name: t.info for t in tables}
     scratch = None
@@ -80,7 +82,13 @@ def serve(
         _check_restored(server, requested, restoring)
     stop = stop_event or threading.Event()
     on_stop_signals(stop.set)
-    log.info("serving on port %d (tables %s)", port, ", ".join(t.name for t in tables))
+    # A port Reverb picked (--port 0) is told only here: a notice, so that it is shown at every level but warning.
+    log.log(
+        NOTICE if chosen_port == 0 else logging.INFO,
+        "serving on port %d (tables %s)",
+        port,
+        ", ".join(t.name for t in tables),
+    )
     writes = checkpoint_dir if checkpoint_dir and not teacher_dir else None
     _serve_until_stopped(port, stop, writes, restoring, checkpoint_interval_s, run_over)
     saved = _checkpoint_if_changed(port, writes, restoring, final=True) if writes else True

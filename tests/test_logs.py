@@ -51,8 +51,10 @@ def test_a_line_names_time_role_pid_and_level_and_the_level_filters(restore_logg
         ("actor-3", os.getpid(), "WARNING"),
     ]
     assert parsed[0]["msg"] == "resumed from ckpt-4" and parsed[1]["msg"] == "learner h:1 is back"
-    assert [logs.line_level(x) for x in lines] == ["NOTICE", "WARNING", "WARNING"]
-    # What `up` relays: lines of this format at NOTICE and above; never a library's own output or a progress row.
+    assert parsed[2]["msg"] == "[tensorflow] another library's warning"
+    # What `up` relays: rlfleet's lines at NOTICE and above, never another library's.
+    assert [logs.line_level(x) for x in lines] == ["NOTICE", "WARNING", None]
+    # Nor a library's own output, nor a progress row.
     assert logs.line_level("[reverb/cc/platform/default/server.cc:71] Started replay server on port 1") is None
     assert logs.line_level("[    5.3s] training   env steps      1,576/3,000 (315/s)") is None
     with pytest.raises(ValueError, match="use one of debug, info, notice, warning, error"):
@@ -91,7 +93,8 @@ def test_a_service_logs_at_the_level_asked_for(tmp_path):
             assert {(m["role"], int(m["pid"])) for m in lines} == {("replay", proc.pid)}, err.read_text()
             messages = [(m["level"], m["msg"]) for m in lines]
             assert messages[-1] == ("INFO", "stopped"), messages
-            assert any(level == "INFO" and msg.startswith("serving on port ") for level, msg in messages), messages
+            # The port Reverb picked (--port 0) is told only there: a notice, shown at every level but warning.
+            assert any(level == "NOTICE" and msg.startswith("serving on port ") for level, msg in messages), messages
         else:
             assert [m.group(0) for m in lines if m["level"] in ("DEBUG", "INFO", "NOTICE")] == [], name
 

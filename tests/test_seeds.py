@@ -11,6 +11,8 @@ import psutil
 import pytest
 from helpers import ENV, ROOT, rlfleet, stop_group, wait_for
 
+from rlfleet.algorithms.settings import RunSettings
+
 pytestmark = pytest.mark.slow
 
 # A metrics row (with the latest evaluation) every half second: the learning curves need several in runs of a
@@ -127,3 +129,30 @@ def test_report_refuses_what_is_not_a_run(tmp_path):
     (tmp_path / "empty").mkdir()
     out = rlfleet("report", tmp_path / "empty", timeout=120)
     assert out.returncode == 2 and "no run directory in it" in out.stderr, out.stderr
+
+
+def test_seeds_after_a_failed_one_still_run_and_the_command_ends_with_its_status(tmp_path):
+    """A seed whose run fails (here at once: an option its `up` refuses) does not hold up the others: each still
+    runs, and the command ends with the first failure's exit status instead of waiting for good."""
+    logdir = tmp_path / "seeds"
+    logdir.mkdir()
+    settings = logdir / "settings.json"
+    settings.write_text(json.dumps(RunSettings.resolve("dqn", "CartPole-v1").to_json()))
+    code = subprocess.run(
+        [sys.executable, "-c", _RUN_SEEDS, str(logdir), str(settings)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert code.returncode == 2, code.stdout[-3000:] + code.stderr[-3000:]
+    assert "seed 0: ended with exit status 2" in code.stdout and "seed 1: ended with exit status 2" in code.stdout
+
+
+# `run_seeds` with an `up` option every seed's run refuses at once (--actors 0), one seed at a time.
+_RUN_SEEDS = """
+import sys
+from rlfleet.deploy.seeds import run_seeds
+sys.exit(run_seeds([0, 1], sys.argv[1], sys.argv[2], 1000, 1, ["--actors", "0"]))
+"""

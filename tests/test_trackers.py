@@ -76,7 +76,8 @@ def test_a_run_is_tracked_in_mlflow_and_wandb_offline_and_its_resume_continues(t
     }
 
     history, config = _wandb_history_and_config(run)
-    assert [(h["_step"], h["learner_steps"]) for h in history] == [(r["env_steps"], r["learner_steps"]) for r in rows]
+    pairs = lambda some: [(r["env_steps"], r["learner_steps"]) for r in some]  # noqa: E731
+    assert pairs(history) == pairs(rows)
     assert config["learning_rate"] == settings["config"]["learning_rate"] and config["algo"] == "dqn"
 
     # Resumed without --track: the run directory's trackers continue, the MLflow run the same one.
@@ -89,7 +90,7 @@ def test_a_run_is_tracked_in_mlflow_and_wandb_offline_and_its_resume_continues(t
     assert {r["env_steps"] for r in more} <= steps
     assert client.get_run(ids["mlflow"]).info.status == "FINISHED"
     history, _ = _wandb_history_and_config(run)
-    assert history[-1]["_step"] == more[-1]["env_steps"]
+    assert pairs(history) == pairs(rows + more)  # every row, those that share an env-step count included
 
 
 class _Failing:
@@ -127,7 +128,7 @@ def test_a_failing_tracker_is_dropped_and_no_row_is_lost(tmp_path, caplog):
     metrics.close()
     assert [json.loads(x)["env_steps"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [100, 200]
     assert kept.logged == [(n, {"env_steps": float(n), "learner_steps": n / 4}) for n in (100, 200)]
-    assert kept.closed is True and failing.closed is None  # dropped at its first failure, never called again
+    assert kept.closed is True and failing.closed is False  # dropped at its first failure, its run ended stopped
     assert "--track mlflow: stopped tracking this run (ConnectionError: the tracking server went away)" in caplog.text
 
 
@@ -141,3 +142,16 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_starts(tmp_p
     out = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--track", "neptune", "--logdir", tmp_path / "r")
     assert out.returncode == 2 and "'neptune' is not one of 'mlflow', 'wandb'" in out.stderr, out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_recorded_tracker_that_cannot_start_keeps_its_run_for_the_next_resume(tmp_path, monkeypatch):
+    (tmp_path / trackers.STATE_FILE).write_text(json.dumps({"mlflow": "abc", "wandb": "def"}))
+
+    def unreachable(*args):
+        raise ConnectionError("the tracking server is down")
+
+    monkeypatch.setitem(trackers._MAKERS, "mlflow", unreachable)
+    monkeypatch.setitem(trackers._MAKERS, "wandb", lambda logdir, name, params, run_id: _Kept())
+    opened = trackers.open_trackers([], str(tmp_path), "run", {})
+    assert list(opened) == ["wandb"]
+    assert json.loads((tmp_path / trackers.STATE_FILE).read_text()) == {"mlflow": "abc", "wandb": "y"}
