@@ -4,10 +4,13 @@ no other actor, so that none of them exits while another actor is still leaving;
 the learner is gone. Real processes on loopback ports."""
 
 import signal
+import subprocess
 import time
 
 import pytest
 from helpers import status_or_none, wait_for
+
+from rlfleet.replay.server import RUN_OVER_POLL_S
 
 pytestmark = pytest.mark.slow
 
@@ -64,13 +67,26 @@ def test_replay_and_actors_wait_for_the_last_actor_to_leave(procs, free_port, tm
     assert "is over (phase done); stopping" in replay.output()
 
 
+def _exit_code(p, timeout: float):
+    """The exit status of the process `p`; a process still running after `timeout` seconds fails the test with
+    its output."""
+    try:
+        return p.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after {timeout:.0f} s:\n{p.output()[-3000:]}") from None
+
+
 def test_once_the_finished_learner_is_gone_the_replay_server_and_the_actors_stop(procs, free_port, tmp_path):
     replay, learner, first, held, address = _finished_with_an_actor_held(procs, free_port, tmp_path)
     try:
+        # The replay server takes a learner it cannot reach for one that is starting unless it has seen it say
+        # finished: it asks every RUN_OVER_POLL_S seconds, so it is given two asks before the learner goes.
+        time.sleep(2 * RUN_OVER_POLL_S + 0.5)
+        assert status_or_none(address, ready=False)["finished"]
         learner.proc.kill()  # it said finished, then went away with the held actor still listed
         learner.proc.wait(timeout=30)
-        assert replay.proc.wait(timeout=60) == 0, replay.output()[-3000:]
+        assert _exit_code(replay, 60) == 0, replay.output()[-3000:]
         assert "and it has exited; stopping" in replay.output()
-        assert first.proc.wait(timeout=60) == 0, first.output()[-3000:]
+        assert _exit_code(first, 60) == 0, first.output()[-3000:]
     finally:
         held.proc.send_signal(signal.SIGCONT)
