@@ -22,6 +22,7 @@ import shlex
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.files import atomic_write, storage_error
 from rlfleet.common.logs import logger
+from rlfleet.learner.trackers import scalars_of
 
 log = logger("learner")
 
@@ -268,11 +269,12 @@ class MetricsLog:
         self.writer.flush()
 
     def _track(self, row: dict) -> None:
-        from rlfleet.learner.trackers import scalars_of
-
+        if not self.trackers:
+            return
+        step, scalars = int(row["env_steps"]), scalars_of(row)
         for name, tracker in list(self.trackers.items()):
             try:
-                tracker.log(int(row["env_steps"]), scalars_of(row))
+                tracker.log(step, scalars)
             except Exception as e:  # whatever the tracker's package raised: the row is in metrics.jsonl
                 self.trackers.pop(name)
                 log.warning("--track %s: stopped tracking this run (%s: %s)", name, type(e).__name__, e)

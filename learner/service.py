@@ -357,10 +357,8 @@ class Learner:
         """The experiment trackers of `--track` and of the run directory's record (`rlfleet.learner.trackers`),
         their runs named after the run directory, with the run's settings as parameters."""
         run = self.run_spec
-        from rlfleet.learner.trackers import open_trackers, read_recorded
+        from rlfleet.learner.trackers import open_trackers
 
-        if not run.track and not read_recorded(run.logdir):
-            return {}
         params = dict(
             algo=run.settings.algo,
             env_id=run.settings.env_id,
