@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 import click
 
@@ -19,7 +20,7 @@ from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.envs import ENV_BACKENDS
-from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S
+from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S, RunSpec
 
 log = logs.logger("cli")
 
@@ -148,6 +149,41 @@ def _logged(role: str):
     return wrap
 
 
+class SettingsGiven(NamedTuple):
+    """What a command was given of a run's settings: the common options (--algo, --env, --config, --set,
+    --config-file, --run-config) and, where the command has them, the options that change one setting
+    (--envs-per-actor, --teacher, --offline-steps); None (or ()) where not given."""
+
+    algo: str | None = None
+    env_id: str | None = None
+    preset: str | None = None
+    overrides: tuple = ()
+    config_file: str | None = None
+    run_config: str | None = None
+    envs_per_actor: int | None = None
+    teacher: str | None = None
+    offline_steps: int | None = None
+
+
+def _gathered(into: str, kind, names=None):
+    """A command's options as one argument: those named by the fields of the class `kind()` returns (imported
+    when the command runs), or by `names`, reach the command as its argument `into`, `kind()(**them)` (a
+    dict when `names` is given); fields whose option the command does not have take their defaults."""
+
+    def wrap(f):
+        @functools.wraps(f)
+        def run(*args, **kwargs):
+            cls = kind()
+            fields = names or getattr(cls, "_fields", None) or [x.name for x in dataclasses.fields(cls)]
+            picked = {n: kwargs.pop(n) for n in fields if n in kwargs}
+            kwargs[into] = picked if names else cls(**picked)
+            return f(*args, **kwargs)
+
+        return run
+
+    return wrap
+
+
 _common = [
     click.option(
         "--algo",
@@ -205,8 +241,10 @@ _common = [
 ]
 
 
-def _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel) -> None:
-    """Exits with the reason where `up`'s --seeds/--parallel do not fit the other options."""
+def _check_seeds_options(seeds, seed, options, parallel) -> None:
+    """Exits with the reason where `up`'s --seeds/--parallel do not fit the other options (`options`: its
+    `UpOptions`)."""
+    resume, logdir, learner_port = options.resume, options.logdir, options.learner_port
     if not seeds:
         _fail("--parallel goes with --seeds (several runs at a time).")
     if seed is not None:
@@ -257,23 +295,24 @@ def _teacher(given: str | None, s: RunSettings) -> str | None:
     return given or s.teacher
 
 
-def _settings(algo, env_id, preset, overrides, config_file, run_config) -> RunSettings:
+def _settings(given: SettingsGiven) -> RunSettings:
     """The run's settings from the common options or the --run-config file, resolved and checked (exits with a
-    message on a conflict, a bad file or a bad setting)."""
-    if run_config:
-        _run_config_alone(algo, env_id, preset, overrides, config_file)
+    message on a conflict, a bad file or a bad setting); the setting options of `given` are not applied here
+    (`_changed`)."""
+    if given.run_config:
+        _run_config_alone(given)
         from rlfleet.learner.run_dir import RunDirError, read_run_settings
 
         try:
-            return read_run_settings(run_config)
+            return read_run_settings(given.run_config)
         except RunDirError as e:
             _fail(f"--run-config {e}")
-    if env_id is None:
+    if given.env_id is None:
         _fail("Missing option '--env' (a gymnasium env id; or give a whole configuration with --run-config).")
-    algo = algo or "ppo"
+    algo = given.algo or "ppo"
     _check_algo(algo)
-    overrides = _parse_overrides(overrides, config_file)
-    return _resolved(algo, _env_with_kwargs(env_id), preset or "default", overrides)
+    overrides = _parse_overrides(given.overrides, given.config_file)
+    return _resolved(algo, _env_with_kwargs(given.env_id), given.preset or "default", overrides)
 
 
 def _resolved(*args, **kwargs) -> RunSettings:
@@ -357,9 +396,14 @@ def _resume_option(help_text: str):
     return click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None, help=help_text)
 
 
-def _report_interval_option(help_text: str):
+def _report_interval_option(help_text: str, dest: str = "report_interval"):
     return click.option(
-        "--report-interval", default=5.0, show_default=True, type=click.FloatRange(0, min_open=True), help=help_text
+        "--report-interval",
+        dest,
+        default=5.0,
+        show_default=True,
+        type=click.FloatRange(0, min_open=True),
+        help=help_text,
     )
 
 
@@ -415,6 +459,9 @@ _offline_steps_option = click.option(
 
 
 def common(f):
+    """Adds the common options (`_common`); the command receives them, with the setting options it has
+    (--envs-per-actor, --teacher, --offline-steps), as `given` (`SettingsGiven`)."""
+    f = _gathered("given", lambda: SettingsGiven)(f)
     for opt in reversed(_common):
         f = opt(f)
     return f
@@ -456,6 +503,58 @@ def client_security(f):
     for opt in reversed(_client_security):
         wrapper = opt(wrapper)
     return wrapper
+
+
+_server_security_options = [
+    click.option(
+        "--tls-cert",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="PEM certificate chain of this learner; with --tls-key turns TLS on.",
+    ),
+    click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert."),
+    click.option(
+        "--tls-client-ca",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Require client certificates signed by this CA (PEM): mutual TLS.",
+    ),
+    click.option(
+        "--token",
+        default=None,
+        help="Shared cluster token every actor and status call must send (default: $RLFLEET_TOKEN; empty: none).",
+    ),
+]
+
+
+def server_security(f):
+    """Adds --tls-cert/--tls-key/--tls-client-ca/--token; the command receives them checked as `security`: (TLS
+    files (cert, key, client CA or None) or None for plaintext, token) (`_server_security`)."""
+
+    @functools.wraps(f)
+    def run(*args, tls_cert, tls_key, tls_client_ca, token, **kwargs):
+        return f(*args, security=_server_security(tls_cert, tls_key, tls_client_ca, token), **kwargs)
+
+    for opt in reversed(_server_security_options):
+        run = opt(run)
+    return run
+
+
+def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | None, str]:
+    """The learner's TLS files ((cert, key, client CA or None), or None: plaintext) and its token (--token, else
+    $RLFLEET_TOKEN); exits on a certificate without its key (or the reverse), a client CA without TLS, or a bad
+    token."""
+    from rlfleet.proto.security import SecurityError, token_from_env
+
+    if bool(tls_cert) != bool(tls_key):
+        _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
+    if tls_client_ca and not tls_cert:
+        _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
+    try:
+        token = token_from_env(token)
+    except SecurityError as e:
+        _fail(str(e))
+    return ((tls_cert, tls_key, tls_client_ca) if tls_cert else None), token
 
 
 def _logdir(logdir: str | None, resume: str | None) -> str:
@@ -547,93 +646,70 @@ def _show_config(run: RunSettings) -> None:
     help="Print the resolved settings (preset, per-env overrides, --config-file, --set) with their "
     "descriptions and units, and exit without starting anything.",
 )
+@_gathered("options", lambda: _launcher().UpOptions)
 @_logged("up")
-def up(
-    algo,
-    env_id,
-    preset,
-    overrides,
-    config_file,
-    total_steps,
-    logdir,
-    num_actors,
-    envs_per_actor,
-    seed,
-    seeds,
-    parallel,
-    learner_port,
-    bind,
-    env_backend,
-    resume,
-    report_interval,
-    video_every,
-    track,
-    teacher,
-    offline_steps,
-    show_config,
-    run_config,
-):
+def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_config):
     """Run replay, learner and actors as local processes until --total-steps env steps.
 
     `--resume DIR` alone continues a run with the algorithm, env, preset, settings, seed and budget its run.json
     records; options given with it must match the run (--total-steps may change the budget)."""
     _quiet_tf()
-    s, recorded = _up_settings(resume, algo, env_id, preset, overrides, config_file, run_config)
-    teacher = _teacher(teacher, s)
-    extra = {"envs_per_actor": envs_per_actor} if envs_per_actor is not None else {}
-    _check_env_backend(s.env_id, env_backend)
-    extra.update(_check_teacher_args(s.algo, teacher, offline_steps, need_teacher=not show_config))
-    _check_track(track)
+    o = options
+    s, recorded = _up_settings(o.resume, given)
+    teacher = _teacher(given.teacher, s)
+    extra = {"envs_per_actor": given.envs_per_actor} if given.envs_per_actor is not None else {}
+    _check_env_backend(s.env_id, o.env_backend)
+    extra.update(_check_teacher_args(s.algo, teacher, given.offline_steps, need_teacher=not show_config))
+    _check_track(o.track)
     run = _changed(s, extra, teacher)
     if show_config:
         _show_config(run)
         return
     if seeds or parallel > 1:
-        _check_seeds_options(seeds, seed, resume, logdir, learner_port, parallel)
+        _check_seeds_options(seeds, seed, o, parallel)
     seed, total_steps = _seed_and_budget(recorded, seed, total_steps)
-    from rlfleet.common.files import StorageError
-    from rlfleet.deploy.launcher import LaunchError, UpOptions, launch
-
-    logdir = _logdir(logdir, resume)
+    o = dataclasses.replace(o, logdir=_logdir(o.logdir, o.resume))
     if seeds:
-        up_args = ["--actors", str(num_actors), "--env-backend", env_backend, "--bind", bind]
-        up_args += ["--report-interval", str(report_interval), "--video-every", str(video_every)]
-        up_args += ["--learner-port", str(learner_port)] if learner_port else []
-        sys.exit(_up_seeds(run, seeds, logdir, total_steps, parallel, up_args))
-    options = UpOptions(
-        logdir=logdir,
-        num_actors=num_actors,
-        learner_port=learner_port,
-        bind=bind,
-        env_backend=env_backend,
-        resume=resume,
-        report_interval=report_interval,
-        video_every=video_every,
-    )
+        up_args = ["--actors", str(o.num_actors), "--env-backend", o.env_backend, "--bind", o.bind]
+        up_args += ["--report-interval", str(o.report_interval), "--video-every", str(o.video_every)]
+        up_args += ["--learner-port", str(o.learner_port)] if o.learner_port else []
+        sys.exit(_up_seeds(run, seeds, o.logdir, total_steps, parallel, up_args))
+    from rlfleet.common.files import StorageError
+
     try:
-        code = launch(dataclasses.replace(run, seed=seed, total_steps=total_steps), options)
-    except (LaunchError, StorageError) as e:
+        code = _launcher().launch(dataclasses.replace(run, seed=seed, total_steps=total_steps), o)
+    except (_launcher().LaunchError, StorageError) as e:
         _fail(str(e))
     sys.exit(code)
 
 
-def _up_settings(resume, algo, env_id, preset, overrides, config_file, run_config) -> tuple[RunSettings, dict]:
+def _launcher():
+    """`rlfleet.deploy.launcher`, imported when `up` runs (it imports TensorFlow: checked and quieted first)."""
+    _quiet_tf()
+    from rlfleet.deploy import launcher
+
+    return launcher
+
+
+def _up_settings(resume: str | None, given: SettingsGiven) -> tuple[RunSettings, dict]:
     """`up`'s run settings, and the seed and budget of the run it resumes ({} for a new run): with `--resume` and
     no settings, the run's own; with settings, those given (the algorithm and preset the run's where not
     given)."""
-    settings_given = any((algo, env_id, preset, overrides, config_file, run_config, _env_kwargs_given()))
+    g = given
+    settings_given = any((g.algo, g.env_id, g.preset, g.overrides, g.config_file, g.run_config, _env_kwargs_given()))
     if resume and not settings_given:  # the run's own settings
         s = _recorded_settings(resume)
         return s, dict(seed=s.seed, total_steps=s.total_steps)
     recorded = _recorded_partial(resume) if resume else {}
-    if resume and not run_config:
-        if env_id is None:
+    if resume and not g.run_config:
+        if g.env_id is None:
             _fail(
                 f"--resume {resume} with settings: give --env too (and the run's --env-kwargs), or leave the "
                 "settings out: --resume DIR alone takes them from the run."
             )
-        algo, preset = algo or recorded.get("algo"), preset or recorded.get("preset")  # the run's, unless given
-    return _settings(algo, env_id, preset, overrides, config_file, run_config), recorded
+        # the run's algorithm and preset, unless given
+        g = g._replace(algo=g.algo or recorded.get("algo"), preset=g.preset or recorded.get("preset"))
+    return _settings(g), recorded
 
 
 def _seed_and_budget(recorded: dict, seed: int | None, total_steps: int | None) -> tuple[int, int]:
@@ -714,16 +790,10 @@ def _up_seeds(run: RunSettings, seeds: str, logdir: str, total_steps: int, paral
 @client_security
 @_logged("replay")
 def replay_cmd(
-    algo,
-    env_id,
-    preset,
-    overrides,
-    config_file,
-    run_config,
+    given: SettingsGiven,
     port,
     queue_items,
     checkpoint_dir,
-    teacher,
     checkpoint_interval,
     learner_address,
     settings_out,
@@ -731,8 +801,8 @@ def replay_cmd(
 ):
     """Run the Reverb replay server (tables for --algo/--env)."""
     _quiet_tf()
-    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    algo, env_id = s.algo, s.env_id
+    s = _settings(given)
+    algo, env_id, teacher = s.algo, s.env_id, given.teacher
     alg = _check_algo(algo)
 
     from rlfleet.common.files import StorageError
@@ -829,12 +899,12 @@ def _run_over_probe(learner_address: str, security):
 @click.option(
     "--out", type=click.Path(dir_okay=False), default=None, help="Write the settings file here (default: print it)."
 )
-def settings_cmd(algo, env_id, preset, overrides, config_file, run_config, out):
+def settings_cmd(given: SettingsGiven, out):
     """Resolve --algo/--env/--config/--set/--config-file into one settings file (JSON: algo, env_id, preset,
     config) that `replay`, `learner` and `up` read with --run-config, so that every process of a cluster
     (docker-compose's services) runs with the same settings."""
     _quiet_tf()
-    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
+    s = _settings(given)
     if out is None:
         click.echo(json.dumps(_settings_file(s), indent=2))
         return
@@ -934,11 +1004,12 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "and --config-file as its first start)."
 )
 @_env_backend_option("Env backend actors use (see `up`).")
-@_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).")
+@_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).", "report_interval_s")
 @_video_every_option
 @_track_option
 @click.option(
     "--checkpoint-interval",
+    "checkpoint_interval_s",
     default=120.0,
     show_default=True,
     type=click.FloatRange(0),
@@ -946,6 +1017,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @click.option(
     "--linger",
+    "linger_s",
     default=5.0,
     show_default=True,
     type=click.FloatRange(0),
@@ -980,6 +1052,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @click.option(
     "--start-timeout",
+    "start_timeout_s",
     default=START_TIMEOUT_S,
     show_default=True,
     type=click.FloatRange(0),
@@ -989,64 +1062,17 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @click.option(
     "--actor-timeout",
+    "actor_timeout_s",
     default=ACTOR_TIMEOUT_S,
     show_default=True,
     type=click.FloatRange(0, min_open=True),
     help="Seconds without a heartbeat after which an actor leaves the status list.",
 )
-@click.option(
-    "--tls-cert",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="PEM certificate chain of this learner; with --tls-key turns TLS on.",
-)
-@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert.")
-@click.option(
-    "--tls-client-ca",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Require client certificates signed by this CA (PEM): mutual TLS.",
-)
-@click.option(
-    "--token",
-    default=None,
-    help="Shared cluster token every actor and status call must send (default: $RLFLEET_TOKEN; empty: none).",
-)
+@server_security
+@_gathered("served", lambda: RunSpec, names=[f.name for f in dataclasses.fields(RunSpec) if f.name != "settings"])
 @_logged("learner")
 def learner_cmd(
-    algo,
-    env_id,
-    preset,
-    overrides,
-    config_file,
-    run_config,
-    replay_address,
-    replay_for_actors,
-    logdir,
-    total_steps,
-    port,
-    bind,
-    seed,
-    resume,
-    env_backend,
-    report_interval,
-    video_every,
-    checkpoint_interval,
-    linger,
-    linger_for_replay,
-    exit_code_if_stopped,
-    port_file,
-    teacher,
-    teacher_replay,
-    offline_steps,
-    auto_resume,
-    start_timeout,
-    actor_timeout,
-    tls_cert,
-    tls_key,
-    tls_client_ca,
-    token,
-    track,
+    given: SettingsGiven, served: dict, security, seed, total_steps, exit_code_if_stopped, port_file, auto_resume
 ):
     """Run the learner service of an algorithm against a replay server (started before or after it)."""
     import threading
@@ -1055,42 +1081,34 @@ def learner_cmd(
 
     _quiet_tf()
     one_blas_thread()  # its evaluations' numpy products
-    if video_every:
+    if served["video_every"]:
         from rlfleet.envs.video import use_offscreen_rendering
 
         use_offscreen_rendering()  # before MuJoCo is imported: videos render offscreen
-    deadline = time.monotonic() + start_timeout  # counted from the process's start
+    # counted from the process's start
+    served["start_deadline"] = time.monotonic() + served["start_timeout_s"]
     # A stop before the learner serves (while it waits, or while it is built) ends it with --exit-code-if-stopped.
     stop = threading.Event()
     on_stop_signals(stop.set)
-    tls, token = _server_security(tls_cert, tls_key, tls_client_ca, token)
-    track = _check_track(track)
-    if run_config:
-        _run_config_alone(algo, env_id, preset, overrides, config_file)
-    logdir = _logdir(logdir, resume)
+    served["tls"], served["token"] = security
+    served["track"] = _check_track(served["track"])
+    if given.run_config:
+        _run_config_alone(given)
+    served["logdir"] = _logdir(served["logdir"], served["resume"])
     server = None
-    if run_config and not os.path.exists(run_config):
-        server = _wait_for_settings(run_config, bind, port, tls, token, port_file, deadline, start_timeout, stop)
+    if given.run_config and not os.path.exists(given.run_config):
+        server = _wait_for_settings(given.run_config, served, port_file, stop)
         if stop.is_set():
             server.stop()
-            log.info("stopped while waiting for the run's settings %s.", run_config)
+            log.info("stopped while waiting for the run's settings %s.", given.run_config)
             sys.exit(exit_code_if_stopped)
-    s = _settings(algo, env_id, preset, overrides, config_file, run_config)
-    teacher = _teacher(teacher, s)
-    s = _changed(s, _check_teacher_args(s.algo, teacher, offline_steps), teacher)
-    _check_env_backend(s.env_id, env_backend)
-    if auto_resume and resume is None:
-        resume = _auto_resume(logdir)
-    from rlfleet.learner.run_spec import RunSpec
-
-    run = RunSpec(
-        settings=dataclasses.replace(s, seed=seed, total_steps=total_steps),
-        replay_address=replay_address, logdir=logdir, resume=resume, teacher_replay=teacher_replay,
-        replay_for_actors=replay_for_actors, env_backend=env_backend, port=port, bind=bind, tls=tls, token=token,
-        report_interval_s=report_interval, checkpoint_interval_s=checkpoint_interval, linger_s=linger,
-        linger_for_replay=linger_for_replay, actor_timeout_s=actor_timeout, start_timeout_s=start_timeout,
-        start_deadline=deadline, video_every=video_every, track=track,
-    )  # fmt: skip
+    s = _settings(given)
+    teacher = _teacher(given.teacher, s)
+    s = _changed(s, _check_teacher_args(s.algo, teacher, given.offline_steps), teacher)
+    _check_env_backend(s.env_id, served["env_backend"])
+    if auto_resume and served["resume"] is None:
+        served["resume"] = _auto_resume(served["logdir"])
+    run = RunSpec(settings=dataclasses.replace(s, seed=seed, total_steps=total_steps), **served)
     summary = _run_learner(run, server, stop, port_file, exit_code_if_stopped)
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
@@ -1119,30 +1137,14 @@ def _run_learner(run, server, stop, port_file: str | None, exit_code_if_stopped:
         _fail(str(e))
 
 
-def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | None, str]:
-    """The learner's TLS files ((cert, key, client CA or None), or None: plaintext) and its token (--token, else
-    $RLFLEET_TOKEN); exits on a certificate without its key (or the reverse), a client CA without TLS, or a bad
-    token."""
-    from rlfleet.proto.security import SecurityError, token_from_env
-
-    if bool(tls_cert) != bool(tls_key):
-        _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
-    if tls_client_ca and not tls_cert:
-        _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
-    try:
-        token = token_from_env(token)
-    except SecurityError as e:
-        _fail(str(e))
-    return ((tls_cert, tls_key, tls_client_ca) if tls_cert else None), token
-
-
-def _run_config_alone(algo, env_id, preset, overrides, config_file) -> None:
+def _run_config_alone(given: SettingsGiven) -> None:
     """Exits with a message when options that --run-config replaces are given beside it."""
-    given = [n for n, v in (("--algo", algo), ("--env", env_id), ("--config", preset)) if v is not None]
-    given += ["--set"] * bool(overrides) + ["--config-file"] * bool(config_file)
-    given += ["--env-kwargs"] * bool(_env_kwargs_given())
-    if given:
-        _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(given))}.")
+    g = given
+    named = [n for n, v in (("--algo", g.algo), ("--env", g.env_id), ("--config", g.preset)) if v is not None]
+    named += ["--set"] * bool(g.overrides) + ["--config-file"] * bool(g.config_file)
+    named += ["--env-kwargs"] * bool(_env_kwargs_given())
+    if named:
+        _fail(f"--run-config holds the whole configuration; leave out {', '.join(dict.fromkeys(named))}.")
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -1152,23 +1154,25 @@ def _write_port_file(path: str, port: int) -> None:
     atomic_write(path, str(port))
 
 
-def _wait_for_settings(path, bind, port, tls, token, port_file, deadline, timeout_s, stop):
-    """Serves status (phase waiting_for_settings) while it waits for the settings file `path` to appear, until
-    the monotonic time `deadline` (the end of the --start-timeout of `timeout_s` seconds), with a line every few
-    seconds; returns the bound `LearnerServer` for the learner to take over, also when `stop` (set by
-    SIGTERM/SIGINT) ended the wait. Exits (status 2) when the time is up."""
+def _wait_for_settings(path: str, served: dict, port_file: str | None, stop):
+    """Serves status (phase waiting_for_settings) where `served` (the learner's `RunSpec` fields) says, while it
+    waits for the settings file `path` to appear, until its monotonic `start_deadline` (the end of its
+    --start-timeout), with a line every few seconds; writes the bound port to `port_file`. Returns the bound
+    `LearnerServer` for the learner to take over, also when `stop` (set by SIGTERM/SIGINT) ended the wait. Exits
+    (status 2) when the time is up."""
     from rlfleet.learner.errors import LearnerError
     from rlfleet.learner.run_spec import WAIT_REPORT_S
     from rlfleet.learner.servicer import bind_learner_server
 
     try:
-        server = bind_learner_server(None, bind, port, tls, token)
+        server = bind_learner_server(None, served["bind"], served["port"], served["tls"], served["token"])
     except LearnerError as e:
         _fail(str(e))
     server.serve_waiting("waiting_for_settings", path)
     if port_file:
         _write_port_file(port_file, server.port)
     start = next_report = time.monotonic()
+    deadline, timeout_s = served["start_deadline"], served["start_timeout_s"]
     while not os.path.exists(path) and not stop.is_set():
         now = time.monotonic()
         if now > deadline:

@@ -171,6 +171,8 @@ class UpOptions:
         resume: a run directory whose latest checkpoint to continue from (None: a new run).
         report_interval: seconds between progress rows (and the learner's metrics rows).
         video_every: the learner's `--video-every` (0: no videos).
+        track: experiment trackers of `--track` (the learner is given them through $RLFLEET_TRACK, which `up`
+            sets).
     """
 
     logdir: str
@@ -181,6 +183,7 @@ class UpOptions:
     resume: str | None = None
     report_interval: float = 5.0
     video_every: int = 0
+    track: tuple = ()
 
 
 def resume_command(options: UpOptions) -> str:

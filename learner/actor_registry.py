@@ -11,6 +11,7 @@ every call.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from rlfleet.common.logs import logger
 
@@ -36,6 +37,20 @@ class ActorRecord:
     last_seen: float = 0.0
     env_backend: str = ""
     env_backend_reason: str = ""
+
+
+class ActorSeen(NamedTuple):
+    """What an actor's heartbeat says of itself: its host name, its address as the learner sees it, its number
+    of envs, and the env backend its envs step on and why ("": not said; the last said is kept)."""
+
+    host: str = ""
+    address: str = ""
+    num_envs: int = 0
+    env_backend: str = ""
+    env_backend_reason: str = ""
+
+
+UNSAID = ActorSeen()  # a heartbeat that says nothing of its actor
 
 
 class ActorRegistry:
@@ -77,32 +92,25 @@ class ActorRegistry:
         return actor_id
 
     def heartbeat(
-        self,
-        actor_id: int,
-        env_steps: int,
-        policy_version: int,
-        now: float,
-        host="",
-        address="",
-        num_envs=0,
-        env_backend="",
-        env_backend_reason="",
+        self, actor_id: int, env_steps: int, policy_version: int, now: float, seen: ActorSeen = UNSAID
     ) -> bool:
-        """Records a heartbeat; an unknown id (an actor that was away) is re-admitted, counted from where it
-        left: from its count in `away`, from 0 when it joined after the restored checkpoint, else from now.
-        A count below the one it left with (the actor process restarted) counts from now. Returns True when
-        it was re-admitted."""
+        """Records a heartbeat of `env_steps` (the actor's count) on `policy_version` at monotonic time `now`, with
+        what the actor says of itself (`seen`); an unknown id (an actor that was away) is re-admitted, counted
+        from where it left: from its count in `away`, from 0 when it joined after the restored checkpoint, else
+        from now. A count below the one it left with (the actor process restarted) counts from now. Returns True
+        when it was re-admitted."""
         a = self.actors.get(actor_id)
         rejoined = a is None
         if rejoined:
             after_checkpoint = self.first_id_after_checkpoint is not None and actor_id >= self.first_id_after_checkpoint
             left_at = self.away.pop(actor_id, 0 if after_checkpoint else env_steps)
             before = min(left_at, env_steps)
-            a = self.actors[actor_id] = ActorRecord(host, address, num_envs, env_steps=env_steps, steps_before=before)
+            a = ActorRecord(seen.host, seen.address, seen.num_envs, env_steps=env_steps, steps_before=before)
+            self.actors[actor_id] = a
             self.next_actor_id = max(self.next_actor_id, actor_id + 1)
         a.env_steps, a.policy_version, a.last_seen = env_steps, policy_version, now
-        if env_backend:
-            a.env_backend, a.env_backend_reason = env_backend, env_backend_reason
+        if seen.env_backend:
+            a.env_backend, a.env_backend_reason = seen.env_backend, seen.env_backend_reason
         return rejoined
 
     def evict_stale(self, now: float) -> list[int]:

@@ -43,7 +43,7 @@ from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import logger
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_spec
-from rlfleet.learner.actor_registry import ActorRegistry
+from rlfleet.learner.actor_registry import ActorRegistry, ActorSeen
 from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
 from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay, read_best
 from rlfleet.learner.replay_feed import ReplayFeed
@@ -226,17 +226,9 @@ class Learner:
         """Books a heartbeat (re-admitting an actor that was away) and its finished episodes, and drops an
         actor whose heartbeat says it is leaving; returns whether the actor must stop (the run is over)."""
         with self.lock:
-            rejoined = self.registry.heartbeat(
-                request.actor_id,
-                request.env_steps,
-                request.policy_version,
-                time.monotonic(),
-                host=request.host,
-                address=address,
-                num_envs=request.num_envs,
-                env_backend=request.env_backend,
-                env_backend_reason=request.env_backend_reason,
-            )
+            seen = ActorSeen(request.host, address, request.num_envs, request.env_backend, request.env_backend_reason)
+            now = time.monotonic()
+            rejoined = self.registry.heartbeat(request.actor_id, request.env_steps, request.policy_version, now, seen)
             self.status.recent_returns.extend(request.episode_returns)
             if request.leaving:  # its last heartbeat: status drops it now (its env steps stay counted)
                 self.registry.remove(request.actor_id)
@@ -560,16 +552,14 @@ class Learner:
         extras = self.agent.status_extras()
         completed = completed and returns is not None  # SIGTERM/SIGINT during the final evaluation: --resume runs it
         path = self._save()
-        more = dict(evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds, in evaluations
+        more = dict(checkpoint=path, evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds
         if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
             more["replay_checkpoint_dir"] = checkpoint_run_replay(run.replay_address, run.logdir)
         self._log_metrics(metrics, last)
         self.feed.refresh_status()
         st = self.status_dict(final=True)
-        wall_seconds = self.status.wall_seconds(time.monotonic())
-        summary = end_summary(
-            run, completed, self.address, extras, returns, st, wall_seconds, path, self.config, self.best, **more
-        )
+        more["wall_seconds"] = self.status.wall_seconds(time.monotonic())
+        summary = end_summary(run, completed, self.address, extras, returns, st, self.best, **more)
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         metrics.end_tracking(completed)
         with self.lock:
@@ -616,9 +606,7 @@ class Learner:
         run = self.run_spec
         with self.lock:
             self.status.fault, self.status.phase, self.run_over = fault, "failed", True
-        summary = failure_summary(
-            run, fault, self.status_dict(final=True), self.checkpoints.latest, self.config, self.best
-        )
+        summary = failure_summary(run, fault, self.status_dict(final=True), self.checkpoints.latest, self.best)
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         with self.lock:
             self.status.finished = True

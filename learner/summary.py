@@ -49,9 +49,6 @@ def end_summary(
     extras: dict,
     returns: list[float] | None,
     status: dict,
-    wall_seconds: float,
-    checkpoint: str,
-    config,
     best: dict | None = None,
     **more,
 ) -> dict:
@@ -62,10 +59,10 @@ def end_summary(
         extras: the agent's `status_extras()` after the final evaluation ("phase" is left out).
         returns: the final evaluation's episode returns (None: none ran, or it was interrupted).
         status: the learner's last status dict (`Learner.status_dict`, replay included).
-        wall_seconds: seconds the run trained; checkpoint: the last checkpoint's path prefix.
-        config: the algorithm's settings (a config dataclass with `to_json()`).
         best: the run's best evaluation (`rlfleet.learner.progress.read_best`), or None.
-        more: fields after the final evaluation's (evaluation_seconds, replay_checkpoint_dir).
+        more: fields after the final evaluation's: wall_seconds (seconds the run trained), checkpoint (the last
+            checkpoint's path prefix), evaluation_seconds, replay_checkpoint_dir.
+    The run's resolved config (`run.settings.config`) is recorded last.
     """
     summary = _head(run, completed, status_address=status_address)
     summary.update({k: v for k, v in extras.items() if k != "phase"})
@@ -77,24 +74,22 @@ def end_summary(
         )
     else:
         summary.update(final_eval_return_mean=None, final_eval_episodes=0)
+    last = {k: more.pop(k) for k in ("wall_seconds", "checkpoint")}
     summary.update(
         **more,
         **_best_fields(best),
         **counts(status),
         replay=status["replay"],
-        wall_seconds=wall_seconds,
-        checkpoint=checkpoint,
-        config=json.loads(config.to_json()),
+        **last,
+        config=json.loads(run.settings.config.to_json()),
     )
     return summary
 
 
-def failure_summary(
-    run: RunSpec, fault: str, status: dict, checkpoint: str | None, config, best: dict | None = None
-) -> dict:
+def failure_summary(run: RunSpec, fault: str, status: dict, checkpoint: str | None, best: dict | None = None) -> dict:
     """The summary of a run whose training diverged: `fault` (what status showed), no final evaluation, the run's
     `best` evaluation before it (or None), the counters of the status dict `status`, the last (finite)
-    `checkpoint` and the `config` (with `to_json()`)."""
+    `checkpoint` and the run's resolved config."""
     summary = _head(run, False)
     summary.update(
         fault=fault,
@@ -103,6 +98,6 @@ def failure_summary(
         **_best_fields(best),
         **counts(status),
         checkpoint=checkpoint,
-        config=json.loads(config.to_json()),
+        config=json.loads(run.settings.config.to_json()),
     )
     return summary

@@ -73,9 +73,7 @@ def serve(
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
-        _sweep_scratch()
-        scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
-        ckpt = checkpoints.checkpointer(scratch)
+        ckpt, scratch = _scratch_checkpointer()
     server = _start_server(tables, port, ckpt, scratch, restore_from)
     port = server.port
     if restoring:
@@ -83,12 +81,8 @@ def serve(
     stop = stop_event or threading.Event()
     on_stop_signals(stop.set)
     # A port Reverb picked (--port 0) is told only here: a notice, so that it is shown at every level but warning.
-    log.log(
-        NOTICE if chosen_port == 0 else logging.INFO,
-        "serving on port %d (tables %s)",
-        port,
-        ", ".join(t.name for t in tables),
-    )
+    names = ", ".join(t.name for t in tables)
+    log.log(NOTICE if chosen_port == 0 else logging.INFO, "serving on port %d (tables %s)", port, names)
     writes = checkpoint_dir if checkpoint_dir and not teacher_dir else None
     _serve_until_stopped(port, stop, writes, restoring, checkpoint_interval_s, run_over)
     saved = _checkpoint_if_changed(port, writes, restoring, final=True) if writes else True
@@ -102,6 +96,14 @@ def serve(
     if scratch and not _remove_if_empty(scratch):
         log.log(NOTICE, "checkpoints asked of this server (started without --checkpoint-dir) are in %s", scratch)
     log.info("stopped")
+
+
+def _scratch_checkpointer():
+    """(checkpointer, folder): a Reverb checkpointer into a new temporary folder of this process (those that
+    processes gone left empty are removed first)."""
+    _sweep_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
+    return checkpoints.checkpointer(scratch), scratch
 
 
 def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):

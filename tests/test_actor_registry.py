@@ -1,6 +1,6 @@
 """The learner's actor registry without any server: ids, counting, timeouts, rejoining, checkpoint records."""
 
-from rlfleet.learner.actor_registry import ActorRegistry
+from rlfleet.learner.actor_registry import ActorRegistry, ActorSeen
 
 
 def test_counting_does_not_evict_and_eviction_keeps_the_steps():
@@ -12,7 +12,9 @@ def test_counting_does_not_evict_and_eviction_keeps_the_steps():
     # Long after the timeout, counting still sees both and changes nothing.
     assert book.env_steps() == 150 and sorted(book.actors) == [0, 1]
     assert book.env_steps() == 150 and len(book.snapshot(now=100.0)) == 2
-    book.heartbeat(a, 120, 3, now=9.0, env_backend="workers", env_backend_reason="auto chose workers: ...")
+    book.heartbeat(
+        a, 120, 3, now=9.0, seen=ActorSeen(env_backend="workers", env_backend_reason="auto chose workers: ...")
+    )
     book.heartbeat(a, 120, 3, now=9.0)  # a heartbeat that does not say keeps what the last one said
     assert book.evict_stale(now=10.0) == [b]  # b's last heartbeat is 9 s old, a's 1 s
     assert book.env_steps() == 170  # b's 50 steps stay counted
@@ -37,7 +39,7 @@ def test_an_actor_that_comes_back_is_counted_from_where_it_left():
     book.evict_stale(now=10.0)
     assert book.actors == {} and book.env_steps() == 100
     # It was paused, not dead: it comes back with its id and its own cumulative count.
-    assert book.heartbeat(a, 180, 4, now=11.0, host="h1", address="10.0.0.1", num_envs=8) is True
+    assert book.heartbeat(a, 180, 4, now=11.0, seen=ActorSeen("h1", "10.0.0.1", 8)) is True
     assert book.env_steps() == 180  # the 80 steps it took while away count once
     assert book.heartbeat(a, 190, 4, now=12.0) is False
     assert book.env_steps() == 190

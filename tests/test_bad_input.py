@@ -327,10 +327,11 @@ def test_actor_with_another_env_spec_is_refused(tmp_path, free_port):
     import reverb
     import tensorflow as tf
 
+    from rlfleet.algorithms.dqn.config import DQNConfig
     from rlfleet.algorithms.dqn.items import dqn_tables
     from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
-    replay = reverb.Server(dqn_tables((4,), tf.float32, 3, 1000, 10, 8.0))
+    replay = reverb.Server(dqn_tables((4,), tf.float32, DQNConfig(n_step=3, replay_size=1000, min_replay_size=10)))
     heartbeats = []
 
     class Learner(rlfleet_pb2_grpc.LearnerServicer):

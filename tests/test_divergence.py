@@ -90,11 +90,12 @@ def test_an_actor_refuses_non_finite_weights_and_names_the_learner(free_port):
     import grpc
     import reverb
 
+    from rlfleet.algorithms.dqn.config import DQNConfig
     from rlfleet.algorithms.dqn.items import dqn_tables
     from rlfleet.proto import arrays as proto_arrays
     from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 
-    replay = reverb.Server(dqn_tables((4,), tf.float32, 2, 1000, 10, 8.0))
+    replay = reverb.Server(dqn_tables((4,), tf.float32, DQNConfig(n_step=2, replay_size=1000, min_replay_size=10)))
     weights = {"q/w0": np.full((4, 2), np.nan, np.float32), "q/b0": np.zeros(2, np.float32)}
 
     class Learner(rlfleet_pb2_grpc.LearnerServicer):

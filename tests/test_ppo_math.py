@@ -241,13 +241,15 @@ def test_traced_gae_is_gae_on_policy_and_weights_later_steps_by_truncated_ratios
     values = rng.normal(size=(4, 2)).astype(np.float32)
     nv, lam = _next(values), 0.9
     gae, gae_ret = ppo_math.gae_advantages(REWARDS, values, nv, DONES, DONES, GAMMA, lam)
-    adv, targets = ppo_math.traced_gae_advantages(REWARDS, values, nv, DONES, DONES, GAMMA, lam, np.zeros((4, 2)))
+    adv, targets = ppo_math.traced_gae_advantages(
+        REWARDS, values, nv, DONES, DONES, GAMMA, lam, ppo_math.truncated_ratios(np.zeros((4, 2)))
+    )
     np.testing.assert_allclose(adv.numpy(), gae.numpy(), rtol=1e-6)  # pi = mu: GAE itself
     np.testing.assert_allclose(targets.numpy(), gae_ret.numpy(), rtol=1e-6)
 
     ratios = np.array([[0.5, 3.0], [2.0, 0.25], [0.8, 1.0], [1.5, 0.1]], np.float32)  # pi / mu per step
     adv, targets = ppo_math.traced_gae_advantages(
-        REWARDS, values, nv, DONES, DONES, GAMMA, lam, np.log(ratios), max_ratio=1.0
+        REWARDS, values, nv, DONES, DONES, GAMMA, lam, ppo_math.truncated_ratios(np.log(ratios), max_ratio=1.0)
     )
     c = np.minimum(ratios, 1.0)
     delta = REWARDS + GAMMA * (1 - DONES) * nv - values

@@ -78,28 +78,21 @@ def items_per_batch(batch_size: int, envs: int) -> int:
     return -(-batch_size // envs)
 
 
-def dqn_tables(
-    frame_shape: tuple,
-    obs_dtype,
-    n_step: int,
-    replay_size: int,
-    min_replay_size: int,
-    samples_per_insert: float,
-    prioritized: bool = False,
-    priority_exponent: float = 0.6,
-    frame_stack: int = 1,
-    envs: int = 1,
-    batch_size: int = 0,
-) -> list:
-    """The DQN replay table of items of `envs` envs each (`dqn_signature`): uniform (or prioritized) sampling,
-    FIFO removal at `replay_size` transitions, and a `SampleToInsertRatio` rate limiter holding
-    `samples_per_insert` transitions sampled per transition inserted (±10% of `min_replay_size` worth of slack)
-    once `min_replay_size` transitions are in. Sizes and the ratio are converted to items here; with
-    `batch_size` given, the ratio counts the surplus transitions a minibatch reads (`items_per_batch`).
+def dqn_tables(frame_shape: tuple, obs_dtype, config, frame_stack: int = 1, envs: int = 1) -> list:
+    """The DQN replay table of items of `envs` envs each (`dqn_signature`) for frames of `frame_shape` and
+    `obs_dtype` stacked `frame_stack` deep, with the replay settings of `config` (a `DQNConfig`: n_step,
+    replay_size and min_replay_size in transitions, samples_per_insert, prioritized, priority_exponent,
+    batch_size): uniform (or prioritized) sampling, FIFO removal at `replay_size` transitions, and a
+    `SampleToInsertRatio` rate limiter holding `samples_per_insert` transitions sampled per transition inserted
+    (±10% of `min_replay_size` worth of slack) once `min_replay_size` transitions are in. Sizes and the ratio are
+    converted to items here; the ratio counts the surplus transitions a minibatch of `batch_size` reads
+    (`items_per_batch`).
 
     Raises:
         ValueError: non-positive sizes or ratio.
     """
+    n_step, replay_size, min_replay_size = config.n_step, config.replay_size, config.min_replay_size
+    samples_per_insert, batch_size = config.samples_per_insert, config.batch_size
     if min(n_step, replay_size, min_replay_size, envs) <= 0 or samples_per_insert <= 0:
         raise ValueError("replay: n_step, replay_size, min_replay_size and samples_per_insert must be positive")
     if min_replay_size > replay_size:
@@ -110,7 +103,8 @@ def dqn_tables(
     ratio = samples_per_insert * read
     min_items = -(-min_replay_size // envs)
     error_buffer = max(1.0, ratio, 0.1 * ratio * min_items)
-    sampler = reverb.selectors.Prioritized(priority_exponent) if prioritized else reverb.selectors.Uniform()
+    uniform = reverb.selectors.Uniform()
+    sampler = reverb.selectors.Prioritized(config.priority_exponent) if config.prioritized else uniform
     return [
         reverb.Table(
             name=TABLE,
@@ -125,19 +119,8 @@ def dqn_tables(
 
 def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
     """DQN's (and QDagger's) table for an env spec and a `DQNConfig` (`queue_items` does not apply)."""
-    return dqn_tables(
-        spec.frame_shape,
-        np.dtype(spec.obs_dtype),
-        config.n_step,
-        config.replay_size,
-        config.min_replay_size,
-        config.samples_per_insert,
-        config.prioritized,
-        config.priority_exponent,
-        spec.frame_stack,
-        envs_per_item(config.envs_per_actor, config.batch_size, config.envs_per_item),
-        config.batch_size,
-    )
+    envs = envs_per_item(config.envs_per_actor, config.batch_size, config.envs_per_item)
+    return dqn_tables(spec.frame_shape, np.dtype(spec.obs_dtype), config, spec.frame_stack, envs)
 
 
 # Items a DQN writer may have in flight (created, not yet confirmed by the replay server) before the actor waits:

@@ -85,17 +85,7 @@ class BatchPPO:
     def __init__(self, spec: EnvSpec, config: PPOConfig, seed: int = 0):
         obs_dim = spec.obs_shape[0]
         self.config = config
-        self.policy = GaussianPolicy(
-            obs_dim,
-            spec.action_dim,
-            list(config.policy_hidden),
-            config.init_std,
-            config.mean_init_factor,
-            seed,
-            config.activation,
-            config.mean_head,
-            config.init,
-        )
+        self.policy = GaussianPolicy(obs_dim, spec.action_dim, config, seed)
         self.value = ValueNetwork(obs_dim, list(config.value_hidden), seed + 1, config.activation, config.init)
         # With `shared_optimizer` policy_opt steps both networks (one Adam, one gradient clip, as CleanRL) and
         # value_opt is unused; the checkpoint holds both either way.
@@ -241,7 +231,7 @@ class BatchPPO:
                 tf.gather(samples.prox_mean, idx), tf.gather(samples.prox_log_std, idx), mean, log_std
             )
             policy_loss, _ = losses.ppo_kl_penalty_loss(
-                log_prob, old_log_prob, adv, kl, beta, c.kl_target, c.kl_cutoff_factor, c.kl_cutoff_coef, w
+                log_prob, old_log_prob, adv, kl, beta, c.kl_target, (c.kl_cutoff_factor, c.kl_cutoff_coef), w
             )
         values = self.value(o)
         if c.value_clip > 0:
@@ -324,7 +314,7 @@ class BatchPPO:
                 terminated | truncated,
                 c.discount,
                 c.gae_lambda,
-                log_ratios,
+                losses.truncated_ratios(log_ratios),
             )
         else:
             adv, returns = losses.gae_advantages(

@@ -158,26 +158,30 @@ def gae_advantages(rewards, values, next_values, terminated, episode_ends, disco
     return advantages, advantages + values
 
 
-def traced_gae_advantages(
-    rewards, values, next_values, terminated, episode_ends, discount, lambda_, log_ratios, max_ratio=1.0
-):
+def truncated_ratios(log_ratios, max_ratio=1.0):
+    """min(max_ratio, pi(a_t|s_t) / mu(a_t|s_t)) of the log-ratios `log_ratios` (float32 [T, B], log pi - log mu):
+    the truncated importance ratios c_t = rho_t that `traced_gae_advantages` weights by (c-bar = rho-bar =
+    `max_ratio` > 0; 1 in Retrace and V-trace). Returns float32 [T, B]."""
+    return tf.minimum(tf.exp(_f32(log_ratios)), _f32(max_ratio))
+
+
+def traced_gae_advantages(rewards, values, next_values, terminated, episode_ends, discount, lambda_, ratios):
     """GAE for data an older behaviour policy collected, its later steps weighted toward the target policy.
 
-    rho_t = min(max_ratio, pi(a_t|s_t) / mu(a_t|s_t))   (target pi, behaviour mu)
+    rho_t = min(c-bar, pi(a_t|s_t) / mu(a_t|s_t))   (target pi, behaviour mu: `truncated_ratios`)
     delta_t = r_t + discount * (1 - term_t) * next_t - V_t
     A_t     = delta_t + discount * lambda_ * (1 - end_t) * rho_{t+1} * A_{t+1}   (rho_T = 1: V(obs_T) closes it)
     targets = V_t + rho_t * A_t
 
     The TD error of every step after t is weighted by the truncated ratios of the actions taken since t (the
-    traces c of Retrace, Munos et al. 2016, and of V-trace, Espeholt et al. 2018, section 4.1, with c-bar =
-    `max_ratio`, 1 in both papers), so that A_t estimates the advantage of a_t under pi's later actions, not
+    traces c of Retrace, Munos et al. 2016, and of V-trace, Espeholt et al. 2018, section 4.1, with c-bar = 1 in
+    both papers), so that A_t estimates the advantage of a_t under pi's later actions, not
     mu's; step t's own action is left to the policy loss's importance weight. The value targets weight A_t by
     rho_t (V-trace's first-step correction). With pi = mu (on-policy data) both equal `gae_advantages`.
 
     Args:
       rewards, values, next_values, terminated, episode_ends, discount, lambda_: as `gae_advantages`.
-      log_ratios: float32 [T, B], log pi(a_t|s_t) - log mu(a_t|s_t).
-      max_ratio: the truncation c-bar = rho-bar (> 0).
+      ratios: float32 [T, B], rho_t: the truncated ratios pi(a_t|s_t) / mu(a_t|s_t) (`truncated_ratios`).
     Returns:
       (advantages, value targets), both float32 [T, B].
     """
@@ -185,7 +189,7 @@ def traced_gae_advantages(
     not_terminal = 1.0 - _f32(terminated)
     not_end = 1.0 - _f32(episode_ends)
     discount, lambda_ = _f32(discount), _f32(lambda_)
-    ratios = tf.minimum(tf.exp(_f32(log_ratios)), _f32(max_ratio))
+    ratios = _f32(ratios)
     next_ratios = tf.concat([ratios[1:], tf.ones_like(ratios[:1])], axis=0)
     deltas = rewards + discount * not_terminal * next_values - values
     advantages = _backward_recurrence(deltas, discount * lambda_ * not_end * next_ratios, tf.zeros_like(values[0]))
@@ -230,7 +234,7 @@ def normalize_advantages(adv, eps=1e-8):
 
 
 def ppo_kl_penalty_loss(
-    log_prob, behaviour_log_prob, advantages, kl, beta, kl_target, cutoff_factor=2.0, cutoff_coef=1000.0, weights=None
+    log_prob, behaviour_log_prob, advantages, kl, beta, kl_target, cutoff=(2.0, 1000.0), weights=None
 ):
     """BatchPPO policy objective with adaptive KL penalty and KL cutoff.
 
@@ -249,7 +253,7 @@ def ppo_kl_penalty_loss(
       advantages: float32 [N] (constant: gradients are stopped).
       kl: float32 [N], KL(old || new) per sample.
       beta, kl_target: scalars.
-      cutoff_factor, cutoff_coef: BatchPPO uses 2 and 1000.
+      cutoff: (cutoff_factor, cutoff_coef); BatchPPO uses 2 and 1000.
       weights: optional float32 [N] per-sample weights w (constant).
     Returns:
       (loss scalar float32, info dict of float32 scalars 'surrogate',
@@ -269,13 +273,14 @@ def ppo_kl_penalty_loss(
     surrogate = -tf.reduce_mean(w * ratio * advantages)
     mean_kl = tf.reduce_mean(kl)
     penalty = beta * mean_kl
+    cutoff_factor, cutoff_coef = cutoff
     excess = tf.maximum(0.0, mean_kl - _f32(cutoff_factor) * kl_target)
-    cutoff = _f32(cutoff_coef) * tf.square(excess)
-    loss = surrogate + penalty + cutoff
+    cutoff_term = _f32(cutoff_coef) * tf.square(excess)
+    loss = surrogate + penalty + cutoff_term
     info = {
         "surrogate": surrogate,
         "kl_penalty": penalty,
-        "kl_cutoff": cutoff,
+        "kl_cutoff": cutoff_term,
         "mean_kl": mean_kl,
         "mean_ratio": tf.reduce_mean(ratio),
     }

@@ -31,27 +31,25 @@ class GaussianPolicy(tf.Module):
     the MLP's output itself ("linear", as in Stable-Baselines3 and CleanRL).
     With `init` "orthogonal" the mean head's gain is 0.01 (CleanRL) and
     `mean_init_factor` is not used.
+
+    Args:
+        obs_dim, action_dim: sizes of the observation and action vectors.
+        config: the network's settings (a `PPOConfig`): policy_hidden (hidden layer widths), init_std (the
+            initial standard deviation), mean_init_factor, activation, mean_head and init.
+        seed: initialisation seed.
+    Raises:
+        ValueError: an unknown mean head.
     """
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_dim: int,
-        hidden: list[int],
-        init_std: float = 0.35,
-        mean_init_factor: float = 0.1,
-        seed: int = 0,
-        activation: str = "relu",
-        mean_head: str = "tanh",
-        init: str = "variance_scaling",
-    ):
+    def __init__(self, obs_dim: int, action_dim: int, config, seed: int = 0):
         super().__init__(name="policy")
-        if mean_head not in MEAN_HEADS:
-            raise ValueError(f"mean_head {mean_head!r}: choose one of {MEAN_HEADS}")
-        self.mean_head = mean_head
-        head = ORTHOGONAL_POLICY_HEAD_GAIN if init == "orthogonal" else mean_init_factor
-        self.mlp = MLP([obs_dim, *hidden, action_dim], head, seed, "policy_mlp", activation, init)
-        self.log_std = tf.Variable(np.full(action_dim, math.log(init_std), np.float32))
+        if config.mean_head not in MEAN_HEADS:
+            raise ValueError(f"mean_head {config.mean_head!r}: choose one of {MEAN_HEADS}")
+        self.mean_head = config.mean_head
+        head = ORTHOGONAL_POLICY_HEAD_GAIN if config.init == "orthogonal" else config.mean_init_factor
+        layers = [obs_dim, *config.policy_hidden, action_dim]
+        self.mlp = MLP(layers, head, seed, "policy_mlp", config.activation, config.init)
+        self.log_std = tf.Variable(np.full(action_dim, math.log(config.init_std), np.float32))
 
     def __call__(self, obs):
         mean = self.mlp(obs)
