@@ -20,8 +20,9 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
     """Calls GetStatus on the learner at `address` (TLS and token per `security`).
 
     Returns:
-        dict with the snake_case fields of the `Status` message in proto/rlfleet.proto
-        (NaN for values not yet known).
+        dict with the snake_case fields of the `Status` message in proto/rlfleet.proto (NaN for values not yet
+        known), and each of the algorithm's own values (`algorithm_values`) also at the top level under its
+        name (e.g. QDagger's distillation_coefficient), where no field of the message has that name.
     Raises:
         StatusError: unreachable learner, refused token or RPC failure within `timeout_s` seconds.
         SecurityError: unreadable TLS files.
@@ -40,7 +41,9 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
                 "RLFLEET_LEARNER_PORT) and that the learner runs; with TLS, "
                 "pass --tls-ca (and --tls-cert/--tls-key when it requires client certificates)."
             ) from None
-    return _to_dict(msg)
+    st = _to_dict(msg)
+    st.update({k: v for k, v in st["algorithm_values"].items() if k not in st})
+    return st
 
 
 def check_health(
@@ -101,8 +104,7 @@ def _to_dict(msg) -> dict:
 
 
 def to_json_ready(st: dict) -> dict:
-    """A status dict for strict JSON: NaN (a value not known yet) becomes null. Every algorithm's
-    fields stay (0 where they do not apply), so scripts see one schema."""
+    """A status dict for strict JSON: NaN (a value not known yet) becomes null."""
 
     def clean(v):
         if isinstance(v, float) and math.isnan(v):

@@ -343,8 +343,6 @@ class LearnerServer:
             uptime_seconds=time.monotonic() - self._start_time,
             episode_return_mean=nan,
             eval_return_mean=nan,
-            teacher_eval_return_mean=nan,
-            random_eval_return_mean=nan,
         )
 
     def serve_waiting(self, phase: str | None = None, waiting_for: str = "") -> None:

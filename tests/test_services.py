@@ -107,9 +107,11 @@ def test_actor_learner_replay_loop(procs, free_port, tmp_path):
         "uptime_seconds",
         "actors",
         "replay",
-        "distillation_coefficient",
     ):
         assert field in as_json, field
+    # The algorithm's own values are also at the top level under their names; another algorithm's are not there.
+    assert as_json["off_policy_env_steps"] == as_json["algorithm_values"]["off_policy_env_steps"] >= 0
+    assert "distillation_coefficient" not in as_json and "teacher_eval_return_mean" not in as_json
     assert as_json["actors"][0]["num_envs"] == 2
     # weights_version is the status contract's name for the policy version.
     assert as_json["weights_version"] == as_json["policy_version"] >= 3
