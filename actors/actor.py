@@ -4,10 +4,10 @@ An actor needs only the learner's address: it registers, receives the run
 configuration (algorithm, env, replay address, table, envs per actor, unroll
 length, network spec), subscribes to weights on a background thread (new
 versions are swapped in between steps, collection never pauses for them),
-heartbeats its env steps and finished episodes, and runs the algorithm's writer
-(`AlgorithmBuilder.collect`; the built-in ones are in
-`rlfleet.algorithms.<name>.items`; it gets an `rlfleet.actors.writers.ActorContext`), which steps the
-batched env and writes into Reverb.
+heartbeats its env steps and finished episodes, and runs the collection loop (`rlfleet.actors.adders.collect`)
+with the algorithm's behaviour policy and replay writer (`AlgorithmBuilder.behaviour` and `adder`; the built-in
+ones are in `rlfleet.algorithms.<name>.items`; they get an `rlfleet.actors.writers.ActorContext`), which steps
+the batched env and writes into Reverb.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from rlfleet import algorithms
-from rlfleet.actors import replay_client
+from rlfleet.actors import adders, replay_client
 from rlfleet.actors.backend_choice import choose_backend
 from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
@@ -71,7 +71,7 @@ class ActorError(RuntimeError):
 class ReplayLost(Exception):
     """The replay server went away and came back (a restart), or the connection to it died silently: the open
     writers are dead; the message, if any, says which. `Actor.wait_written`
-    raises it; a writer (`AlgorithmBuilder.collect`) lets it through, and the actor
+    raises it; the collection loop (`rlfleet.actors.adders.collect`) lets it through, and the actor
     opens new writers and resets its envs."""
 
 
@@ -226,7 +226,7 @@ class Actor:
         self.actor_id, self.config = resp.actor_id, resp.config
         set_role(f"actor-{self.actor_id}")  # the learner's number for it, in every line from here on
         try:
-            self.collect = algorithms.get(self.config.algo).collect
+            self.builder = algorithms.get(self.config.algo)
         except (ValueError, ImportError) as e:
             raise ActorError(
                 f"the learner runs algorithm {self.config.algo!r}, which this machine cannot run ({e}). Install "
@@ -488,7 +488,7 @@ class Actor:
                 if not self._wait_for_replay():
                     break
                 try:
-                    self.collect(ActorContext(self), venv, weights, self.replay_epoch)
+                    adders.collect(self.builder, ActorContext(self), venv, weights, self.replay_epoch)
                     break
                 except ReplayLost as e:
                     self._restarts += 1

@@ -1,8 +1,9 @@
-"""What an algorithm's actor-side writer (`AlgorithmBuilder.collect`) gets, and the generic machinery writers
-share.
+"""What an algorithm's actor side (its behaviour policy and adder, `AlgorithmBuilder.behaviour` and `adder`) gets,
+and the lag credit the adders share.
 
-A writer `collect(actor, venv, weights, epoch)` steps the batched env `venv` with the behaviour policy and writes
-items into the run's replay table until `actor.stop` is set. What it gets:
+The collection loop (`rlfleet.actors.adders.collect(builder, actor, venv, weights, epoch)`) steps the batched env
+`venv` with the behaviour policy and hands each step to the adder, which writes items into the run's replay table,
+until `actor.stop` is set. What they get:
 - `actor`: an `ActorContext`, all of the actor a writer may use (its attributes and methods below).
 - `weights.latest`: the latest `rlfleet.actors.actor.Policy` (version, arrays: {name: numpy array} as the
   learner's `Agent.export_weights()` made them, exploration: the `Exploration` message its
@@ -11,13 +12,37 @@ items into the run's replay table until `actor.stop` is set. What it gets:
   version (0: no limit), `weights.item_credit()` the asynchronous limit on running ahead
   (`ItemCredit`), `weights.serial` counts the weights messages received and
   `weights.wait_next(serial, stop, check)` waits for the next one (synchronous collection, as
-  `rlfleet.algorithms.ppo.items.collect_trajectories` does it).
+  `rlfleet.actors.adders.SequenceAdder` does it).
 - `epoch`: pass it to `actor.wait_written` and `actor.check_replay`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from rlfleet.algorithms.base import CreditLimit
+
+
+class WeightsView(Protocol):
+    """The actor's weights subscription as the behaviour policy and the adders see it (module doc)."""
+
+    serial: int  # weights messages received
+    resends: int  # weights messages that were not newer than the one before (a restarted learner)
+
+    @property
+    def latest(self):
+        """The latest `rlfleet.actors.actor.Policy` (version, arrays, exploration)."""
+
+    def items_per_actor(self, version: int) -> int:
+        """Items the learner wants from each actor with policy `version` (0: no limit, asynchronous)."""
+
+    def item_credit(self) -> CreditLimit:
+        """The asynchronous limit on running ahead (`ItemCredit`)."""
+
+    def wait_next(self, serial: int, stop, check: Callable[[], None]) -> bool:
+        """Waits for a weights message after the `serial`-th; False when `stop` (an Event) is set first; calls
+        `check` while it waits (it raises to end the wait)."""
 
 
 class ItemCredit:

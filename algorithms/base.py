@@ -2,8 +2,9 @@
 
 An algorithm is an `AlgorithmBuilder` subclass registered with `rlfleet.algorithms.register`. Its typed methods
 give each process what it needs of it: the settings dataclass and presets (CLI, every process), the replay
-tables (replay server), the actor-side writer (actors), the `Agent` (learner). A builder's methods import the
-algorithm's modules when called, so that importing a builder (the CLI does at start-up) imports no TensorFlow.
+tables (replay server), the behaviour policy and replay writer (actors), the `Agent` (learner). A builder's
+methods import the algorithm's modules when called, so that importing a builder (the CLI does at start-up)
+imports no TensorFlow.
 
 A settings dataclass declares the range of each numeric field in its type (`Range`, through the aliases
 `Positive`, `Fraction`, `Count`, ...) and the values of a named-choice field with `OneOf`; `rlfleet up` refuses
@@ -19,12 +20,21 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, NamedTuple, TypeVar
 
-if TYPE_CHECKING:  # for annotations only: importing them here would import TensorFlow
+if TYPE_CHECKING:  # for annotations only: importing them here would import TensorFlow (and the floors above)
+    import numpy as np
     import reverb
 
+    from rlfleet.actors.actor import Policy
+    from rlfleet.actors.adders import Act, Adder
+    from rlfleet.actors.writers import ActorContext, WeightsView
     from rlfleet.envs.core import EnvSpec
+
+C = TypeVar("C")  # an algorithm's settings dataclass
+# An actors' behaviour policy: (the latest weights, observations [B, ...], the actor's generator) -> its `Act`.
+Behaviour = Callable[["Policy", "np.ndarray", "np.random.Generator"], "Act"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,8 +259,9 @@ class Agent(abc.ABC):
         """Called with the returns of each evaluation of the current policy."""
 
 
-class AlgorithmBuilder(abc.ABC):
-    """One algorithm: what each rlfleet process needs of it (Acme's builder pattern).
+class AlgorithmBuilder(abc.ABC, Generic[C]):
+    """One algorithm: what each rlfleet process needs of it (Acme's builder pattern), typed by its settings
+    dataclass `C` (`class PPO(AlgorithmBuilder["PPOConfig"])`).
 
     Class attributes:
         name: the `--algo` value (one lower-case word).
@@ -279,7 +290,7 @@ class AlgorithmBuilder(abc.ABC):
     progress_values: ClassVar[dict] = {}
 
     @abc.abstractmethod
-    def config_class(self) -> type:
+    def config_class(self) -> type[C]:
         """The settings dataclass (see the module doc for what it must hold)."""
 
     @abc.abstractmethod
@@ -292,7 +303,7 @@ class AlgorithmBuilder(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def make_tables(self, spec: EnvSpec, config, queue_items: int | None) -> list[reverb.Table]:
+    def make_tables(self, spec: EnvSpec, config: C, queue_items: int | None) -> list[reverb.Table]:
         """The replay server's tables, signatures included. `queue_items`: `rlfleet replay --queue-items`
         (None: the algorithm's own size).
 
@@ -301,14 +312,23 @@ class AlgorithmBuilder(abc.ABC):
         """
 
     @abc.abstractmethod
-    def collect(self, actor, venv, weights, epoch: int) -> None:
-        """The actor-side writer: steps the batched env `venv` with the behaviour policy and writes items into
-        the run's table until `actor.stop` is set (`rlfleet.actors.writers` says what `actor` and `weights`
-        offer; `epoch` goes to `actor.wait_written`)."""
+    def behaviour(self, actor: ActorContext) -> Behaviour:
+        """The actors' behaviour policy: a function `act(policy, obs, rng)` of the latest weights (`policy`: a
+        `rlfleet.actors.actor.Policy`: version, arrays, exploration), one batch step's observations `obs` [B, ...]
+        and the actor's numpy `rng`, returning a `rlfleet.actors.adders.Act` (the env's action, the action as the
+        items record it, extra columns); it checks its own output with `actor.check_policy_output`. `actor` is
+        the `ActorContext` (`rlfleet.actors.writers`); one function serves the actor's whole collection."""
+
+    @abc.abstractmethod
+    def adder(self, actor: ActorContext, weights: WeightsView, epoch: int) -> Adder:
+        """The actors' replay writer: one of `rlfleet.actors.adders`' adders (`SequenceAdder`, `WindowAdder`)
+        set up for the run, which owns the item layout that `make_tables`' signature declares
+        (`sequence_signature`, `window_signature`). `rlfleet.actors.adders.collect` runs the loop that feeds it;
+        `weights` (the actor's weights subscription) and `epoch` are as `rlfleet.actors.writers` describes them."""
 
     @abc.abstractmethod
     def make_agent(
-        self, spec: EnvSpec, config, seed: int, total_steps: int, teacher: str | None = None,
+        self, spec: EnvSpec, config: C, seed: int, total_steps: int, teacher: str | None = None,
         teacher_replay: str | None = None,
     ) -> Agent:  # fmt: skip
         """The learner side: update rule, weights for actors, evaluation, status extras.
@@ -320,7 +340,7 @@ class AlgorithmBuilder(abc.ABC):
             learner refuses to start without both, so an algorithm that uses a teacher always gets them).
         """
 
-    def make_policy_agent(self, spec: EnvSpec, config, seed: int) -> Agent:
+    def make_policy_agent(self, spec: EnvSpec, config: C, seed: int) -> Agent:
         """An agent that only acts, for `rlfleet eval` and `rlfleet export`: a run's checkpoint is restored into
         its `checkpoint_items()` (which must be among the run's), then it gives `policy()` and
         `export_weights()`; it never trains. The default is `make_agent` with no teacher and no budget."""

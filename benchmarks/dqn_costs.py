@@ -3,7 +3,7 @@ distributed part, the single-process way (a replay buffer of numpy arrays in the
 Stable-Baselines3 keeps it) measured in the same run.
 
 1. Actor loop: the preset's envs per actor (SyncVectorEnv) stepped with the ε-greedy numpy Q-network, with and
-   without the Reverb writers in the layout of `rlfleet.algorithms.dqn.items.collect_transitions` (an item of
+   without the Reverb writers in the layout of `rlfleet.actors.adders.WindowAdder` (an item of
    n + 1 steps of `envs_per_item` envs per batch step; see `actor_loop`), into a replay server process
    (`rlfleet.replay.server.serve`) with the table of `serve_open_table`: the preset's signature and size, a
    `MinSize(1)` rate limiter.
@@ -68,7 +68,7 @@ def start_replay(env_id: str, port: int, envs_per_item: int = 0) -> subprocess.P
 
 def actor_loop(env_id: str, cfg, address: str | None, rng):
     """One batch step of the actor's loop as a function: env step on the ε-greedy action of a random Q-network,
-    and with `address` the writers' appends and items in the layout of `collect_transitions` (one writer per
+    and with `address` the writers' appends and items in the layout of `WindowAdder` (one writer per
     `envs_per_item` envs, an item of n + 1 steps per writer and batch step), with its bound on items in flight.
     An approximation of that writer, a little cheaper: no finiteness checks or step counting."""
     import reverb

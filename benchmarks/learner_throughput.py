@@ -4,7 +4,7 @@ learner can feed.
 For each workload (`WORKLOADS`: an algorithm, an env, its preset) a real replay server process holds the
 algorithm's real table (`serve_open_table`: the preset's signature and size, a `MinSize(1)` rate limiter so
 that neither side blocks), pre-filled with real items written by the algorithm's own actor-side writer on the
-real env (DQN: `rlfleet.algorithms.dqn.items.collect_transitions`, ε = 1). Then, in this process, the learner's
+real env (DQN: `rlfleet.actors.adders.WindowAdder` as DQN sets it up, ε = 1). Then, in this process, the learner's
 own agent (`AlgorithmBuilder.make_agent`) and input path (`Agent.samples`):
 
 (a) input alone: minibatches drawn through `Agent.samples` and thrown away;
@@ -178,6 +178,7 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
     """Writes the workload's env steps into the table at `address` with the algorithm's own actor-side writer
     (an `Actor` without a learner: its collection loop alone, ε = 1); returns the writer's cost: {"env_steps",
     "cpu_ms", "server_cpu_ms"} per batch step of the actor's envs (env stepping and ε-greedy included)."""
+    from rlfleet.actors import adders
     from rlfleet.actors.actor import Actor, Policy
     from rlfleet.algorithms import get as get_algorithm
     from rlfleet.envs.core import make_batched_env, resolve_backend
@@ -202,14 +203,15 @@ def fill(name: str, address: str, envs_per_item: int, server) -> dict:
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
     actor.replay_epoch, actor._restarts = 0, 0
     weights = types.SimpleNamespace(
-        latest=Policy(0, agent.export_weights(), rlfleet_pb2.Exploration(**dict(agent.exploration(), epsilon=1.0)))
+        latest=Policy(0, agent.export_weights(), rlfleet_pb2.Exploration(**dict(agent.exploration(), epsilon=1.0))),
+        serial=0,
     )
     batch_steps = WORKLOADS[name][3] // b
     backend = resolve_backend(env_id, "auto")  # Atari: ale; else "auto", chosen by measurement on actors
     venv = make_batched_env(env_id, b, "sync" if backend == "auto" else backend)
     c0, s0 = time.process_time(), cpu_seconds(server)
     try:
-        builder.collect(actor, _StopAfter(venv, batch_steps, actor.stop), weights, 0)
+        adders.collect(builder, actor, _StopAfter(venv, batch_steps, actor.stop), weights, 0)
     finally:
         venv.close()
     return dict(

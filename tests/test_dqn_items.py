@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from rlfleet.actors.adders import NOT_ENDED, TERMINATED, TRUNCATED
 from rlfleet.algorithms.dqn.agent import DQNAgent
 from rlfleet.algorithms.dqn.items import (
-    NOT_ENDED,
-    TERMINATED,
-    TRUNCATED,
     dqn_signature,
     envs_per_item,
     items_per_batch,

@@ -11,9 +11,11 @@ import pytest
 import reverb
 import tensorflow as tf
 
+from rlfleet import algorithms
 from rlfleet.actors.actor import Actor, Policy
+from rlfleet.actors.adders import collect
 from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
-from rlfleet.algorithms.dqn.items import batches, collect_transitions, dqn_signature, transitions
+from rlfleet.algorithms.dqn.items import batches, dqn_signature, transitions
 from rlfleet.algorithms.dqn.networks import NatureCNN
 from rlfleet.proto import rlfleet_pb2
 
@@ -103,7 +105,8 @@ def _bare_actor():
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
     actor.replay_epoch, actor._restarts = 0, 0
     weights = types.SimpleNamespace(
-        latest=Policy(0, NatureCNN(STACK, (84, 84), 6, 0, "q").export(), rlfleet_pb2.Exploration(epsilon=1.0))
+        latest=Policy(0, NatureCNN(STACK, (84, 84), 6, 0, "q").export(), rlfleet_pb2.Exploration(epsilon=1.0)),
+        serial=0,
     )
     return server, actor, weights
 
@@ -120,7 +123,7 @@ def test_items_rebuild_the_stacked_observations():
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     venv = ScriptedFrames(actor.stop)
-    collect_transitions(actor, venv, weights, 0)
+    collect(algorithms.get("dqn"), actor, venv, weights, 0)
 
     data = _all_items(address)
     assert data["observation"].shape[1:] == (N_STEP + STACK, ENVS_PER_ITEM, 84, 84)
@@ -156,7 +159,7 @@ def test_the_learner_reads_the_items_inserted():
     transitions are all among those the actor wrote, as many and of the size asked for."""
     server, actor, weights = _bare_actor()
     venv = ScriptedFrames(actor.stop)
-    collect_transitions(actor, venv, weights, 0)
+    collect(algorithms.get("dqn"), actor, venv, weights, 0)
     minibatches = batches(actor.replay_address, 5, N_STEP, STACK, minibatches=2)
     for _ in range(3):
         batch = next(minibatches)
@@ -184,7 +187,7 @@ def test_a_nan_reward_stops_the_actor_before_it_reaches_replay():
     server, actor, weights = _bare_actor()
     address = actor.replay_address
     with pytest.raises(ActorError, match=r"Scripted-v0 \(env 1 of this actor\) returned a non-finite reward"):
-        collect_transitions(actor, NaNAfter(actor.stop), weights, 0)
+        collect(algorithms.get("dqn"), actor, NaNAfter(actor.stop), weights, 0)
     assert actor.env_steps == 29 * ENVS  # the bad step was not counted
     client = reverb.Client(address)
     size = client.server_info()[DQN_TABLE].current_size

@@ -1,4 +1,4 @@
-"""The PPO writer's items (`rlfleet.algorithms.ppo.items.collect_trajectories`) with several actors at once: under
+"""The PPO writer's items (a `rlfleet.actors.adders.SequenceAdder` as PPO sets it up) with several actors at once: under
 synchronous collection each item's steps are of one policy version, each actor writes its share and waits, and
 the learner's batches keep filling (no stall) whatever the actors' timing; asynchronously, the actors run ahead
 of the learner no further than the policy-lag limit (`ItemCredit`). The actors are threads running the
@@ -13,16 +13,17 @@ import types
 import numpy as np
 import pytest
 
-from rlfleet.actors import writers
+from rlfleet import algorithms
+from rlfleet.actors import adders, writers
 from rlfleet.actors.actor import Policy, ReplayLost, _WeightsSubscriber
 from rlfleet.algorithms.base import CreditLimit
-from rlfleet.algorithms.ppo import items as ppo_items
 from rlfleet.algorithms.ppo.agent import PPOAgent
 from rlfleet.algorithms.ppo.config import make_config
 from rlfleet.envs.core import env_spec
 from rlfleet.proto import rlfleet_pb2
 
 SPEC = env_spec("Pendulum-v1")
+PPO = algorithms.get("ppo")
 ITEMS: queue.Queue = queue.Queue()
 
 
@@ -93,7 +94,7 @@ class _Actor:
 
 @pytest.mark.parametrize("num_actors,stagger", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.3)])
 def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monkeypatch, num_actors, stagger):
-    monkeypatch.setattr(ppo_items, "Client", _Client)
+    monkeypatch.setattr(adders, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"synchronous": True, "envs_per_actor": 2, "unroll_length": 16, "batch_env_steps": 128, "epochs": 1}
@@ -112,7 +113,7 @@ def test_synchronous_actors_write_single_version_items_and_the_batches_fill(monk
     for i, s in enumerate(subscribers):
         actor = _Actor(config, stop, i)
         venv = _Envs(config.envs_per_actor, 0.0005 * (i + 1), i)
-        threads.append(threading.Thread(target=ppo_items.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads.append(threading.Thread(target=adders.collect, args=(PPO, actor, venv, s, 0), daemon=True))
         threads[-1].start()
         time.sleep(stagger)
     version, dropped, consumed = 0, 0, 0
@@ -203,7 +204,7 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     """Actors much faster than the learner: with the credit, they run ahead (consumed data is off-policy) but
     no item reaches the learner older than `max_policy_lag`, so none is dropped; without it, items one batch
     long are dropped (the fault the credit removes)."""
-    monkeypatch.setattr(ppo_items, "Client", _Client)
+    monkeypatch.setattr(adders, "Client", _Client)
     while not ITEMS.empty():
         ITEMS.get()
     settings = {"envs_per_actor": 2, "unroll_length": unroll_length, "batch_env_steps": 128, "epochs": 1}
@@ -223,7 +224,7 @@ def test_asynchronous_actors_run_ahead_no_further_than_the_lag_limit(monkeypatch
     for i, s in enumerate(subscribers):
         actor = _Actor(config, stop, i)
         venv = _Envs(config.envs_per_actor, 0.0002 * (i + 1), i)
-        threads.append(threading.Thread(target=ppo_items.collect_trajectories, args=(actor, venv, s, 0), daemon=True))
+        threads.append(threading.Thread(target=adders.collect, args=(PPO, actor, venv, s, 0), daemon=True))
         threads[-1].start()
     version, dropped, lags = 0, 0, []
     try:

@@ -19,7 +19,7 @@ import reverb
 import tensorflow as tf
 
 from rlfleet import algorithms
-from rlfleet.actors.replay_client import Client
+from rlfleet.actors.adders import Act, SequenceAdder, sequence_signature
 from rlfleet.algorithms.base import Agent, AlgorithmBuilder, StepResult
 
 TABLE = "toy_reinforce_items"
@@ -41,14 +41,8 @@ class ToyConfig:
 
 
 def _signature(obs_dim: int, num_envs: int, t: int) -> dict:
-    lead = [t + 1, num_envs]
-    return {
-        "observation": tf.TensorSpec(lead + [obs_dim], tf.float32),
-        "action": tf.TensorSpec(lead, tf.int32),
-        "reward": tf.TensorSpec(lead, tf.float32),
-        "done": tf.TensorSpec(lead, tf.bool),
-        "policy_version": tf.TensorSpec(lead, tf.int64),
-    }
+    observation, action = tf.TensorSpec([obs_dim], tf.float32), tf.TensorSpec([], tf.int32)
+    return sequence_signature(observation, action, num_envs, t + 1, {})
 
 
 def toy_tables(spec, config: ToyConfig, queue_items: int | None = None) -> list:
@@ -60,41 +54,17 @@ def _logits(arrays: dict, obs: np.ndarray) -> np.ndarray:
     return obs @ arrays["w"] + arrays["b"]
 
 
-def toy_collect(actor, venv, weights, epoch: int) -> None:
-    """One writer per actor; an item of the last T+1 batch steps every T steps."""
-    t = actor.config.unroll_length
-    rng, obs = actor.start_episodes(venv)
-    writer = Client(actor.replay_address).trajectory_writer(num_keep_alive_refs=t + 1)
-    appended = 0
-    try:
-        while not actor.stop.is_set():
-            version, arrays, _ = weights.latest
-            actor.policy_version = version
-            logits = _logits(arrays, obs)
-            p = np.exp(logits - logits.max(1, keepdims=True))
-            p /= p.sum(1, keepdims=True)
-            action = (rng.random(len(p))[:, None] > np.cumsum(p, 1)).sum(1).astype(np.int32)
-            next_obs, reward, terminated, truncated, _ = venv.step(action)
-            actor.check_finite(next_obs, reward)
-            done = np.logical_or(terminated, truncated)
-            writer.append(
-                dict(
-                    observation=np.asarray(obs, np.float32),
-                    action=action,
-                    reward=np.asarray(reward, np.float32),
-                    done=done,
-                    policy_version=np.full(len(done), version, np.int64),
-                )
-            )
-            appended += 1
-            if appended > t and (appended - 1) % t == 0:
-                writer.create_item(TABLE, 1.0, {k: col[-(t + 1) :] for k, col in writer.history.items()})
-                if not actor.wait_written(writer, epoch):
-                    break
-            obs = next_obs
-            actor.count_steps(reward, done)
-    finally:
-        writer.close()
+def toy_behaviour(actor):
+    """Samples each env's action from the softmax policy of the latest weights."""
+
+    def act(policy, obs, rng) -> Act:
+        logits = _logits(policy.arrays, obs)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        action = (rng.random(len(p))[:, None] > np.cumsum(p, 1)).sum(1).astype(np.int32)
+        return Act(action, action, {})
+
+    return act
 
 
 class ToyAgent(Agent):
@@ -126,7 +96,7 @@ class ToyAgent(Agent):
 
     def consume(self, item, policy_version: int, env_steps: int) -> StepResult:
         obs, action = item["observation"][:-1], item["action"][:-1]
-        reward, done = item["reward"][:-1], item["done"][:-1]
+        reward, done = item["reward"][:-1], (item["terminated"] | item["truncated"])[:-1]
         advantage = np.zeros_like(reward)
         running = np.zeros(reward.shape[1], np.float32)
         for k in reversed(range(len(reward))):
@@ -159,7 +129,7 @@ class ToyAgent(Agent):
         return {"policy_entropy": self.entropy}
 
 
-class ToyReinforce(AlgorithmBuilder):
+class ToyReinforce(AlgorithmBuilder["ToyConfig"]):
     name = "toy_reinforce"
     summary = "test-only REINFORCE, discrete actions"
     action_space = "discrete"
@@ -174,8 +144,11 @@ class ToyReinforce(AlgorithmBuilder):
     def make_tables(self, spec, config, queue_items):
         return toy_tables(spec, config, queue_items)
 
-    def collect(self, actor, venv, weights, epoch):
-        toy_collect(actor, venv, weights, epoch)
+    def behaviour(self, actor):
+        return toy_behaviour(actor)
+
+    def adder(self, actor, weights, epoch):
+        return SequenceAdder(actor, weights, epoch)  # items of T+1 batch steps, consecutive ones sharing one
 
     def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
         return ToyAgent(spec, config, seed, total_steps)

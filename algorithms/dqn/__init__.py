@@ -10,11 +10,20 @@ Q-values and ε-greedy), `networks` (MLP and Nature CNN Q-networks), `losses` (t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlfleet.algorithms import register
-from rlfleet.algorithms.base import AlgorithmBuilder
+from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour
+
+if TYPE_CHECKING:
+    from rlfleet.actors.adders import Adder
+    from rlfleet.actors.writers import ActorContext, WeightsView
+    from rlfleet.algorithms.base import Agent
+    from rlfleet.algorithms.dqn.config import DQNConfig
+    from rlfleet.envs.core import EnvSpec
 
 
-class DQN(AlgorithmBuilder):
+class DQN(AlgorithmBuilder["DQNConfig"]):
     """The DQN builder (module doc); QDagger's builder extends it."""
 
     name = "dqn"
@@ -22,32 +31,40 @@ class DQN(AlgorithmBuilder):
     action_space = "discrete"
     keeps_replay = True
 
-    def config_class(self):
+    def config_class(self) -> type[DQNConfig]:
         from rlfleet.algorithms.dqn.config import DQNConfig
 
         return DQNConfig
 
-    def presets(self):
+    def presets(self) -> dict[str, dict]:
         from rlfleet.algorithms.dqn.config import DQN_PRESETS
 
         return DQN_PRESETS
 
-    def env_overrides(self):
+    def env_overrides(self) -> dict[tuple[str, str], dict]:
         from rlfleet.algorithms.dqn.config import DQN_ENV_OVERRIDES
 
         return DQN_ENV_OVERRIDES
 
-    def make_tables(self, spec, config, queue_items):
+    def make_tables(self, spec: EnvSpec, config: DQNConfig, queue_items: int | None) -> list:
         from rlfleet.algorithms.dqn.items import dqn_tables_for
 
         return dqn_tables_for(spec, config, queue_items)
 
-    def collect(self, actor, venv, weights, epoch):
-        from rlfleet.algorithms.dqn.items import collect_transitions
+    def behaviour(self, actor: ActorContext) -> Behaviour:
+        from rlfleet.algorithms.dqn.items import behaviour
 
-        collect_transitions(actor, venv, weights, epoch)
+        return behaviour(actor)
 
-    def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
+    def adder(self, actor: ActorContext, weights: WeightsView, epoch: int) -> Adder:
+        from rlfleet.algorithms.dqn.items import adder
+
+        return adder(actor, weights, epoch)
+
+    def make_agent(
+        self, spec: EnvSpec, config: DQNConfig, seed: int, total_steps: int, teacher: str | None = None,
+        teacher_replay: str | None = None,
+    ) -> Agent:  # fmt: skip
         from rlfleet.algorithms.dqn.agent import DQNAgent
 
         return DQNAgent(spec, config, seed, total_steps)

@@ -1,25 +1,20 @@
 """DQN's replay item, end to end: the table (uniform or prioritized, with a `SampleToInsertRatio` rate limiter),
-the item's signature, the actor-side writer that makes items, and the learner-side decoding of sampled items.
-QDagger uses the same items.
+the item's signature, the actor's behaviour policy and writer (a `rlfleet.actors.adders.WindowAdder`), and the
+learner-side decoding of sampled items. QDagger uses the same items.
 
 The table's and the learner's sides (`dqn_signature`, `dqn_tables`, `batches`) import TensorFlow or Reverb's
-Python package when called; the writer's side imports neither (it writes through
-`rlfleet.actors.replay_client`), so an actor running it never loads TensorFlow's Python.
+Python package when called; the actor's side imports neither, so an actor running it never loads TensorFlow's
+Python.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlfleet.actors.replay_client import Client
+from rlfleet.actors.adders import NOT_ENDED, TRUNCATED, Act, WindowAdder, window_signature
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q, q_values
 
 TABLE = "dqn_replay"
-
-# How a step ended its episode, in the items' `end` field: it did not; the env terminated (a terminal state:
-# nothing to bootstrap from); the episode was cut (a time limit, or a padding step before the first observation
-# of an actor's writer): no terminal state, but the next step is another episode's.
-NOT_ENDED, TERMINATED, TRUNCATED = 0, 1, 2
 
 # The automatic number of envs per item (`envs_per_item` 0) keeps at least this many items in each minibatch.
 MIN_ITEMS_PER_BATCH = 4
@@ -62,14 +57,7 @@ def dqn_signature(frame_shape: tuple, obs_dtype, n_step: int, frame_stack: int =
     """
     import tensorflow as tf
 
-    lead = [n_step + frame_stack, envs]
-    return {
-        "observation": tf.TensorSpec(lead + list(frame_shape), obs_dtype),
-        "action": tf.TensorSpec(lead, tf.int32),
-        "reward": tf.TensorSpec(lead, tf.float32),
-        "end": tf.TensorSpec(lead, tf.int8),
-        "policy_version": tf.TensorSpec(lead[:1], tf.int64),
-    }
+    return window_signature(tf.TensorSpec(frame_shape, obs_dtype), envs, n_step + frame_stack)
 
 
 def items_per_batch(batch_size: int, envs: int) -> int:
@@ -129,75 +117,27 @@ def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
 TRANSITION_ITEMS_IN_FLIGHT = 32
 
 
-def collect_transitions(actor, venv, weights, epoch: int) -> None:
-    """DQN / QDagger: the actor's B envs in B / G groups of G envs (`envs_per_item`), one Reverb writer each;
-    every batch step appends each group's step and makes an item of its last n + S steps (`dqn_signature`).
+def behaviour(actor):
+    """DQN's (and QDagger's) behaviour policy for `rlfleet.actors.adders.collect`: ε-greedy on the Q-values of
+    the latest weights, ε from their `Exploration` message."""
 
-    Each step stores only the newest frame of its observation (S = frame_stack frames per observation: 4 for
-    Atari, 1 for vectors), and how it ended its episode: the learner (`transitions`) rebuilds the stacks,
-    with zeros before an episode's first frame as the env gives them, and leaves out the transitions whose
-    n-step window reaches a time-limit cut (their bootstrap observation is gone: the env reset; treating the
-    cut as terminal would teach that good states end episodes). A writer starts with S − 1 padding steps (zero
-    frames, `TRUNCATED`) so that the first real step already starts an item. The table's `SampleToInsertRatio`
-    rate limiter blocks inserts when actors run ahead of the learner's replay ratio.
-    """
-    cfg = actor.config
-    n, b, stack = cfg.unroll_length, cfg.num_envs, actor.frame_stack
-    g = cfg.envs_per_item or 1
-    if b % g:
-        raise ValueError(f"the run's items hold {g} envs each, which does not divide this actor's {b} envs")
-    rng, obs = actor.start_episodes(venv)
-    client = Client(actor.replay_address)
-    writers = [client.trajectory_writer(num_keep_alive_refs=n + stack) for _ in range(b // g)]
-    for writer in writers:
-        for _ in range(stack - 1):
-            writer.append(_padding_step(obs, g, stack))
-    try:
-        while not actor.stop.is_set():
-            version, arrays, exploration = weights.latest
-            actor.policy_version = version
-            q = q_values(arrays, obs)
-            actor.check_policy_output(version, q)  # NaN Q-values would silently pick action 0
-            action = epsilon_greedy_q(q, rng, exploration.epsilon)
-            next_obs, reward, terminated, truncated, _ = venv.step(action)
-            actor.check_finite(next_obs, reward)
-            frames = np.asarray(obs, np.float32) if stack == 1 else obs[:, -1]  # the newest frame
-            end = np.where(terminated, TERMINATED, np.where(truncated, TRUNCATED, NOT_ENDED)).astype(np.int8)
-            action, reward = np.asarray(action, np.int32), np.asarray(reward, np.float32)
-            step = dict(observation=frames, action=action, reward=reward, end=end)
-            _append_step(writers, step, version, g, n + stack, cfg.table)
-            if not all(actor.wait_written(w, epoch, in_flight=TRANSITION_ITEMS_IN_FLIGHT) for w in writers):
-                break
-            obs = next_obs
-            actor.count_steps(reward, np.logical_or(terminated, truncated))
-    finally:
-        for writer in writers:
-            writer.close()  # no flush: at shutdown the rate limiter may block inserts for good
-        writers.clear()  # as in collect_trajectories: a new client must not reuse a dead connection
-        writer = client = None
+    def act(policy, obs, rng) -> Act:
+        q = q_values(policy.arrays, obs)
+        actor.check_policy_output(policy.version, q)  # NaN Q-values would silently pick action 0
+        action = epsilon_greedy_q(q, rng, policy.exploration.epsilon)
+        return Act(action, action, {})
+
+    return act
 
 
-def _padding_step(obs, g: int, stack: int) -> dict:
-    """A step of zero frames that ended by truncation, for `g` envs: what a writer starts with, stack − 1 times,
-    so that its first real step already starts an item (`collect_transitions`)."""
-    frame_shape = obs.shape[2:] if stack > 1 else obs.shape[1:]
-    return dict(
-        observation=np.zeros((g, *frame_shape), np.float32 if stack == 1 else obs.dtype),
-        action=np.zeros(g, np.int32),
-        reward=np.zeros(g, np.float32),
-        end=np.full(g, TRUNCATED, np.int8),
-        policy_version=np.int64(-1),
-    )
-
-
-def _append_step(writers: list, step: dict, version: int, g: int, span: int, table: str) -> None:
-    """Appends one batch step (`step`: {column: [B, ...] array}, acted on by policy `version`) to the writers,
-    `g` envs each, and makes an item of each writer's last `span` steps once it has that many."""
-    for k, writer in enumerate(writers):
-        part = slice(k * g, (k + 1) * g)
-        writer.append({**{key: col[part] for key, col in step.items()}, "policy_version": np.int64(version)})
-        if writer.episode_steps >= span:
-            writer.create_item(table, 1.0, {key: col[-span:] for key, col in writer.history.items()})
+def adder(actor, weights, epoch: int) -> WindowAdder:
+    """DQN's replay writer: after every batch step, one item per group of `envs_per_item` envs of the last
+    n + S steps (n = the run's `n_step`, sent as its unroll length; S = the frame stack), so that each item
+    stands for the transition at its step S − 1 (`WindowAdder`, decoded by `transitions`). The episodes' ends
+    are kept apart (terminated or cut by a time limit: a time limit is not a terminal state); the table's
+    `SampleToInsertRatio` rate limiter blocks inserts when actors run ahead of the learner's replay ratio."""
+    span = actor.config.unroll_length + actor.frame_stack
+    return WindowAdder(actor, epoch, span, actor.frame_stack, in_flight=TRANSITION_ITEMS_IN_FLIGHT)
 
 
 def _stack(frames, end, first: int, frame_stack: int):

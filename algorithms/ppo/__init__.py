@@ -8,11 +8,20 @@ pure-TF math), `learning` (`BatchPPO`: one update) and `agent` (`PPOAgent`: the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlfleet.algorithms import register
-from rlfleet.algorithms.base import AlgorithmBuilder
+from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour
+
+if TYPE_CHECKING:
+    from rlfleet.actors.adders import Adder
+    from rlfleet.actors.writers import ActorContext, WeightsView
+    from rlfleet.algorithms.base import Agent
+    from rlfleet.algorithms.ppo.config import PPOConfig
+    from rlfleet.envs.core import EnvSpec
 
 
-class PPO(AlgorithmBuilder):
+class PPO(AlgorithmBuilder["PPOConfig"]):
     """The BatchPPO builder (module doc)."""
 
     name = "ppo"
@@ -23,32 +32,40 @@ class PPO(AlgorithmBuilder):
         "off_policy_env_steps": ("env steps trained off-policy (since the learner started)", "{:,.0f}"),
     }
 
-    def config_class(self):
+    def config_class(self) -> type[PPOConfig]:
         from rlfleet.algorithms.ppo.config import PPOConfig
 
         return PPOConfig
 
-    def presets(self):
+    def presets(self) -> dict[str, dict]:
         from rlfleet.algorithms.ppo.config import PRESETS
 
         return PRESETS
 
-    def env_overrides(self):
+    def env_overrides(self) -> dict[tuple[str, str], dict]:
         from rlfleet.algorithms.ppo.config import ENV_OVERRIDES
 
         return ENV_OVERRIDES
 
-    def make_tables(self, spec, config, queue_items):
+    def make_tables(self, spec: EnvSpec, config: PPOConfig, queue_items: int | None) -> list:
         from rlfleet.algorithms.ppo.items import ppo_tables_for
 
         return ppo_tables_for(spec, config, queue_items)
 
-    def collect(self, actor, venv, weights, epoch):
-        from rlfleet.algorithms.ppo.items import collect_trajectories
+    def behaviour(self, actor: ActorContext) -> Behaviour:
+        from rlfleet.algorithms.ppo.items import behaviour
 
-        collect_trajectories(actor, venv, weights, epoch)
+        return behaviour(actor)
 
-    def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
+    def adder(self, actor: ActorContext, weights: WeightsView, epoch: int) -> Adder:
+        from rlfleet.algorithms.ppo.items import adder
+
+        return adder(actor, weights, epoch)
+
+    def make_agent(
+        self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int, teacher: str | None = None,
+        teacher_replay: str | None = None,
+    ) -> Agent:  # fmt: skip
         from rlfleet.algorithms.ppo.agent import PPOAgent
 
         return PPOAgent(spec, config, seed, total_steps)

@@ -8,8 +8,15 @@ teacher run directory) and `agent` (`QDaggerAgent`: both phases and the coeffici
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlfleet.algorithms import register
 from rlfleet.algorithms.dqn import DQN
+
+if TYPE_CHECKING:
+    from rlfleet.algorithms.base import Agent
+    from rlfleet.algorithms.qdagger.config import QDaggerConfig
+    from rlfleet.envs.core import EnvSpec
 
 
 class QDagger(DQN):
@@ -28,22 +35,25 @@ class QDagger(DQN):
     }
     progress_values = {"distillation_coefficient": ("distillation", "{:.2f}")}
 
-    def config_class(self):
+    def config_class(self) -> type[QDaggerConfig]:
         from rlfleet.algorithms.qdagger.config import QDaggerConfig
 
         return QDaggerConfig
 
-    def presets(self):
+    def presets(self) -> dict[str, dict]:
         from rlfleet.algorithms.qdagger.config import QDAGGER_PRESETS
 
         return QDAGGER_PRESETS
 
-    def env_overrides(self):
+    def env_overrides(self) -> dict[tuple[str, str], dict]:
         from rlfleet.algorithms.qdagger.config import QDAGGER_ENV_OVERRIDES
 
         return QDAGGER_ENV_OVERRIDES
 
-    def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
+    def make_agent(
+        self, spec: EnvSpec, config: QDaggerConfig, seed: int, total_steps: int, teacher: str | None = None,
+        teacher_replay: str | None = None,
+    ) -> Agent:  # fmt: skip
         from rlfleet.algorithms.qdagger.agent import make_agent
 
         if not (teacher and teacher_replay):
@@ -51,13 +61,13 @@ class QDagger(DQN):
 
         return make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)
 
-    def make_policy_agent(self, spec, config, seed):
+    def make_policy_agent(self, spec: EnvSpec, config: QDaggerConfig, seed: int) -> Agent:
         # The student acts as a DQN agent does: its Q-network, without the teacher it learned from.
         from rlfleet.algorithms.dqn.agent import DQNAgent
 
         return DQNAgent(spec, config, seed)
 
-    def check_teacher(self, directory, spec):
+    def check_teacher(self, directory: str, spec: EnvSpec) -> dict:
         from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
 
         return check_teacher_dir(directory, spec)
