@@ -89,10 +89,10 @@ def collect(builder, actor, venv, weights, epoch: int) -> None:
         ReplayLost: the replay server restarted or the writers' connection died.
     """
     act = builder.behaviour(actor)
-    adder = builder.adder(actor, weights, epoch)
     rng, obs = actor.start_episodes(venv)
-    adder.start(obs)
+    adder = builder.adder(actor, weights, epoch)
     try:
+        adder.start(obs)
         while not actor.stop.is_set():
             serial = weights.serial  # read first: a message in between only ends a wait early
             policy = weights.latest
@@ -299,7 +299,8 @@ class WindowAdder:
     float32, when `frame_stack` is 1), the action (int32), the reward (float32) that followed and how the step
     ended its episode (`end`), and the policy version that acted. A writer starts with `frame_stack` − 1 padding
     steps (zero frames, `TRUNCATED`), so that the items' frames before an episode's first step are the zeros the
-    policy saw stacked and the first real step can already end an item. An actor runs ahead of the replay
+    policy saw stacked and the first real step already starts an item (as its step S − 1, the transition it
+    stands for). An actor runs ahead of the replay
     table's rate limiter by at most `in_flight` items per writer.
     """
 
@@ -328,7 +329,8 @@ class WindowAdder:
                 writer.append(padding)
 
     def before_step(self, version: int) -> None:
-        """Nothing to do: every step ends an item."""
+        """Nothing to do: items do not depend on the policy version (every step, once a writer holds `span`
+        steps, makes one)."""
 
     def add(self, step: Step, version: int, serial: int) -> bool:
         """Appends a batch step acted on by `version` to the writers, G envs each, makes an item of each writer's

@@ -86,8 +86,8 @@ class ItemCredit:
 
 
 class ActorContext:
-    """What an actor gives its writer: the run's settings, where to write, when to stop, and the checks and
-    bookkeeping every writer must do.
+    """What an actor gives its behaviour policy and adder: the run's settings, where to write, when to stop, and
+    the checks and bookkeeping of every batch step.
 
     Attributes:
         config: the run's `RunConfig` message (env_id, table, num_envs, unroll_length, seed).

@@ -19,6 +19,7 @@ from rlfleet.common import logs
 from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
+from rlfleet.deploy.up_options import UpOptions
 from rlfleet.envs import ENV_BACKENDS
 from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S, RunSpec
 
@@ -533,6 +534,7 @@ def server_security(f):
 
     @functools.wraps(f)
     def run(*args, tls_cert, tls_key, tls_client_ca, token, **kwargs):
+        _quiet_tf()  # its check comes first, as in every command that runs TensorFlow
         return f(*args, security=_server_security(tls_cert, tls_key, tls_client_ca, token), **kwargs)
 
     for opt in reversed(_server_security_options):
@@ -646,7 +648,7 @@ def _show_config(run: RunSettings) -> None:
     help="Print the resolved settings (preset, per-env overrides, --config-file, --set) with their "
     "descriptions and units, and exit without starting anything.",
 )
-@_gathered("options", lambda: _launcher().UpOptions)
+@_gathered("options", lambda: UpOptions)
 @_logged("up")
 def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_config):
     """Run replay, learner and actors as local processes until --total-steps env steps.
@@ -660,7 +662,7 @@ def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_c
     extra = {"envs_per_actor": given.envs_per_actor} if given.envs_per_actor is not None else {}
     _check_env_backend(s.env_id, o.env_backend)
     extra.update(_check_teacher_args(s.algo, teacher, given.offline_steps, need_teacher=not show_config))
-    _check_track(o.track)
+    o = dataclasses.replace(o, track=_check_track(o.track))
     run = _changed(s, extra, teacher)
     if show_config:
         _show_config(run)

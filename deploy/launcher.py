@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import RELAYED_LEVELS, line_level, logger
 from rlfleet.common.parent import PARENT_PID_ENV
 from rlfleet.deploy.status import StatusError, check_health, get_status
+from rlfleet.deploy.up_options import LOOPBACK, UpOptions, resume_command
 from rlfleet.envs.core import EnvError, env_spec
 from rlfleet.learner.run_dir import SETTINGS_FILE, check_run_dir, run_state, write_json
 from rlfleet.learner.run_spec import START_TIMEOUT_S
@@ -37,7 +37,6 @@ from rlfleet.replay.checkpoints import REPLAY_SUBDIR
 
 log = logger("up")
 
-LOOPBACK = "127.0.0.1"
 REPLAY_READY_S = 300.0  # how long `up` waits for a replay server to answer (restoring a large checkpoint takes time)
 LEARNER_READY_S = 180.0  # how long `up` waits for the learner to answer once its replay servers do
 
@@ -155,47 +154,6 @@ def _progress_values(st: dict) -> list[tuple[str, str]]:
         return []
     values = st.get("algorithm_values") or {}
     return [(label, _fmt(values[k], fmt)) for k, (label, fmt) in shown.items() if k in values]
-
-
-@dataclasses.dataclass(frozen=True)
-class UpOptions:
-    """How `launch` runs a run on this machine: what `rlfleet up` is told besides the run's settings.
-
-    Attributes:
-        logdir: the run directory.
-        num_actors: actor processes.
-        learner_port: the learner's port (0: a free one).
-        bind: the address the learner listens on (loopback; another address lets actors on other machines
-            attach, and the replay server is announced to actors at that address too).
-        env_backend: the actors' env backend ("auto", or one of `rlfleet.envs.ENV_BACKENDS`).
-        resume: a run directory whose latest checkpoint to continue from (None: a new run).
-        report_interval: seconds between progress rows (and the learner's metrics rows).
-        video_every: the learner's `--video-every` (0: no videos).
-        track: experiment trackers of `--track` (the learner is given them through $RLFLEET_TRACK, which `up`
-            sets).
-    """
-
-    logdir: str
-    num_actors: int = 1
-    learner_port: int = 0
-    bind: str = LOOPBACK
-    env_backend: str = "auto"
-    resume: str | None = None
-    report_interval: float = 5.0
-    video_every: int = 0
-    track: tuple = ()
-
-
-def resume_command(options: UpOptions) -> str:
-    """The `rlfleet up --resume LOGDIR` command line that continues a run (its algorithm, env, settings, seed and
-    budget come from LOGDIR/run.json) with the same actors, address, env backend and videos, shell-quoted
-    (`shlex.join`): pasted into a POSIX shell it passes the path unchanged."""
-    o = options
-    argv = ["rlfleet", "up", "--resume", str(o.logdir), "--actors", str(o.num_actors)]
-    argv += ["--bind", o.bind] if o.bind != LOOPBACK else []
-    argv += ["--env-backend", o.env_backend] if o.env_backend != "auto" else []
-    argv += ["--video-every", str(o.video_every)] if o.video_every else []
-    return shlex.join(argv)
 
 
 @dataclasses.dataclass

@@ -58,7 +58,7 @@ from rlfleet.learner.run_dir import (
 from rlfleet.learner.run_spec import RunSpec
 from rlfleet.learner.servicer import LearnerServer, WeightsBroadcast, bind_learner_server
 from rlfleet.learner.status import RunStatus, status_message
-from rlfleet.learner.summary import end_summary, failure_summary
+from rlfleet.learner.summary import FinalEvaluation, end_summary, failure_summary
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2
 
@@ -552,14 +552,17 @@ class Learner:
         extras = self.agent.status_extras()
         completed = completed and returns is not None  # SIGTERM/SIGINT during the final evaluation: --resume runs it
         path = self._save()
-        more = dict(checkpoint=path, evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds
+        more = dict(evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds, in evaluations
         if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
             more["replay_checkpoint_dir"] = checkpoint_run_replay(run.replay_address, run.logdir)
         self._log_metrics(metrics, last)
         self.feed.refresh_status()
         st = self.status_dict(final=True)
-        more["wall_seconds"] = self.status.wall_seconds(time.monotonic())
-        summary = end_summary(run, completed, self.address, extras, returns, st, self.best, **more)
+        wall_seconds = self.status.wall_seconds(time.monotonic())
+        final = FinalEvaluation(returns, extras)
+        summary = end_summary(
+            run, completed, self.address, final, st, self.best, wall_seconds=wall_seconds, checkpoint=path, **more
+        )
         write_json(os.path.join(run.logdir, "summary.json"), summary)
         metrics.end_tracking(completed)
         with self.lock:

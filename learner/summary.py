@@ -12,6 +12,7 @@ that ended also replay and wall_seconds, and last checkpoint and config.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,30 +43,40 @@ def _best_fields(best: dict | None) -> dict:
     )
 
 
+class FinalEvaluation(NamedTuple):
+    """The final evaluation of a run: its episode returns (None: none ran, or it was interrupted) and the agent's
+    `status_extras()` after it ("phase" is left out of the summary)."""
+
+    returns: list[float] | None
+    extras: dict
+
+
 def end_summary(
     run: RunSpec,
     completed: bool,
     status_address: str,
-    extras: dict,
-    returns: list[float] | None,
+    final: FinalEvaluation,
     status: dict,
     best: dict | None = None,
+    *,
+    wall_seconds: float,
+    checkpoint: str,
     **more,
 ) -> dict:
     """The summary of a run that finished (`completed`) or was stopped early.
 
     Args:
         run: what the learner was told; status_address: host:port the learner served on.
-        extras: the agent's `status_extras()` after the final evaluation ("phase" is left out).
-        returns: the final evaluation's episode returns (None: none ran, or it was interrupted).
+        final: the final evaluation's returns and the agent's status extras after it.
         status: the learner's last status dict (`Learner.status_dict`, replay included).
         best: the run's best evaluation (`rlfleet.learner.progress.read_best`), or None.
-        more: fields after the final evaluation's: wall_seconds (seconds the run trained), checkpoint (the last
-            checkpoint's path prefix), evaluation_seconds, replay_checkpoint_dir.
+        wall_seconds: seconds the run trained; checkpoint: the last checkpoint's path prefix.
+        more: fields after the final evaluation's (evaluation_seconds, replay_checkpoint_dir).
     The run's resolved config (`run.settings.config`) is recorded last.
     """
     summary = _head(run, completed, status_address=status_address)
-    summary.update({k: v for k, v in extras.items() if k != "phase"})
+    summary.update({k: v for k, v in final.extras.items() if k != "phase"})
+    returns = final.returns
     if returns is not None:
         summary.update(
             final_eval_return_mean=float(np.mean(returns)),
@@ -74,13 +85,13 @@ def end_summary(
         )
     else:
         summary.update(final_eval_return_mean=None, final_eval_episodes=0)
-    last = {k: more.pop(k) for k in ("wall_seconds", "checkpoint")}
     summary.update(
         **more,
         **_best_fields(best),
         **counts(status),
         replay=status["replay"],
-        **last,
+        wall_seconds=wall_seconds,
+        checkpoint=checkpoint,
         config=json.loads(run.settings.config.to_json()),
     )
     return summary

@@ -2,7 +2,7 @@
 
 import shlex
 
-from rlfleet.deploy.launcher import UpOptions, resume_command
+from rlfleet.deploy.up_options import UpOptions, resume_command
 
 
 def test_the_resume_command_keeps_the_videos_and_quotes_the_path():

@@ -1,7 +1,7 @@
 """BatchPPO (Hafner et al. 2017) with PPO-clip as the default objective: continuous actions.
 
 The folder holds all of it: `config` (settings, presets `default`, `paper` and `cleanrl`), `items` (the replay
-item layout end to end: one FIFO queue of T+1-step batch items, its signature and the actor-side writer),
+item layout end to end: one FIFO queue of T+1-step batch items, its signature, the behaviour policy and adder),
 `policy` (the numpy Gaussian behaviour policy actors run), `networks` (policy and value MLPs), `losses` (the
 pure-TF math), `learning` (`BatchPPO`: one update) and `agent` (`PPOAgent`: the learner side).
 """

@@ -203,6 +203,6 @@ class PPOAgent(Agent):
         return evaluate_policy(self.spec.env_id, self.policy(False, seed), episodes, seed, batched=False).returns
 
     def status_extras(self) -> dict:
-        # β is a KL-penalty setting: under the clip objective there is none (status kl_beta stays 0).
+        # β is a KL-penalty setting: under the clip objective there is none (status has no kl_beta).
         extras = {"kl_beta": self.ppo.beta} if self.ppo.config.policy_objective == "kl_penalty" else {}
         return dict(extras, off_policy_env_steps=self.off_policy_env_steps)
