@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # for annotations only: importing them here would import Tens
     from rlfleet.actors.actor import Policy
     from rlfleet.actors.adders import Act, Adder
     from rlfleet.actors.writers import ActorContext, WeightsView
+    from rlfleet.algorithms.settings import RunSettings
     from rlfleet.envs.core import EnvSpec
 
 C = TypeVar("C")  # an algorithm's settings dataclass
@@ -104,6 +105,21 @@ class CreditLimit(NamedTuple):
     max_policy_lag: int = 0  # policy versions' worth of items beyond the trained ones an actor may hold
 
 
+class ReplaySource(NamedTuple):
+    """A replay besides the run's own that an algorithm learns from (QDagger: its teacher's), served read-only by
+    a replay server of its own (`rlfleet replay --teacher DIR` serves the replay checkpoint of the run directory
+    DIR, a read-only copy) and read by the learner (`rlfleet learner --replay-source NAME=HOST:PORT`).
+
+    name: what status and messages call it (status lists its tables as NAME/TABLE; `rlfleet up` logs its server
+        as NAME-replay and keeps the copy in RUN/NAME_replay); run_dir: the run directory whose replay it is;
+    address: host:port of the replay server serving it ("" where none is known yet).
+    """
+
+    name: str
+    run_dir: str
+    address: str = ""
+
+
 @dataclasses.dataclass
 class StepResult:
     """What consuming one replay sample did.
@@ -145,9 +161,10 @@ class Agent(abc.ABC):
     def signature(self) -> dict:
         """The replay table signature this agent reads (tf.TensorSpec per field)."""
 
-    def signature_error(self, signature: dict | None, teacher: bool) -> str | None:
+    def signature_error(self, signature: dict | None, source: str | None = None) -> str | None:
         """Why a replay table of `signature` (tf.TensorSpec per field, None: none) cannot be read by this agent,
-        as the rest of a sentence; None when it can. `teacher`: the table is the teacher's replay. The default
+        as the rest of a sentence; None when it can. `source`: the name of the `ReplaySource` the table belongs to
+        (None: the run's own table). The default
         asks for `signature()` exactly (field names, shapes and dtypes)."""
         as_shapes = lambda sig: {k: (tuple(v.shape), v.dtype) for k, v in (sig or {}).items()}
         if as_shapes(signature) == as_shapes(self.signature()):
@@ -268,8 +285,8 @@ class AlgorithmBuilder(abc.ABC, Generic[C]):
         summary: one line for `--help` and error messages.
         action_space: "continuous" (gymnasium Box) or "discrete" (Discrete): envs of the other kind are refused
             before anything starts.
-        uses_teacher: the run learns from a teacher run directory (`--teacher`); the launcher then starts a second
-            replay server with the teacher's replay, and `check_teacher` must be implemented.
+        uses_teacher: the run learns from a teacher run directory (`--teacher`, recorded as `RunSettings.teacher`),
+            which `check_teacher` must check; what it reads of the teacher's replay it names in `replay_sources`.
         keeps_replay: the replay tables are checkpointed in the run directory (`RUN/replay`), restored on
             --resume, and written when the run finishes (so the run can be a teacher).
         unused_settings: settings of the config class (inherited) that this algorithm ignores: giving one is an
@@ -326,18 +343,23 @@ class AlgorithmBuilder(abc.ABC, Generic[C]):
         (`sequence_signature`, `window_signature`). `rlfleet.actors.adders.collect` runs the loop that feeds it;
         `weights` (the actor's weights subscription) and `epoch` are as `rlfleet.actors.writers` describes them."""
 
+    def replay_sources(self, settings: RunSettings) -> list[ReplaySource]:
+        """The replays besides the run's own that a run of `settings` learns from (`ReplaySource`s without an
+        address; default: none). `rlfleet up` starts a read-only replay server for each and gives the learner
+        their addresses; a learner that is not given one of them refuses to start."""
+        return []
+
     @abc.abstractmethod
     def make_agent(
-        self, spec: EnvSpec, config: C, seed: int, total_steps: int, teacher: str | None = None,
-        teacher_replay: str | None = None,
-    ) -> Agent:  # fmt: skip
+        self, spec: EnvSpec, config: C, seed: int, total_steps: int, sources: tuple[ReplaySource, ...] = ()
+    ) -> Agent:
         """The learner side: update rule, weights for actors, evaluation, status extras.
 
         Args:
             spec: the env's spaces; config: an instance of `config_class()`; seed: the run's seed;
-            total_steps: the run's env-step budget (0: none); teacher: the teacher's run directory and
-            teacher_replay: host:port of the replay server with its replay (with `uses_teacher` only; the
-            learner refuses to start without both, so an algorithm that uses a teacher always gets them).
+            total_steps: the run's env-step budget (0: none); sources: the run's `replay_sources`, each with the
+                address it is served at (the learner gives every one, so an algorithm always gets those it
+                asked for).
         """
 
     def make_policy_agent(self, spec: EnvSpec, config: C, seed: int) -> Agent:

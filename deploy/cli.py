@@ -830,7 +830,7 @@ def replay_cmd(
             tables,
             port,
             checkpoint_dir=checkpoint_dir,
-            teacher_dir=teacher,
+            source_dir=teacher,
             checkpoint_interval_s=checkpoint_interval,
             run_over=_run_over_probe(learner_address, security) if learner_address else None,
         )
@@ -1044,7 +1044,21 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
 )
 @click.option("--port-file", default=None, help="Write the bound port here once serving.")
 @_teacher_option("qdagger: the teacher's run directory (a finished dqn run on the same env).")
-@click.option("--teacher-replay", default=None, help="qdagger: host:port of `rlfleet replay --teacher DIR`.")
+@click.option(
+    "--replay-source",
+    "replay_sources",
+    multiple=True,
+    metavar="NAME=HOST:PORT",
+    help="A replay the algorithm reads besides the run's own (repeatable), served by `rlfleet replay --teacher DIR`: "
+    "qdagger's teacher=HOST:PORT.",
+)
+@click.option(
+    "--teacher-replay",
+    metavar="HOST:PORT",
+    expose_value=False,
+    callback=lambda ctx, param, value: ctx.meta.__setitem__("teacher_replay", value),
+    help="qdagger: the same as --replay-source teacher=HOST:PORT.",
+)
 @_offline_steps_option
 @click.option(
     "--auto-resume",
@@ -1097,6 +1111,7 @@ def learner_cmd(
     if given.run_config:
         _run_config_alone(given)
     served["logdir"] = _logdir(served["logdir"], served["resume"])
+    served["replay_sources"] = _replay_sources(served["replay_sources"])
     server = None
     if given.run_config and not os.path.exists(given.run_config):
         server = _wait_for_settings(given.run_config, served, port_file, stop)
@@ -1114,6 +1129,21 @@ def learner_cmd(
     summary = _run_learner(run, server, stop, port_file, exit_code_if_stopped)
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
+
+
+def _replay_sources(given: tuple[str, ...]) -> dict[str, str]:
+    """{name: host:port} of the learner's --replay-source NAME=HOST:PORT options (and --teacher-replay HOST:PORT,
+    the same as teacher=HOST:PORT); exits on one without a name or an address, or a name given twice."""
+    teacher = click.get_current_context().meta.get("teacher_replay")
+    sources: dict[str, str] = {}
+    for item in (*given, *([f"teacher={teacher}"] if teacher else [])):
+        name, _, address = item.partition("=")
+        if not name or not address:
+            _fail(f"--replay-source {item!r}: give NAME=HOST:PORT, e.g. --replay-source teacher=127.0.0.1:9000.")
+        if name in sources:
+            _fail(f"--replay-source {name} is given twice (--teacher-replay is teacher=HOST:PORT); give it once.")
+        sources[name] = address
+    return sources
 
 
 def _run_learner(run, server, stop, port_file: str | None, exit_code_if_stopped: int) -> dict:

@@ -167,7 +167,7 @@ class LaunchPlan:
     security: ClientSecurity
     resume_cmd: str
     replay_address: str
-    teacher_address: str | None
+    sources: tuple  # the algorithm's `ReplaySource`s, each with the address its read-only replay server gets
     learner_port: int
     learner_address: str
     settings_path: str  # RUN/settings.json: the resolved settings every process reads
@@ -210,7 +210,9 @@ def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
         security=security,
         resume_cmd=resume_command(o),
         replay_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}",
-        teacher_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}" if run.teacher else None,
+        sources=tuple(
+            s._replace(address=f"{LOOPBACK}:{portpicker.pick_unused_port()}") for s in algorithm.replay_sources(run)
+        ),
         learner_port=learner_port,
         learner_address=host_port(LOOPBACK if bare_host(o.bind) in ("0.0.0.0", "::") else o.bind, learner_port),
         settings_path=os.path.join(o.logdir, SETTINGS_FILE),
@@ -233,25 +235,25 @@ class _Cluster:
         return child
 
     def start_replay(self) -> None:
-        """Starts the replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and, with
-        a teacher, a second one holding the teacher's replay; `wait_ready` waits until each answers."""
+        """Starts the replay server (with checkpoints in RUN/replay when the algorithm keeps its replay) and one
+        for each of the algorithm's replay sources (QDagger: its teacher's), serving a read-only copy of that run
+        directory's replay in RUN/NAME_replay; `wait_ready` waits until each answers."""
         p, common = self.plan, ["--run-config", self.plan.settings_path]
-        logdir, teacher = p.options.logdir, p.run.teacher
+        logdir = p.options.logdir
         args = ["replay", *common, "--port", p.replay_address.split(":")[1]]
         if p.algorithm.keeps_replay:
             args += ["--checkpoint-dir", os.path.join(logdir, REPLAY_SUBDIR)]
         replay = self._start("replay", args)
         ready = lambda: check_health(replay=p.replay_address, timeout_s=1)[0]
         self._pending.append((ready, "the replay server", REPLAY_READY_S, replay.log_path))
-        if teacher:
-            teacher_dir = os.path.join(logdir, "teacher_replay")
-            port = p.teacher_address.split(":")[1]
-            teacher_replay = self._start(
-                "teacher-replay",
-                ["replay", *common, "--port", port, "--teacher", teacher, "--checkpoint-dir", teacher_dir],
+        for source in p.sources:
+            copy_dir, port = os.path.join(logdir, f"{source.name}_replay"), source.address.rsplit(":", 1)[1]
+            server = self._start(
+                f"{source.name}-replay",
+                ["replay", *common, "--port", port, "--teacher", source.run_dir, "--checkpoint-dir", copy_dir],
             )
-            ready = lambda: check_health(replay=p.teacher_address, timeout_s=1)[0]
-            self._pending.append((ready, "the teacher's replay server", REPLAY_READY_S, teacher_replay.log_path))
+            ready = lambda address=source.address: check_health(replay=address, timeout_s=1)[0]
+            self._pending.append((ready, f"the {source.name}'s replay server", REPLAY_READY_S, server.log_path))
 
     def start_learner(self) -> None:
         """Starts the learner, on the plan's settings and replay server; `wait_ready` waits until it answers."""
@@ -270,7 +272,9 @@ class _Cluster:
         if o.resume:
             args += ["--resume", o.resume]
         if p.run.teacher:
-            args += ["--teacher", p.run.teacher, "--teacher-replay", p.teacher_address]
+            args += ["--teacher", p.run.teacher]
+        for source in p.sources:
+            args += ["--replay-source", f"{source.name}={source.address}"]
         self.learner = self._start("learner", args)
         ready = lambda: check_health(p.learner_address, timeout_s=1)[0]
         self._pending.append((ready, "the learner", LEARNER_READY_S, self.learner.log_path))
@@ -289,7 +293,7 @@ class _Cluster:
     def _learner_start_timeout(self) -> float:
         """The learner's --start-timeout: its wait for the replay servers starts with theirs, so it gets their
         time to become ready besides its own."""
-        replay_servers = 2 if self.plan.teacher_address else 1
+        replay_servers = 1 + len(self.plan.sources)
         return START_TIMEOUT_S + replay_servers * REPLAY_READY_S
 
     def start_actors(self) -> None:
@@ -396,9 +400,9 @@ def launch(run: RunSettings, options: UpOptions) -> int:
     With $RLFLEET_TOKEN set, the learner requires that token and the actors and the progress rows send it. The
     replay server of an algorithm that keeps its replay (`AlgorithmBuilder.keeps_replay`: DQN, QDagger) keeps
     Reverb checkpoints in LOGDIR/replay (so the finished run can be a teacher, and --resume restores its replay);
-    an algorithm with a teacher (QDagger) also gets a second replay server with the teacher's replay, restored
-    read-only. A run resumed into a run directory whose summary.json says it finished its budget starts nothing
-    (returns 0 and says so).
+    an algorithm that reads other runs' replays (`AlgorithmBuilder.replay_sources`; QDagger: its teacher's) gets
+    a replay server for each, serving a read-only copy. A run resumed into a run directory whose summary.json says
+    it finished its budget starts nothing (returns 0 and says so).
 
     Raises:
         LaunchError: bad env/teacher (before anything starts), or a child died.

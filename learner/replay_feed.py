@@ -30,12 +30,12 @@ class ReplayFeed:
     Args:
         agent: the run's `Agent` (`rlfleet.algorithms.base`): its table, signature, `samples` and `prefetch`.
         address: host:port of the run's replay server.
-        teacher_address: host:port of the teacher's replay server (None: the run has none).
+        sources: the run's other replays (`ReplaySource`s with their addresses; QDagger: its teacher's).
         stop_event: set when the learner stops; the sampler thread ends with it.
     """
 
-    def __init__(self, agent, address: str, teacher_address: str | None, stop_event: threading.Event):
-        self.agent, self.address, self.teacher_address = agent, address, teacher_address
+    def __init__(self, agent, address: str, sources: tuple, stop_event: threading.Event):
+        self.agent, self.address, self.sources = agent, address, sources
         self.stop_event = stop_event
         self._queue: queue.Queue = queue.Queue(maxsize=agent.prefetch)
         self._error: Exception | None = None  # why the sampler thread gave up
@@ -57,29 +57,31 @@ class ReplayFeed:
                 signature; the message says how to start it.
         """
         learner = f"the learner ({algo} on {env_id}, {envs_per_actor} envs per actor)"
-        servers = [(self.address, f"rlfleet replay --algo {algo}", "the learner")]
-        if self.teacher_address:
-            servers.append((self.teacher_address, "rlfleet replay --teacher DIR", "the teacher's replay"))
-        for address, start_hint, what in servers:
+        servers = [(self.address, f"rlfleet replay --algo {algo}", None)]
+        servers += [(s.address, f"rlfleet replay --teacher {s.run_dir}", s.name) for s in self.sources]
+        for address, start_hint, source in servers:
             if waiting is not None:
                 waiting(address)
             info = self._server_info(address, start_hint, deadline, timeout_s)
-            self._check_table(info, address, start_hint, what, learner)
+            self._check_table(info, address, start_hint, source, learner)
 
-    def _check_table(self, info: dict, address: str, start_hint: str, what: str, learner: str) -> None:
+    def _check_table(self, info: dict, address: str, start_hint: str, source: str | None, learner: str) -> None:
+        """Checks the agent's table in the `info` of the server at `address` (`source`: the replay source it
+        serves, None: the run's own); raises LearnerError with `start_hint` when it is missing or differs."""
         table = self.agent.table
         if table not in info:
             raise LearnerError(
                 f"replay server {address} has no table {table!r} "
                 f"(tables: {sorted(info)}); start it with `{start_hint}`."
             )
-        problem = self.agent.signature_error(info[table].signature, teacher=what != "the learner")
+        problem = self.agent.signature_error(info[table].signature, source)
         if problem:
+            whose = "" if source is None else f" (the {source} replay)"
             raise LearnerError(
-                f"replay table {table} at {address}{'' if what == 'the learner' else f' ({what})'}: its signature "
+                f"replay table {table} at {address}{whose}: its signature "
                 f"does not match {learner}: {problem}. "
                 "Start `rlfleet replay` and `rlfleet learner` with the same --algo, --env, --config and --set "
-                "values (for a teacher's replay: the same n_step)."
+                "values (for another run's replay, e.g. a teacher's: the same n_step)."
             )
 
     def _server_info(self, address: str, start_hint: str, deadline: float, timeout_s: float) -> dict:
@@ -173,11 +175,11 @@ class ReplayFeed:
         tables = table_status(self.address, timeout_s=3)
         if tables:
             self.last_answer = time.monotonic()
-        if self.teacher_address:
-            tables += [dict(t, table=f"teacher/{t['table']}") for t in table_status(self.teacher_address, timeout_s=3)]
+        for s in self.sources:
+            tables += [dict(t, table=f"{s.name}/{t['table']}") for t in table_status(s.address, timeout_s=3)]
         self._tables = tables
 
     def tables(self) -> list[dict]:
-        """The last copy of the tables' status (`rlfleet.replay.server.table_status` rows; teacher tables named
-        teacher/NAME)."""
+        """The last copy of the tables' status (`rlfleet.replay.server.table_status` rows; a replay source's tables
+        named SOURCE/TABLE, e.g. teacher/dqn_replay)."""
         return list(self._tables)

@@ -25,8 +25,8 @@ class RunSpec:
         replay_address: host:port of the Reverb server holding the algorithm's table.
         logdir: run directory (checkpoints/, tb/, metrics.jsonl, summary.json).
         resume: a run directory whose latest checkpoint to continue from.
-        teacher_replay: algorithms with a teacher (QDagger): the Reverb server holding the teacher's restored
-            replay (`rlfleet replay --teacher`).
+        replay_sources: {name: host:port} of the replay servers of the algorithm's `ReplaySource`s
+            (`AlgorithmBuilder.replay_sources`; QDagger: "teacher", served by `rlfleet replay --teacher DIR`).
         replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
         env_backend: the actors' env backend (`rlfleet.envs.core.BACKENDS`, or "auto").
         port / bind: where the gRPC service listens (port 0: a free one).
@@ -53,7 +53,7 @@ class RunSpec:
     replay_address: str
     logdir: str
     resume: str | None = None
-    teacher_replay: str | None = None
+    replay_sources: dict = dataclasses.field(default_factory=dict)
     replay_for_actors: str | None = None
     env_backend: str = "auto"
     port: int = 0

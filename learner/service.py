@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from rlfleet import algorithms
-from rlfleet.algorithms.base import StepResult
+from rlfleet.algorithms.base import ReplaySource, StepResult
 from rlfleet.algorithms.library import evaluation
 from rlfleet.algorithms.library.networks import compute_device
 from rlfleet.algorithms.settings import RunSettings
@@ -98,6 +98,29 @@ class Learner:
         self.port = self.server.port
         self.address = host_port(run.bind, self.port)
 
+    def _replay_sources(self, run: RunSpec, settings: RunSettings) -> tuple[ReplaySource, ...]:
+        """The algorithm's replay sources for `settings`, each at the address `run.replay_sources` gives it.
+
+        Raises:
+            LearnerError: a source without an address, or an address for a source the run does not have."""
+        wanted = self.algorithm.replay_sources(settings)
+        names = [w.name for w in wanted]
+        unknown = sorted(set(run.replay_sources) - set(names))
+        if unknown:
+            raise LearnerError(
+                f"--replay-source {', '.join(unknown)}: a {settings.algo} run has "
+                f"{'the replay sources ' + ', '.join(names) if names else 'no replay source'}; leave it out."
+            )
+        missing = [w for w in wanted if not run.replay_sources.get(w.name)]
+        if missing:
+            w = missing[0]
+            raise LearnerError(
+                f"--algo {settings.algo} reads the replay of its {w.name} ({w.run_dir}): serve it with `rlfleet "
+                f"replay --teacher {w.run_dir} --checkpoint-dir COPY_DIR --port PORT` and give the learner "
+                f"--replay-source {w.name}=HOST:PORT."
+            )
+        return tuple(w._replace(address=run.replay_sources[w.name]) for w in wanted)
+
     def _setup_algorithm(self, run: RunSpec) -> RunSettings:
         """The env, settings and agent of the run, checked against the run directory; returns what run.json
         records."""
@@ -106,25 +129,14 @@ class Learner:
         self.config = run.settings.config
         check_writable(run.logdir, "the run directory")  # StorageError: read-only, no permission, full
         self.algorithm = algorithms.get(run.settings.algo)
-        if self.algorithm.uses_teacher and not (run.settings.teacher and run.teacher_replay):
-            raise LearnerError(
-                f"--algo {run.settings.algo} needs --teacher DIR (the run directory it learns from) and "
-                "--teacher-replay HOST:PORT (`rlfleet replay --teacher DIR`)."
-            )
-        # An algorithm without a teacher is given neither of the teacher's places.
-        teacher, teacher_replay = (
-            (run.settings.teacher, run.teacher_replay) if self.algorithm.uses_teacher else (None, None)
-        )
-        identity = dataclasses.replace(run.settings, teacher=teacher)
+        if self.algorithm.uses_teacher and not run.settings.teacher:
+            raise LearnerError(f"--algo {run.settings.algo} needs --teacher DIR (the run directory it learns from).")
+        # An algorithm without a teacher records none.
+        identity = run.settings if self.algorithm.uses_teacher else dataclasses.replace(run.settings, teacher=None)
+        self.sources = self._replay_sources(run, identity)
         check_run_dir(run.logdir, run.resume, identity)
-        self.agent = self.algorithm.make_agent(
-            self.spec,
-            self.config,
-            run.settings.seed,
-            run.settings.total_steps,
-            teacher=teacher,
-            teacher_replay=teacher_replay,
-        )
+        s = run.settings
+        self.agent = self.algorithm.make_agent(self.spec, self.config, s.seed, s.total_steps, self.sources)
         extras = {k: v for k, v in self.agent.status_extras().items() if k != "phase"}
         if not all(isinstance(v, numbers.Real) for v in extras.values()):
             raise LearnerError(
@@ -189,7 +201,7 @@ class Learner:
             except NotImplementedError as e:
                 raise LearnerError(f"--video-every: {e}") from None
         self.weights = WeightsBroadcast()
-        self.feed = ReplayFeed(self.agent, run.replay_address, run.teacher_replay, self.stop_event)
+        self.feed = ReplayFeed(self.agent, run.replay_address, self.sources, self.stop_event)
 
     # ----- called by the servicer (gRPC worker threads) -----
 

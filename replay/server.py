@@ -43,7 +43,7 @@ def serve(
     port: int,
     stop_event: threading.Event | None = None,
     checkpoint_dir: str | None = None,
-    teacher_dir: str | None = None,
+    source_dir: str | None = None,
     checkpoint_interval_s: float = 0.0,
     run_over: Callable[[], str | None] | None = None,
 ) -> None:
@@ -54,12 +54,12 @@ def serve(
     there (if any), a new checkpoint is written every `checkpoint_interval_s`
     seconds (0: never) and when stopping, each time only if the tables changed
     since the latest one: a server killed without warning restarts from what
-    it held at most one interval earlier. With `teacher_dir` (a DQN run
-    directory) the server instead serves that run's replay read-only, from a
-    copy made in `checkpoint_dir` whose rate limiter admits every sample
-    (`rlfleet.replay.checkpoints.open_teacher_replay`); `tables` then only name the
-    tables to expect. Without either, a checkpoint asked of the server goes to a temporary folder, which the
-    server removes when it stops if none was asked for. Reverb binds every interface and has no authentication:
+    it held at most one interval earlier. With `source_dir` (another run's
+    directory, whose replay an algorithm reads as a replay source: QDagger's teacher) the server instead serves
+    that run's replay read-only, from a copy made in `checkpoint_dir` whose rate limiter admits every sample
+    (`rlfleet.replay.checkpoints.open_teacher_replay`); `tables` then only name the tables to expect. Without
+    either, a checkpoint asked of the server goes to a temporary folder, which the server removes when it stops if
+    none was asked for. Reverb binds every interface and has no authentication:
     keep its port on a private network (see README). `run_over`, when given, is asked every
     `RUN_OVER_POLL_S` seconds; once it returns a reason (a string) the server stops as on SIGTERM (a cluster
     under docker-compose ends when its learner's run does).
@@ -69,7 +69,7 @@ def serve(
         rlfleet.common.files.StorageError: the checkpoint folder cannot be written.
     """
     chosen_port = port
-    ckpt, restoring, restore_from = _checkpointer(checkpoint_dir, teacher_dir)
+    ckpt, restoring, restore_from = _checkpointer(checkpoint_dir, source_dir)
     requested = {t.name: t.info for t in tables}
     scratch = None
     if ckpt is None:  # Reverb would make a temporary folder of its own and leave it behind
@@ -83,7 +83,7 @@ def serve(
     # A port Reverb picked (--port 0) is told only here: a notice, so that it is shown at every level but warning.
     names = ", ".join(t.name for t in tables)
     log.log(NOTICE if chosen_port == 0 else logging.INFO, "serving on port %d (tables %s)", port, names)
-    writes = checkpoint_dir if checkpoint_dir and not teacher_dir else None
+    writes = checkpoint_dir if checkpoint_dir and not source_dir else None
     _serve_until_stopped(port, stop, writes, restoring, checkpoint_interval_s, run_over)
     saved = _checkpoint_if_changed(port, writes, restoring, final=True) if writes else True
     server.stop()
@@ -106,16 +106,16 @@ def _scratch_checkpointer():
     return checkpoints.checkpointer(scratch), scratch
 
 
-def _checkpointer(checkpoint_dir: str | None, teacher_dir: str | None):
+def _checkpointer(checkpoint_dir: str | None, source_dir: str | None):
     """The Reverb checkpointer `serve` starts with, the run's own checkpoint it restores (None: empty tables, or a
     teacher's), and the folder Reverb restores from (None: nothing): the teacher's replay copied into
     `checkpoint_dir`, or the newest readable checkpoint there (damaged ones moved aside), or (None, None, None)
     without a checkpoint folder."""
-    if teacher_dir:
+    if source_dir:
         if not checkpoint_dir:
             raise ValueError("serving a teacher's replay needs --checkpoint-dir (where its read-only copy goes).")
         check_writable(checkpoint_dir, "the copy of the teacher's replay")
-        copy = checkpoints.open_teacher_replay(os.path.join(teacher_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
+        copy = checkpoints.open_teacher_replay(os.path.join(source_dir, checkpoints.REPLAY_SUBDIR), checkpoint_dir)
         return checkpoints.checkpointer(checkpoint_dir, restore_from=copy), None, copy
     if not checkpoint_dir:
         return None, None, None

@@ -74,6 +74,25 @@ def test_an_env_its_backend_or_its_kwargs_cannot_run_are_refused_before_anything
         assert not run.exists()  # nothing started, nothing written
 
 
+def test_a_learner_is_given_exactly_the_replay_sources_its_algorithm_reads(tmp_path):
+    """A replay source the algorithm does not read, one it reads but is not given, and one without an address are
+    refused with the fix, before the learner waits for any replay server."""
+    run, teacher = tmp_path / "run", tmp_path / "teacher"
+    learner = ("learner", "--replay", "127.0.0.1:1", "--logdir", run, "--start-timeout", "5")
+    out = rlfleet(*learner, "--algo", "ppo", "--env", "Pendulum-v1", "--replay-source", "teacher=127.0.0.1:2",
+                  timeout=120)  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--replay-source teacher: a ppo run has no replay source; leave it out." in out.stderr, out.stderr
+    out = rlfleet(*learner, "--algo", "qdagger", "--env", "CartPole-v1", "--teacher", teacher, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    said = f"--algo qdagger reads the replay of its teacher ({teacher}): serve it with `rlfleet replay --teacher"
+    assert said in out.stderr and "--replay-source teacher=HOST:PORT" in out.stderr, out.stderr
+    out = rlfleet(*learner, "--algo", "qdagger", "--env", "CartPole-v1", "--teacher", teacher,
+                  "--replay-source", "127.0.0.1:2", timeout=120)  # fmt: skip
+    assert out.returncode == 2 and "give NAME=HOST:PORT" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.slow
 def test_unknown_preset_and_setting(tmp_path):
     out = rlfleet(

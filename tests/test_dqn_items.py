@@ -108,10 +108,10 @@ def test_the_single_env_layout_of_earlier_teachers_reads():
 def test_a_teacher_replay_of_another_layout_is_accepted_and_a_run_table_is_not():
     spec = env_spec("CartPole-v1")
     agent = DQNAgent(spec, make_algo_config("dqn", "default", "CartPole-v1"), seed=0)
-    assert agent.signature_error(agent.signature(), teacher=False) is None
+    assert agent.signature_error(agent.signature(), source=None) is None
     other_g = dqn_signature((4,), tf.float32, 3, 1, envs=2)
-    assert "this run needs" in agent.signature_error(other_g, teacher=False)
-    assert agent.signature_error(other_g, teacher=True) is None
+    assert "this run needs" in agent.signature_error(other_g, source=None)
+    assert agent.signature_error(other_g, source="teacher") is None
     legacy = {
         "observation": tf.TensorSpec([4, 4], tf.float32),
         "action": tf.TensorSpec([4], tf.int32),
@@ -119,8 +119,8 @@ def test_a_teacher_replay_of_another_layout_is_accepted_and_a_run_table_is_not()
         "done": tf.TensorSpec([4], tf.bool),
         "policy_version": tf.TensorSpec([4], tf.int64),
     }
-    assert agent.signature_error(legacy, teacher=True) is None
+    assert agent.signature_error(legacy, source="teacher") is None
     acrobot = dqn_signature((6,), tf.float32, 3, 1, envs=4)
-    assert "its frames are float32 [6], this run's are float32 [4]" in agent.signature_error(acrobot, teacher=True)
+    assert "its frames are float32 [6], this run's are float32 [4]" in agent.signature_error(acrobot, source="teacher")
     five_step = dqn_signature((4,), tf.float32, 5, 1, envs=4)
-    assert "hold 6 steps" in agent.signature_error(five_step, teacher=True)
+    assert "hold 6 steps" in agent.signature_error(five_step, source="teacher")

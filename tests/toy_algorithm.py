@@ -150,7 +150,7 @@ class ToyReinforce(AlgorithmBuilder["ToyConfig"]):
     def adder(self, actor, weights, epoch):
         return SequenceAdder(actor, weights, epoch)  # items of T+1 batch steps, consecutive ones sharing one
 
-    def make_agent(self, spec, config, seed, total_steps, teacher=None, teacher_replay=None):
+    def make_agent(self, spec, config, seed, total_steps, sources=()):
         return ToyAgent(spec, config, seed, total_steps)
 
 

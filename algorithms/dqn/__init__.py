@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlfleet.algorithms import register
-from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour
+from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour, ReplaySource
 
 if TYPE_CHECKING:
     from rlfleet.actors.adders import Adder
@@ -62,9 +62,8 @@ class DQN(AlgorithmBuilder["DQNConfig"]):
         return adder(actor, weights, epoch)
 
     def make_agent(
-        self, spec: EnvSpec, config: DQNConfig, seed: int, total_steps: int, teacher: str | None = None,
-        teacher_replay: str | None = None,
-    ) -> Agent:  # fmt: skip
+        self, spec: EnvSpec, config: DQNConfig, seed: int, total_steps: int, sources: tuple[ReplaySource, ...] = ()
+    ) -> Agent:
         from rlfleet.algorithms.dqn.agent import DQNAgent
 
         return DQNAgent(spec, config, seed, total_steps)

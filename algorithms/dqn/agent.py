@@ -81,11 +81,12 @@ class DQNAgent(Agent):
             s.frame_shape, tf.as_dtype(s.obs_dtype), self.config.n_step, s.frame_stack, self.envs_per_item
         )
 
-    def signature_error(self, signature: dict, teacher: bool) -> str | None:
-        """The run's own table must be `signature()`; a teacher's replay may hold items of any number of envs,
-        or the single-env layout (`rlfleet.algorithms.dqn.items.transitions`), of the same frames and n."""
-        if not teacher or table_envs(signature or {}) is None:
-            return super().signature_error(signature, teacher)
+    def signature_error(self, signature: dict, source: str | None = None) -> str | None:
+        """The run's own table must be `signature()`; another replay source's (a teacher's replay) may hold items
+        of any number of envs, or the single-env layout (`rlfleet.algorithms.dqn.items.transitions`), of the
+        same frames and n."""
+        if source is None or table_envs(signature or {}) is None:
+            return super().signature_error(signature, source)
         want, got = self.signature()["observation"], signature["observation"]
         frame, want_frame = list(got.shape[2 if "end" in signature else 1 :]), list(want.shape[2:])
         if got.dtype != want.dtype or frame != want_frame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlfleet.algorithms import register
-from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour
+from rlfleet.algorithms.base import AlgorithmBuilder, Behaviour, ReplaySource
 
 if TYPE_CHECKING:
     from rlfleet.actors.adders import Adder
@@ -63,9 +63,8 @@ class PPO(AlgorithmBuilder["PPOConfig"]):
         return adder(actor, weights, epoch)
 
     def make_agent(
-        self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int, teacher: str | None = None,
-        teacher_replay: str | None = None,
-    ) -> Agent:  # fmt: skip
+        self, spec: EnvSpec, config: PPOConfig, seed: int, total_steps: int, sources: tuple[ReplaySource, ...] = ()
+    ) -> Agent:
         from rlfleet.algorithms.ppo.agent import PPOAgent
 
         return PPOAgent(spec, config, seed, total_steps)

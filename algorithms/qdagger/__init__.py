@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlfleet.algorithms import register
+from rlfleet.algorithms.base import ReplaySource
 from rlfleet.algorithms.dqn import DQN
 
 if TYPE_CHECKING:
     from rlfleet.algorithms.base import Agent
     from rlfleet.algorithms.qdagger.config import QDaggerConfig
+    from rlfleet.algorithms.settings import RunSettings
     from rlfleet.envs.core import EnvSpec
+
+TEACHER = "teacher"  # the name of its teacher's replay source (status: teacher/dqn_replay)
 
 
 class QDagger(DQN):
@@ -50,16 +54,21 @@ class QDagger(DQN):
 
         return QDAGGER_ENV_OVERRIDES
 
+    def replay_sources(self, settings: RunSettings) -> list[ReplaySource]:
+        # The teacher's replay, for the offline phase and the distillation loss on its data.
+        return [ReplaySource(TEACHER, settings.teacher)] if settings.teacher else []
+
     def make_agent(
-        self, spec: EnvSpec, config: QDaggerConfig, seed: int, total_steps: int, teacher: str | None = None,
-        teacher_replay: str | None = None,
-    ) -> Agent:  # fmt: skip
+        self, spec: EnvSpec, config: QDaggerConfig, seed: int, total_steps: int, sources: tuple[ReplaySource, ...] = ()
+    ) -> Agent:
         from rlfleet.algorithms.qdagger.agent import make_agent
 
-        if not (teacher and teacher_replay):
-            raise ValueError("QDagger needs teacher (a DQN run directory) and teacher_replay (its replay's host:port).")
-
-        return make_agent(spec, config, seed, total_steps, teacher=teacher, teacher_replay=teacher_replay)
+        teacher = next((s for s in sources if s.name == TEACHER and s.run_dir and s.address), None)
+        if teacher is None:
+            raise ValueError(
+                "QDagger needs its teacher's replay source: a DQN run directory and the host:port of its replay."
+            )
+        return make_agent(spec, config, seed, total_steps, teacher=teacher.run_dir, teacher_replay=teacher.address)
 
     def make_policy_agent(self, spec: EnvSpec, config: QDaggerConfig, seed: int) -> Agent:
         # The student acts as a DQN agent does: its Q-network, without the teacher it learned from.
