@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 
+from rlfleet.common.files import read_json_lines
+
 
 def iqm_with_ci(scores: np.ndarray, reps: int = 2000) -> tuple[float, float, float]:
     """IQM of a [num_runs, num_games] score matrix and its stratified-bootstrap 95% CI (rliable)."""
@@ -123,17 +125,11 @@ def load_run(run_dir: str) -> dict:
         summary = _read_json(os.path.join(run_dir, "summary.json"))
     except (OSError, ValueError):
         summary = None
-    rows = []
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:  # a line cut short by a crash: the rows before it stand
-                    break
+    try:  # a line a crash cut short is skipped; the rows after it (a resumed run's) are kept
+        rows, _ = read_json_lines(os.path.join(run_dir, "metrics.jsonl"))
     except OSError:
-        pass
-    return dict(dir=run_dir, run=run, summary=summary, rows=rows)
+        rows = []
+    return dict(dir=run_dir, run=run, summary=summary, rows=[r for r in rows if isinstance(r, dict)])
 
 
 def find_run_dirs(path: str) -> list[str]:

@@ -30,7 +30,7 @@ from rlfleet.analysis.runs_report import (  # noqa: F401  (the benchmarks import
     iqm_with_ci,
     return_at,
 )
-from rlfleet.common.files import atomic_write
+from rlfleet.common.files import atomic_write, read_json_lines
 
 # env id -> (random policy score, human score).
 REFERENCE_SCORES = {
@@ -76,8 +76,7 @@ def load_runs(dirs: list[str]) -> list[dict]:
             summary = json.load(f)
         rows = []
         if os.path.exists(os.path.join(d, "metrics.jsonl")):
-            with open(os.path.join(d, "metrics.jsonl")) as f:
-                rows = [json.loads(line) for line in f]
+            rows, _ = read_json_lines(os.path.join(d, "metrics.jsonl"))  # past a line a crash cut short
         runs.append(dict(dir=d, summary=summary, rows=rows))
     return runs
 

@@ -5,6 +5,8 @@
 - `glob_free`: TensorFlow's checkpoint reader and Reverb's checkpointer expand `*`, `?`, `[...]` and `\\` in the
   paths they are given (TensorFlow's `GetMatchingPaths`). A folder whose path holds any of them is handed to them
   as `/proc/self/fd/N`, a name of the same folder held open by this process that holds none.
+- `read_json_lines` / `open_json_lines`: an append-only file of JSON lines (metrics.jsonl) is read past a line a
+  crash cut short, and appended to from a new line.
 - `StorageError`: an `OSError` of writing (full disk, read-only or missing folder, no permission) as the message
   `rlfleet: error:` prints: what could not be written, why, and what to do.
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 
@@ -175,3 +178,43 @@ def glob_free(folder: str) -> str:
             "otherwise; use a folder without them.",
         )
     return alias
+
+
+def read_json_lines(path: str) -> tuple[list, int]:
+    """The JSON values of the file `path`, one per line, and the number of lines skipped: a line that is not one
+    JSON value (cut short by a crash, or two half lines run together) is skipped wherever it is, and the lines
+    after it are kept. Blank lines are ignored.
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError where there is none).
+    """
+    rows, skipped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                skipped += 1
+    return rows, skipped
+
+
+def open_json_lines(path: str):
+    """`path` opened to append JSON lines (text): when the file's last line was cut short (a crash while it was
+    written), the next one starts on a new line, so that the torn line stays alone and every row after it reads
+    (`read_json_lines`).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    f = open(path, "a+b")
+    try:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+                f.flush()
+    finally:
+        f.close()
+    return open(path, "a", encoding="utf-8")

@@ -20,7 +20,7 @@ import os
 import shlex
 
 from rlfleet.algorithms.settings import RunSettings
-from rlfleet.common.files import atomic_write, storage_error
+from rlfleet.common.files import atomic_write, open_json_lines, storage_error
 from rlfleet.common.logs import logger
 from rlfleet.learner.trackers import scalars_of
 
@@ -208,7 +208,7 @@ class MetricsLog:
         self._tf = tf
         try:
             self.writer = tf.summary.create_file_writer(os.path.join(logdir, "tb"))
-            self.file = open(os.path.join(logdir, "metrics.jsonl"), "a")
+            self.file = open_json_lines(os.path.join(logdir, "metrics.jsonl"))  # a torn last row stays alone
         except BaseException:
             self.end_tracking(False)
             raise
