@@ -736,6 +736,7 @@ def _up_seeds(run: RunSettings, seeds: str, logdir: str, total_steps: int, paral
         seed_list = parse_seeds(seeds, 2**31 - 1)
     except ValueError as e:
         _fail(str(e))
+    _hold_run_dir(logdir, "up --seeds")  # each seed's `up` holds its own run directory
     settings_path = os.path.join(logdir, "settings.json")
     _write_settings(run, settings_path, click.echo)  # each seed's run adds its seed and budget
     return run_seeds(seed_list, logdir, settings_path, total_steps, parallel, up_args)
@@ -826,6 +827,8 @@ def replay_cmd(
             checkpoint_dir = None
         if settings_out:  # once the settings are known to be valid: a typo is not recorded as the run's settings
             _write_settings(s, settings_out, lambda line: log.info("%s", line))
+        if checkpoint_dir and not teacher:  # one server per checkpoint folder (a teacher's copy is made anew)
+            _hold_run_dir(checkpoint_dir, "replay")
         serve(
             tables,
             port,
@@ -1125,10 +1128,26 @@ def learner_cmd(
     _check_env_backend(s.env_id, served["env_backend"])
     if auto_resume and served["resume"] is None:
         served["resume"] = _auto_resume(served["logdir"])
+    _hold_run_dir(served["logdir"], "learner")  # after the checks: a refused start writes nothing
     run = RunSpec(settings=dataclasses.replace(s, seed=seed, total_steps=total_steps), **served)
     summary = _run_learner(run, server, stop, port_file, exit_code_if_stopped)
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
+
+
+def _hold_run_dir(directory: str, role: str) -> None:
+    """Makes this process the one writer of `directory` (`rlfleet.common.run_lock.hold`); exits (status 2) naming
+    the process that writes it already."""
+    from rlfleet.common import run_lock
+
+    try:
+        run_lock.hold(directory, role)
+    except run_lock.RunDirBusy as e:
+        _fail(str(e))
+    except OSError as e:
+        from rlfleet.common.files import storage_error
+
+        _fail(str(storage_error(e, "the run directory's lock file", directory)))
 
 
 def _replay_sources(given: tuple[str, ...]) -> dict[str, str]:

@@ -23,6 +23,7 @@ import portpicker
 from rlfleet import algorithms
 from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import RunSettings
+from rlfleet.common import run_lock
 from rlfleet.common.addresses import bare_host, bind_problem, host_port
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import RELAYED_LEVELS, line_level, logger
@@ -46,7 +47,10 @@ class LaunchError(RuntimeError):
 
 
 class _Child:
-    def __init__(self, name: str, args: list[str], logdir: str):
+    def __init__(self, name: str, args: list[str], logdir: str, lock: int | None = None):
+        """Starts `rlfleet ARGS` as this process's child `name`, its output in LOGDIR/logs/NAME.log; `lock`: the
+        run directory's lock (`rlfleet.common.run_lock.hold`) for a child that writes the run directory too."""
+        shared = run_lock.inheritable(lock)
         self.name = name
         self.log_path = os.path.join(logdir, "logs", f"{name}.log")
         self.log = open(self.log_path, "ab")  # a resumed run appends to the same log
@@ -56,7 +60,8 @@ class _Child:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches `up` alone, which stops the children in order
-            env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}),
+            env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}, **shared["env"]),
+            pass_fds=shared["pass_fds"],
         )
 
     def relay(self) -> None:
@@ -222,15 +227,15 @@ def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
 class _Cluster:
     """The processes of one `launch`: started in order, watched until the learner ends, stopped in reverse."""
 
-    def __init__(self, plan: LaunchPlan):
-        self.plan = plan
+    def __init__(self, plan: LaunchPlan, lock: int | None = None):
+        self.plan, self.lock = plan, lock  # the run directory's lock, shared with the learner
         self.children: list[_Child] = []
         self.actors: list[_Child] = []
         self.learner: _Child | None = None
         self._pending: list[tuple] = []  # (ready(), what, timeout s, log) of processes started, not yet seen ready
 
-    def _start(self, name: str, args: list[str]) -> _Child:
-        child = _Child(name, args, self.plan.options.logdir)
+    def _start(self, name: str, args: list[str], lock: int | None = None) -> _Child:
+        child = _Child(name, args, self.plan.options.logdir, lock)
         self.children.append(child)
         return child
 
@@ -275,7 +280,7 @@ class _Cluster:
             args += ["--teacher", p.run.teacher]
         for source in p.sources:
             args += ["--replay-source", f"{source.name}={source.address}"]
-        self.learner = self._start("learner", args)
+        self.learner = self._start("learner", args, self.lock)  # it writes the run directory too
         ready = lambda: check_health(p.learner_address, timeout_s=1)[0]
         self._pending.append((ready, "the learner", LEARNER_READY_S, self.learner.log_path))
 
@@ -416,10 +421,14 @@ def launch(run: RunSettings, options: UpOptions) -> int:
             flush=True,
         )
         return 0
+    try:
+        lock = run_lock.hold(logdir, "up")  # one writer per run directory; the learner shares this lock
+    except (run_lock.RunDirBusy, OSError) as e:
+        raise LaunchError(str(e)) from None
     # Every process reads the same resolved settings (RUN/settings.json), not its own copy of the flags.
     os.makedirs(logdir, exist_ok=True)
     write_json(plan.settings_path, run.to_json())
-    cluster = _Cluster(plan)
+    cluster = _Cluster(plan, lock)
     # SIGINT too: a shell that starts `up` in the background (`&`) leaves SIGINT ignored, and Ctrl-C or
     # `kill -INT` must still stop the cluster cleanly.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
