@@ -390,7 +390,12 @@ def _print_summary(logdir: str) -> None:
     with open(summary_path) as f:
         summary = json.load(f)
     final = summary["final_eval_return_mean"]
-    final = "none (stopped)" if final is None else f"{final:.1f} over {summary['final_eval_episodes']} episode(s)"
+    if summary.get("final_eval_error"):
+        final = f"none ({summary['final_eval_error']}; the learner's log has its traceback)"
+    elif final is None:
+        final = "none (stopped)"
+    else:
+        final = f"{final:.1f} over {summary['final_eval_episodes']} episode(s)"
     print(
         f"rlfleet up: done. env steps {summary['env_steps']:,}, learner steps {summary['learner_steps']:,}, "
         f"final eval return {final}, {summary['wall_seconds']:.0f}s. Summary: {summary_path}",

@@ -161,6 +161,7 @@ class Learner:
         restored from its newest intact checkpoint; returns the restored progress record (`read_progress`)."""
         self.checkpoints = ProgressCheckpoints(self.agent, run.logdir)
         self.best = read_best(run.resume) if run.resume else None  # the best evaluation so far, kept on disk
+        self.evaluation_error: str | None = None  # why the latest evaluation was skipped (the env raised)
         if not run.resume:
             self.count = dict.fromkeys(COUNTERS, 0)
             return read_progress(None)
@@ -499,13 +500,26 @@ class Learner:
 
     def _evaluate(self, episodes: int) -> list[float] | None:
         """The agent's evaluation returns (status and the algorithm see them); None when SIGTERM/SIGINT
-        interrupted it."""
+        interrupted it, or when the env raised (`evaluation_error` says so: the evaluation is skipped, training
+        goes on and nothing learned is lost)."""
         env_steps = self._env_steps()  # actors collect on while it runs: the weights are of this point
         seed = evaluation.evaluation_seed(self.run_spec.settings.seed)
         start = time.monotonic()
+        self.evaluation_error = None
         try:
             returns = self.agent.evaluate(episodes, seed)
         except evaluation.EvaluationInterrupted:
+            return None
+        except Exception as e:  # the env's (a user's env that raises in reset or step): said so, and skipped
+            self.evaluation_error = f"{self.spec.env_id} raised {type(e).__name__}: {e}"
+            log.error(
+                "evaluation at %d env steps skipped (episode seeds from %d): %s; training goes on. The env's "
+                "traceback:",
+                env_steps,
+                seed,
+                self.evaluation_error,
+                exc_info=True,
+            )
             return None
         finally:
             with self.lock:
@@ -562,9 +576,13 @@ class Learner:
         self.videos.close()  # a video being rendered is written (or, on a stop, abandoned) before the run ends
         # After the final evaluation, which the algorithm sees too (QDagger's λ may move with it).
         extras = self.agent.status_extras()
-        completed = completed and returns is not None  # SIGTERM/SIGINT during the final evaluation: --resume runs it
+        # SIGTERM/SIGINT during the final evaluation: --resume runs it; an env that raised in it: recorded
+        failed_evaluation = self.evaluation_error if completed and returns is None else None
+        completed = completed and (returns is not None or failed_evaluation is not None)
         path = self._save()
         more = dict(evaluation_seconds=self.status.evaluation_seconds)  # of wall_seconds, in evaluations
+        if failed_evaluation:
+            more["final_eval_error"] = failed_evaluation
         if completed and self.algorithm.keeps_replay:  # the run directory can become a teacher
             more["replay_checkpoint_dir"] = checkpoint_run_replay(run.replay_address, run.logdir)
         self._log_metrics(metrics, last)

@@ -82,3 +82,21 @@ def test_bad_env_kwargs(tmp_path):
                   "--logdir", tmp_path / "r", timeout=300)  # fmt: skip
     assert out.returncode == 2 and "Atari envs take no --env-kwargs" in out.stderr, out.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_an_env_that_raises_in_the_learners_evaluation_costs_that_evaluation_alone(tmp_path):
+    """The learner's evaluation episodes run into a bug of the user's env (its reset raises for their seeds):
+    each evaluation is skipped with the env id, the seeds and the traceback in the learner's log, training goes
+    on to the budget, and the run ends as finished with its checkpoint and the error in summary.json."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "fail_seeds_from=500000", "--set", "eval_episodes=2", "--total-steps", 3000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "skipped (episode seeds from 1000000): tests_env_pkg.envs:Corridor-v0" in out.stdout, out.stdout[-3000:]
+    log = (run / "logs" / "learner.log").read_text()
+    assert "RuntimeError: Corridor cannot start from seed 1000000" in log and "Traceback" in log
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] and summary["env_steps"] >= 3000 and summary["final_eval_return_mean"] is None
+    assert "RuntimeError: Corridor cannot start from seed 1000000" in summary["final_eval_error"]
+    assert (run / "checkpoints" / "checkpoint").exists()
+    assert "final eval return none (tests_env_pkg.envs:Corridor-v0" in out.stdout

@@ -4,7 +4,8 @@ a user's package would register its envs (`--env tests_env_pkg.envs:Corridor-v0`
 Observation: float32 [length], one-hot of the current cell (so that its size shows which `length` a process
 made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the episode; episodes are truncated after
 32 steps. `busy_seconds` > 0 makes each step compute for that long (a CPU-bound Python env, as an expensive
-simulator would be).
+simulator would be). `fail_seeds_from` > 0 makes a reset with a seed from there on raise (a user's env with a
+bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not).
 """
 
 import time
@@ -18,10 +19,13 @@ class Corridor(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, length: int = 8, render_mode: str | None = None, busy_seconds: float = 0.0):
+    def __init__(
+        self, length: int = 8, render_mode: str | None = None, busy_seconds: float = 0.0, fail_seeds_from: int = 0
+    ):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
         self.length, self.render_mode, self.busy_seconds = int(length), render_mode, float(busy_seconds)
+        self.fail_seeds_from = int(fail_seeds_from)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self.length,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.position = 0
@@ -33,6 +37,8 @@ class Corridor(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        if self.fail_seeds_from and seed is not None and seed >= self.fail_seeds_from:
+            raise RuntimeError(f"Corridor cannot start from seed {seed}")
         self.position = 0
         return self._obs(), {}
 
