@@ -16,7 +16,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import threading
+
+from rlfleet.common.logs import logger
+
+log = logger("files")
 
 # Characters TensorFlow's file-name matching treats as patterns (tensorflow/tsl/platform/file_system_helper.cc).
 GLOB_CHARACTERS = frozenset("*?[]\\{}")
@@ -110,11 +115,36 @@ def listdir(folder: str) -> list[str]:
         return []
 
 
+# errno values of an fsync that the filesystem does not do for folders (network and FUSE filesystems).
+_NO_FOLDER_FSYNC = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EBADF, errno.EACCES}
+_told_no_folder_fsync: set[int] = set()  # the filesystems (st_dev) already said to have none, once per process
+
+
 def fsync_path(path: str) -> None:
-    """Makes a file's contents, or a folder's names (files created, renamed or removed there), durable."""
+    """Makes a file's contents, or a folder's names (files created, renamed or removed there), durable.
+
+    A folder on a filesystem that does not fsync folders (network and FUSE mounts) is left as it is, with one
+    warning per filesystem: the files' own fsync and the renames have happened, and the names are as durable as
+    that filesystem makes them.
+
+    Raises:
+        OSError: the fsync of a file failed, or a folder's for another reason.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or e.errno not in _NO_FOLDER_FSYNC:
+            raise
+        if st.st_dev not in _told_no_folder_fsync:
+            _told_no_folder_fsync.add(st.st_dev)
+            log.warning(
+                "the filesystem of %s does not fsync folders (%s); files are still written whole and renamed into "
+                "place, but a power cut may lose the latest names there.",
+                path,
+                os.strerror(e.errno),
+            )
     finally:
         os.close(fd)
 

@@ -328,3 +328,24 @@ def test_the_best_checkpoint_is_one_of_its_own_beside_the_run_checkpoints(tmp_pa
     with open(read_best(logdir)["checkpoint"] + ".progress.json", "w") as f:
         f.write("{")
     assert read_best(logdir) is None
+
+
+@pytest.mark.slow
+def test_a_filesystem_that_does_not_fsync_folders_runs_with_one_warning(tmp_path):
+    """A DQN run (learner and replay checkpoints, atomic files) on a filesystem that refuses to fsync folders, as
+    some network and FUSE mounts do: here a `sitecustomize` shim first on the processes' PYTHONPATH
+    (tests/fsync_shim) that makes os.fsync of a folder raise EINVAL. The run finishes, and resumes, with a warning
+    per process and filesystem in place of an error."""
+    from helpers import ENV, rlfleet
+
+    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsync_shim")
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(p for p in (shim, ENV.get("PYTHONPATH")) if p))
+    run = tmp_path / "run"
+    args = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=200")
+    out = rlfleet("up", *args, "--total-steps", 2000, "--logdir", run, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "does not fsync folders (Invalid argument)" in out.stdout + out.stderr
+    assert json.loads((run / "summary.json").read_text())["completed"]
+    again = rlfleet("up", "--resume", run, "--total-steps", 3000, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["env_steps"] >= 3000
