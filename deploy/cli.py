@@ -16,8 +16,8 @@ import click
 from rlfleet import algorithms
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common import logs
+from rlfleet.deploy.cli_common import Path, one_blas_thread
 from rlfleet.deploy.cli_common import fail as _fail
-from rlfleet.deploy.cli_common import one_blas_thread
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.deploy.up_options import UpOptions
 from rlfleet.envs import ENV_BACKENDS
@@ -226,14 +226,14 @@ _common = [
     ),
     click.option(
         "--config-file",
-        type=click.Path(exists=True, dir_okay=False),
+        type=Path(exists=True, dir_okay=False),
         default=None,
         help="TOML file of preset overrides, one `key = value` per line (e.g. learning_rate = 1e-4); "
         "--set values win over it.",
     ),
     click.option(
         "--run-config",
-        type=click.Path(dir_okay=False),
+        type=Path(dir_okay=False),
         default=None,
         help="A run's resolved settings in place of --algo/--env/--config/--set/--config-file: a run.json, or "
         "a file from `rlfleet settings --out` (`up` gives RUN/settings.json to every process it starts). The "
@@ -390,11 +390,11 @@ def _seed_option(help_text: str):
 
 
 def _logdir_option(help_text: str):
-    return click.option("--logdir", default=None, type=click.Path(file_okay=False), help=help_text)
+    return click.option("--logdir", default=None, type=Path(file_okay=False), help=help_text)
 
 
 def _resume_option(help_text: str):
-    return click.option("--resume", type=click.Path(exists=True, file_okay=False), default=None, help=help_text)
+    return click.option("--resume", type=Path(exists=True, file_okay=False), default=None, help=help_text)
 
 
 def _report_interval_option(help_text: str, dest: str = "report_interval"):
@@ -448,7 +448,7 @@ def _check_track(track: tuple) -> tuple:
 
 
 def _teacher_option(help_text: str):
-    return click.option("--teacher", type=click.Path(file_okay=False), default=None, help=help_text)
+    return click.option("--teacher", type=Path(file_okay=False), default=None, help=help_text)
 
 
 _offline_steps_option = click.option(
@@ -472,17 +472,17 @@ _TOKEN_HELP = "Shared cluster token sent with every learner call (default: $RLFL
 _client_security = [
     click.option(
         "--tls-ca",
-        type=click.Path(dir_okay=False),
+        type=Path(dir_okay=False),
         default=None,
         help="PEM of the CA that signed the learner's certificate; turns TLS on.",
     ),
     click.option(
         "--tls-cert",
-        type=click.Path(dir_okay=False),
+        type=Path(dir_okay=False),
         default=None,
         help="PEM of this client's certificate (a learner started with --tls-client-ca asks for it).",
     ),
-    click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM of --tls-cert's private key."),
+    click.option("--tls-key", type=Path(dir_okay=False), default=None, help="PEM of --tls-cert's private key."),
     click.option("--token", default=None, help=_TOKEN_HELP),
 ]
 
@@ -509,14 +509,14 @@ def client_security(f):
 _server_security_options = [
     click.option(
         "--tls-cert",
-        type=click.Path(dir_okay=False),
+        type=Path(dir_okay=False),
         default=None,
         help="PEM certificate chain of this learner; with --tls-key turns TLS on.",
     ),
-    click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM private key of --tls-cert."),
+    click.option("--tls-key", type=Path(dir_okay=False), default=None, help="PEM private key of --tls-cert."),
     click.option(
         "--tls-client-ca",
-        type=click.Path(dir_okay=False),
+        type=Path(dir_okay=False),
         default=None,
         help="Require client certificates signed by this CA (PEM): mutual TLS.",
     ),
@@ -758,7 +758,7 @@ def _up_seeds(run: RunSettings, seeds: str, logdir: str, total_steps: int, paral
 )
 @click.option(
     "--checkpoint-dir",
-    type=click.Path(file_okay=False),
+    type=Path(file_okay=False),
     default=None,
     help="dqn/qdagger: Reverb checkpoints go here (RUN_DIR/replay makes the run a teacher); the "
     "tables start from the latest one, and a new one is written on stop (unless the tables are "
@@ -785,7 +785,7 @@ def _up_seeds(run: RunSettings, seeds: str, logdir: str, total_steps: int, paral
 )
 @click.option(
     "--settings-out",
-    type=click.Path(dir_okay=False),
+    type=Path(dir_okay=False),
     default=None,
     help="Also write the resolved settings here (as `rlfleet settings --out`) for the learner's --run-config; "
     "a file already there (a restart) must hold the same settings. docker-compose's replay service does this.",
@@ -902,7 +902,7 @@ def _run_over_probe(learner_address: str, security):
 @main.command("settings")
 @common
 @click.option(
-    "--out", type=click.Path(dir_okay=False), default=None, help="Write the settings file here (default: print it)."
+    "--out", type=Path(dir_okay=False), default=None, help="Write the settings file here (default: print it)."
 )
 def settings_cmd(given: SettingsGiven, out):
     """Resolve --algo/--env/--config/--set/--config-file into one settings file (JSON: algo, env_id, preset,

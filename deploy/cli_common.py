@@ -1,5 +1,5 @@
-"""What every `rlfleet` command shares: its error exit, the TensorFlow check of commands that run it, and the
-BLAS thread limit of the services that run numpy products."""
+"""What every `rlfleet` command shares: its error exit, the TensorFlow check of commands that run it, the BLAS
+thread limit of the services that run numpy products, and the type of its path options (`Path`)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,22 @@ def one_blas_thread() -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")
+
+
+class Path(click.Path):
+    """`click.Path` whose value must be valid UTF-8: TensorFlow and Reverb take paths as UTF-8 text, so a name
+    that is not (a folder named in another encoding) is refused before anything starts, naming the option."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        try:
+            os.fsdecode(value).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(value)
+            self.fail(
+                f"{shown!r} is not a valid UTF-8 name, and TensorFlow and Reverb read paths as UTF-8 text: rename "
+                "it to a UTF-8 name (e.g. with convmv), or give another path.",
+                param,
+                ctx,
+            )
+        return value

@@ -10,7 +10,7 @@ import sys
 import click
 import numpy as np
 
-from rlfleet.deploy.cli_common import fail, quiet_tf
+from rlfleet.deploy.cli_common import Path, fail, quiet_tf
 
 SPEC_NAME = "policy.json"  # rlfleet.learner.export.SPEC_FILE, named here without importing TensorFlow
 EXIT_STOPPED = 130  # eval stopped by SIGTERM/SIGINT: nothing partial is left
@@ -59,7 +59,7 @@ def summarize(returns: list[float]) -> dict:
 
 
 @click.command("eval")
-@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False))
+@click.argument("run_dir", metavar="RUN", type=Path(file_okay=False))
 @_checkpoint_option
 @click.option(
     "--episodes",
@@ -84,12 +84,12 @@ def summarize(returns: list[float]) -> dict:
 @click.option(
     "--video",
     "video_dir",
-    type=click.Path(file_okay=False),
+    type=Path(file_okay=False),
     default=None,
     help="Write one MP4 per episode into this folder (created), named by checkpoint and seed. MuJoCo renders "
     "offscreen through EGL (MUJOCO_GL=egl unless set; docs: After a run).",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the result here.")
+@click.option("--json", "json_path", type=Path(dir_okay=False), default=None, help="Also write the result here.")
 def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     """Evaluate a run's policy again, in this process (no replay server, no learner).
 
@@ -198,8 +198,8 @@ def _write_eval_json(path: str, restored, stochastic: bool, first_seed: int, res
 
 
 @click.command("export")
-@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False))
-@click.option("--out", "out", required=True, type=click.Path(), help="The folder to write (new, or empty).")
+@click.argument("run_dir", metavar="RUN", type=Path(file_okay=False))
+@click.option("--out", "out", required=True, type=Path(), help="The folder to write (new, or empty).")
 @_checkpoint_option
 @click.option(
     "--format",
@@ -245,16 +245,16 @@ def export_cmd(run_dir, out, choice, fmt):
 
 
 @click.command("report")
-@click.argument("paths", metavar="RUN_OR_FOLDER...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.argument("paths", metavar="RUN_OR_FOLDER...", nargs=-1, required=True, type=Path(file_okay=False))
 @click.option(
     "--plot",
     "plot_path",
-    type=click.Path(dir_okay=False),
+    type=Path(dir_okay=False),
     default=None,
     help="Write the learning curves (IQM over seeds, 95% CI bands) here as a PNG (default: learning-curves.png "
     "in the first folder given).",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
+@click.option("--json", "json_path", type=Path(dir_okay=False), default=None, help="Also write the report here.")
 def report_cmd(paths, plot_path, json_path):
     """Compare seeds: per-seed final and best returns, median and IQM with 95% CIs, and learning curves.
 

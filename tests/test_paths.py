@@ -349,3 +349,19 @@ def test_a_filesystem_that_does_not_fsync_folders_runs_with_one_warning(tmp_path
     again = rlfleet("up", "--resume", run, "--total-steps", 3000, env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["env_steps"] >= 3000
+
+
+def test_a_path_whose_name_is_not_utf8_is_refused_before_anything_starts(tmp_path):
+    """A folder named in another encoding (here Latin-1's ÿ, byte 0xff): TensorFlow and Reverb read paths as UTF-8,
+    so every command refuses it at its option, with exit 2, before it starts or writes anything."""
+    from helpers import rlfleet
+
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff")
+    up = rlfleet("up", "--algo", "ppo", "--env", "Pendulum-v1", "--total-steps", 1000, "--logdir", bad, timeout=120)
+    replay = rlfleet("replay", "--algo", "dqn", "--env", "CartPole-v1", "--port", 0, "--checkpoint-dir", bad,
+                     timeout=120)  # fmt: skip
+    for out, option in ((up, "--logdir"), (replay, "--checkpoint-dir")):
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"Invalid value for '{option}'" in out.stderr and "is not a valid UTF-8 name" in out.stderr
+        assert "\\xff" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert os.listdir(tmp_path) == []  # nothing written
