@@ -12,6 +12,7 @@ the batched env and writes into Reverb.
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -27,9 +28,10 @@ from rlfleet.actors.heartbeats import HEARTBEAT_S, HeartbeatStream
 from rlfleet.actors.replay_link import connection_died_silently
 from rlfleet.actors.writers import ActorContext
 from rlfleet.algorithms.base import CreditLimit
+from rlfleet.common.limits import open_files_problem, too_many_open_files
 from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
-from rlfleet.envs.core import env_seeds, make_batched_env, resolve_backend
+from rlfleet.envs.core import OPEN_FILES_PER_ENV, env_seeds, make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
@@ -449,6 +451,19 @@ class Actor:
     def _open_envs(self):
         """The actor's batch of envs on its backend; "auto" measures the candidates first and says which it
         chose and why (`rlfleet.actors.backend_choice.choose_backend`)."""
+        cfg = self.config
+        needed = OPEN_FILES_PER_ENV.get(self.backend, 0) * cfg.num_envs
+        problem = open_files_problem(needed, f"{cfg.num_envs} envs on the {self.backend} backend") if needed else None
+        if problem:
+            raise ActorError(problem)
+        try:
+            return self._make_envs()
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise ActorError(too_many_open_files(f"{cfg.num_envs} envs on the {self.backend} backend")) from None
+
+    def _make_envs(self):
         cfg = self.config
         if self.backend != "auto":
             venv = make_batched_env(cfg.env_id, cfg.num_envs, self.backend)

@@ -120,8 +120,10 @@ def main(ctx):
     if level not in logs.LEVELS:
         _fail(f"${logs.LEVEL_ENV}={level!r}: use one of {', '.join(logs.LEVELS)}, or unset it.")
     logs.configure(ctx.invoked_subcommand or "rlfleet", level)  # a service sets its own with --log-level
+    from rlfleet.common.limits import raise_open_file_limit
     from rlfleet.common.parent import die_with_parent
 
+    raise_open_file_limit()  # envs' processes and actors' connections: as many as the system allows
     die_with_parent()  # a process of `rlfleet up` stops when `up` dies
 
 

@@ -37,6 +37,9 @@ from rlfleet.envs import ENV_BACKENDS, ENV_KWARGS_MARK, gym_id
 from rlfleet.envs.workers import WorkerVectorEnv
 
 BACKENDS = ENV_BACKENDS
+# Open files a batch of envs holds per env in the process that steps it, by backend: `async` a pipe and a process
+# handle for each env's process (with margin); the others a few in all.
+OPEN_FILES_PER_ENV = {"async": 4}
 DEFAULT_BACKEND = "auto"  # ale for Atari; else the fastest measured on the actor (rlfleet.actors.backend_choice)
 
 # Atari preprocessing (Dopamine / reincarnating_rl Atari settings).

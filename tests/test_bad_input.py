@@ -521,3 +521,27 @@ def test_auto_resume_does_not_resume_a_failed_run(tmp_path):
     (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
     out = rlfleet(*learner, "--auto-resume", timeout=300)
     assert out.returncode != 0 and "Not resuming" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_more_envs_than_the_open_file_limit_allows_are_refused_with_the_limit_and_the_fix(procs, free_port, tmp_path):
+    """An actor machine whose open-file limit cannot hold the run's envs (here 64 env processes on `async` under a
+    hard limit of 200) says so before it makes them, with the limit and the fix, instead of an OSError traceback."""
+    import resource
+    import subprocess
+    import sys
+
+    from helpers import ENV, ROOT, start_replay_and_learner, status_or_none, wait_for
+
+    settings = ("--algo", "dqn", "--env", "CartPole-v1", "--set", "envs_per_actor=64")
+    _, learner, address = start_replay_and_learner(procs, free_port, settings, tmp_path / "run")
+    wait_for(lambda: status_or_none(address), 180, "the learner", [learner])
+    actor = subprocess.run(
+        [sys.executable, "-m", "rlfleet.deploy.cli", "actor", "--learner", address, "--env-backend", "async"],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)),
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert actor.returncode == 2, actor.stdout + actor.stderr
+    said = "64 envs on the async backend need about 256 open files besides the"
+    assert said in actor.stderr and "limit of open files is 200" in actor.stderr, actor.stderr
+    assert "ulimit -n" in actor.stderr and "--envs-per-actor" in actor.stderr and "Traceback" not in actor.stderr
