@@ -584,11 +584,13 @@ class Actor:
         self._episode_length = np.zeros(cfg.num_envs, np.int64)
         seed = int(cfg.seed) + 7919 * self._restarts  # a restart after a replay outage gets new episodes
         obs, _ = venv.reset(seed=env_seeds(seed, cfg.num_envs))
+        self.check_finite(obs, where="in its reset")  # before the policy sees it: the env's fault, said so
         return np.random.default_rng(seed), obs
 
-    def check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None) -> None:
+    def check_finite(self, obs: np.ndarray, reward: np.ndarray | None = None, where: str = "") -> None:
         """Raises ActorError when the env returned a NaN/inf observation or reward (None: not checked), before
-        it is written: replay and the learner only ever see finite data (what was collected before stays)."""
+        it is written: replay and the learner only ever see finite data (what was collected before stays).
+        `where`: when the env returned them, for the message (e.g. "in its reset")."""
         bad_obs = (
             ~np.isfinite(obs).reshape(len(obs), -1).all(axis=1) if obs.dtype.kind == "f" else np.zeros(len(obs), bool)
         )
@@ -597,8 +599,9 @@ class Actor:
             i = int(np.flatnonzero(bad)[0])
             what = "observation" if bad_obs[i] else f"reward ({reward[i]})"
             raise ActorError(
-                f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what} "
-                f"after {self.env_steps} env steps; the actor stopped without writing it. Fix the "
+                f"env {self.config.env_id} (env {i} of this actor) returned a non-finite {what}"
+                f"{' ' + where if where else ''} after {self.env_steps} env steps; the actor stopped without writing "
+                "it. Fix the "
                 "env (or its wrappers); the replay and the learner keep everything collected so far."
             )
 

@@ -100,3 +100,15 @@ def test_an_env_that_raises_in_the_learners_evaluation_costs_that_evaluation_alo
     assert "RuntimeError: Corridor cannot start from seed 1000000" in summary["final_eval_error"]
     assert (run / "checkpoints" / "checkpoint").exists()
     assert "final eval return none (tests_env_pkg.envs:Corridor-v0" in out.stdout
+
+
+def test_a_nan_observation_at_reset_is_blamed_on_the_env(tmp_path):
+    """A user's env whose reset returns NaN: the actor stops before the policy acts on it, naming the env and its
+    reset, not the learner's training."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "nan_from_seed=1000", "--total-steps", 3000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode != 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "(env 0 of this actor) returned a non-finite observation in its reset after 0 env steps"
+    assert said in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "training diverged" not in out.stdout + out.stderr

@@ -5,7 +5,8 @@ Observation: float32 [length], one-hot of the current cell (so that its size sho
 made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the episode; episodes are truncated after
 32 steps. `busy_seconds` > 0 makes each step compute for that long (a CPU-bound Python env, as an expensive
 simulator would be). `fail_seeds_from` > 0 makes a reset with a seed from there on raise (a user's env with a
-bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not).
+bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not);
+`nan_from_seed` > 0 makes a reset with a seed from there on return a NaN observation.
 """
 
 import time
@@ -20,12 +21,17 @@ class Corridor(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(
-        self, length: int = 8, render_mode: str | None = None, busy_seconds: float = 0.0, fail_seeds_from: int = 0
+        self,
+        length: int = 8,
+        render_mode: str | None = None,
+        busy_seconds: float = 0.0,
+        fail_seeds_from: int = 0,
+        nan_from_seed: int = 0,
     ):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
         self.length, self.render_mode, self.busy_seconds = int(length), render_mode, float(busy_seconds)
-        self.fail_seeds_from = int(fail_seeds_from)
+        self.fail_seeds_from, self.nan_from_seed = int(fail_seeds_from), int(nan_from_seed)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (self.length,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.position = 0
@@ -40,6 +46,8 @@ class Corridor(gym.Env):
         if self.fail_seeds_from and seed is not None and seed >= self.fail_seeds_from:
             raise RuntimeError(f"Corridor cannot start from seed {seed}")
         self.position = 0
+        if self.nan_from_seed and seed is not None and seed >= self.nan_from_seed:
+            return np.full(self.length, np.nan, np.float32), {}
         return self._obs(), {}
 
     def step(self, action):
