@@ -25,6 +25,9 @@ from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S, RunSpec
 
 log = logs.logger("cli")
 
+# The exit status of an actor stopped (SIGTERM/SIGINT) before its run ended; one whose run ended exits 0.
+ACTOR_STOPPED_EXIT = 3
+
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
 
@@ -1284,11 +1287,19 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
     from rlfleet.proto.security import SecurityError
 
     try:
-        Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout, security).run()
+        actor = Actor(learner_address, num_envs, replay_address, env_backend, connect_timeout, security)
+        actor.run()
     except (ActorError, SecurityError) as e:
         _fail(str(e))
     except EnvError as e:
         _fail(f"the run's env cannot be stepped on this actor: {e}")
+    if actor.terminated.is_set() and not actor.told_to_stop.is_set():
+        log.info(
+            "stopped before the run's end: exit %d, so that a supervisor (a Kubernetes Job, Swarm's on-failure) "
+            "starts an actor again",
+            ACTOR_STOPPED_EXIT,
+        )
+        sys.exit(ACTOR_STOPPED_EXIT)
 
 
 @main.command("status")

@@ -126,7 +126,8 @@ def test_an_actor_stopped_with_sigterm_leaves_status_at_once(procs, tmp_path, fr
         "two actors stepping",
         [learner, *actors],
     )
-    assert actors[0].stop() == 0
+    # Stopped before the run's end: non-zero, so that a supervisor (a Kubernetes Job) starts an actor again.
+    assert actors[0].stop() == 3 and "stopped before the run's end: exit 3" in actors[0].output()
     st = get_status(address, 5)
     assert len(st["actors"]) == 1, st["actors"]  # not after the heartbeat timeout: at once
     steps = int(actors[0].output().rsplit("stopped after ", 1)[1].split()[0])
