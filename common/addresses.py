@@ -4,6 +4,7 @@ reason one cannot be bound."""
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 
 
@@ -61,3 +62,25 @@ def bind_problem(host: str, port: int) -> str | None:
         return f"{host} resolves to no address"
     literal = all(info[4][0] == host for info in infos)  # an address, not a name: the problems name it already
     return "; ".join(unique) if literal else f"{host} ({'; '.join(unique)})"
+
+
+WILDCARDS = ("0.0.0.0", "::")  # bind addresses that mean every interface
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether `host` (a --bind value) means every interface of this machine."""
+    return bare_host(host) in WILDCARDS
+
+
+def routable_address() -> str | None:
+    """An address of this machine that other machines can reach (not loopback), as its host name resolves on this
+    machine; None where it resolves to loopback alone. Resolves names only: nothing is sent."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    for *_, sockaddr in infos:
+        address = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+        if not (address.is_loopback or address.is_link_local or address.is_unspecified):
+            return str(address)
+    return None

@@ -631,6 +631,14 @@ def _show_config(run: RunSettings) -> None:
     help="Address the learner listens on; loopback keeps the cluster on this machine. A private address "
     "(or 0.0.0.0) lets actor machines attach; set RLFLEET_TOKEN first.",
 )
+@click.option(
+    "--advertise",
+    metavar="ADDR",
+    default=None,
+    help="The address of this machine that actors on other machines reach it at, told to them for the replay "
+    "server (default: --bind; with 0.0.0.0, the address this machine's host name resolves to, or a refusal when "
+    "that is loopback).",
+)
 @_env_backend_option(
     "sync: every env in the actor process; workers: a few worker processes of several envs each; envpool: C++ "
     "threads (Box-action envs it has, no --env-kwargs); async: one process per env (BatchPPO); ale: ale-py's C++ "
@@ -678,6 +686,7 @@ def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_c
     o = dataclasses.replace(o, logdir=_logdir(o.logdir, o.resume))
     if seeds:
         up_args = ["--actors", str(o.num_actors), "--env-backend", o.env_backend, "--bind", o.bind]
+        up_args += ["--advertise", o.advertise] if o.advertise else []
         up_args += ["--report-interval", str(o.report_interval), "--video-every", str(o.video_every)]
         up_args += ["--learner-port", str(o.learner_port)] if o.learner_port else []
         sys.exit(_up_seeds(run, seeds, o.logdir, total_steps, parallel, up_args))

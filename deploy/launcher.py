@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from rlfleet import algorithms
 from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common import run_lock
-from rlfleet.common.addresses import bare_host, bind_problem, host_port
+from rlfleet.common.addresses import bind_problem, host_port, is_wildcard, routable_address
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import RELAYED_LEVELS, line_level, logger
 from rlfleet.common.parent import PARENT_PID_ENV
@@ -172,6 +173,7 @@ class LaunchPlan:
     security: ClientSecurity
     resume_cmd: str
     replay_address: str
+    advertised: str | None  # the host actors are told for the replay server (None: its loopback address)
     sources: tuple  # the algorithm's `ReplaySource`s, each with the address its read-only replay server gets
     learner_port: int
     learner_address: str
@@ -203,6 +205,7 @@ def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
             f"the learner cannot listen on {where}: {problem}; choose another --bind address"
             + (" or --learner-port (or leave it out)." if o.learner_port else ".")
         )
+    advertised = _advertised(o)
     try:
         check_writable(os.path.join(o.logdir, "logs"), "the run directory")  # makes RUN/logs
     except StorageError as e:
@@ -215,13 +218,37 @@ def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
         security=security,
         resume_cmd=resume_command(o),
         replay_address=f"{LOOPBACK}:{portpicker.pick_unused_port()}",
+        advertised=advertised,
         sources=tuple(
             s._replace(address=f"{LOOPBACK}:{portpicker.pick_unused_port()}") for s in algorithm.replay_sources(run)
         ),
         learner_port=learner_port,
-        learner_address=host_port(LOOPBACK if bare_host(o.bind) in ("0.0.0.0", "::") else o.bind, learner_port),
+        learner_address=host_port(LOOPBACK if is_wildcard(o.bind) else o.bind, learner_port),
         settings_path=os.path.join(o.logdir, SETTINGS_FILE),
     )
+
+
+def _advertised(o: UpOptions) -> str | None:
+    """The host actors are told for the replay server: --advertise; else --bind where it is one address other
+    than loopback; else, for a wildcard --bind, the address this machine's host name resolves to (None for a
+    loopback --bind: the replay server's loopback address).
+
+    Raises:
+        LaunchError: a wildcard --bind on a machine whose host name resolves to loopback alone, without
+            --advertise: actors on other machines could not reach the replay server.
+    """
+    if o.advertise:
+        return o.advertise
+    if not is_wildcard(o.bind):
+        return o.bind if o.bind != LOOPBACK else None
+    found = routable_address()
+    if found is None:
+        raise LaunchError(
+            f"--bind {o.bind} listens on every interface, but actors on other machines must be told an address of "
+            "this machine to write to its replay server at, and its host name resolves to loopback alone: give "
+            "--advertise ADDR (the address of this machine they reach), or --bind that address."
+        )
+    return found
 
 
 class _Cluster:
@@ -272,8 +299,8 @@ class _Cluster:
         args += ["--start-timeout", str(self._learner_start_timeout())]
         if o.video_every:
             args += ["--video-every", str(o.video_every)]
-        if o.bind != LOOPBACK and bare_host(o.bind) not in ("0.0.0.0", "::"):
-            args += ["--replay-for-actors", host_port(o.bind, p.replay_address.rsplit(":", 1)[1])]
+        if p.advertised:  # actors on other machines write to the replay server at this machine's address
+            args += ["--replay-for-actors", host_port(p.advertised, p.replay_address.rsplit(":", 1)[1])]
         if o.resume:
             args += ["--resume", o.resume]
         if p.run.teacher:
@@ -447,6 +474,9 @@ def launch(run: RunSettings, options: UpOptions) -> int:
             f"{plan.learner_address})",
             flush=True,
         )
+        if plan.advertised:
+            attach = shlex.join(["rlfleet", "actor", "--learner", host_port(plan.advertised, plan.learner_port)])
+            print(f"rlfleet up: actors on other machines attach with: {attach}", flush=True)
         print(
             f"rlfleet up: {options.num_actors} actor(s) x {run.config.envs_per_actor} {run.env_id} envs; logs in "
             f"{os.path.join(logdir, 'logs')}",

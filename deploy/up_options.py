@@ -23,6 +23,9 @@ class UpOptions:
         resume: a run directory whose latest checkpoint to continue from (None: a new run).
         report_interval: seconds between progress rows (and the learner's metrics rows).
         video_every: the learner's `--video-every` (0: no videos).
+        advertise: the address of this machine that actors on other machines reach it at (`--advertise`), told
+            to them for the replay server; None: `bind` where it is one address, else what this machine's host name
+            resolves to.
         track: experiment trackers of `--track` (the learner is given them through $RLFLEET_TRACK, which `up`
             sets).
     """
@@ -35,6 +38,7 @@ class UpOptions:
     resume: str | None = None
     report_interval: float = 5.0
     video_every: int = 0
+    advertise: str | None = None
     track: tuple = ()
 
 
@@ -45,6 +49,7 @@ def resume_command(options: UpOptions) -> str:
     o = options
     argv = ["rlfleet", "up", "--resume", str(o.logdir), "--actors", str(o.num_actors)]
     argv += ["--bind", o.bind] if o.bind != LOOPBACK else []
+    argv += ["--advertise", o.advertise] if o.advertise else []
     argv += ["--env-backend", o.env_backend] if o.env_backend != "auto" else []
     argv += ["--video-every", str(o.video_every)] if o.video_every else []
     return shlex.join(argv)

@@ -545,3 +545,32 @@ def test_more_envs_than_the_open_file_limit_allows_are_refused_with_the_limit_an
     said = "64 envs on the async backend need about 256 open files besides the"
     assert said in actor.stderr and "limit of open files is 200" in actor.stderr, actor.stderr
     assert "ulimit -n" in actor.stderr and "--envs-per-actor" in actor.stderr and "Traceback" not in actor.stderr
+
+
+def test_a_wildcard_bind_announces_an_address_actors_reach_or_is_refused(tmp_path, monkeypatch):
+    """`up --bind 0.0.0.0` tells actors the replay server at an address of this machine that they reach:
+    --advertise, else what the host name resolves to; where that is loopback alone it is refused, naming
+    --advertise (before anything starts). The run itself, with --advertise, is in test_wildcard_bind_run."""
+    from rlfleet.deploy import launcher
+    from rlfleet.deploy.up_options import UpOptions
+
+    monkeypatch.setattr(launcher, "routable_address", lambda: None)
+    with pytest.raises(launcher.LaunchError, match="give --advertise ADDR"):
+        launcher._advertised(UpOptions(str(tmp_path), bind="0.0.0.0"))
+    assert launcher._advertised(UpOptions(str(tmp_path), bind="::", advertise="10.1.2.3")) == "10.1.2.3"
+    monkeypatch.setattr(launcher, "routable_address", lambda: "192.0.2.7")
+    assert launcher._advertised(UpOptions(str(tmp_path), bind="0.0.0.0")) == "192.0.2.7"
+    assert launcher._advertised(UpOptions(str(tmp_path), bind="192.0.2.8")) == "192.0.2.8"
+    assert launcher._advertised(UpOptions(str(tmp_path))) is None  # loopback: the cluster stays on this machine
+
+
+@pytest.mark.slow
+def test_wildcard_bind_run(tmp_path):
+    """A run bound to every interface with --advertise: its actor is told the replay server at the advertised
+    address (here 127.0.0.2, a loopback address too, so nothing leaves the machine) and the run finishes."""
+    run = tmp_path / "run"
+    out = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=200", "--total-steps",
+                  1500, "--bind", "0.0.0.0", "--advertise", "127.0.0.2", "--logdir", run, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "attach with: rlfleet actor --learner 127.0.0.2:" in out.stdout
+    assert " writing to replay at 127.0.0.2:" in (run / "logs" / "actor-0.log").read_text()
