@@ -112,3 +112,28 @@ def test_a_nan_observation_at_reset_is_blamed_on_the_env(tmp_path):
     said = "(env 0 of this actor) returned a non-finite observation in its reset after 0 env steps"
     assert said in out.stdout + out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
     assert "training diverged" not in out.stdout + out.stderr
+
+
+def test_evaluation_episodes_of_an_env_without_a_time_limit_are_cut_and_said_so(monkeypatch, caplog):
+    """An env whose episodes never end and that has no time limit: evaluation cuts each episode at
+    `MAX_EPISODE_STEPS` (one after another and batched alike) and warns, instead of running forever."""
+    import logging
+
+    import numpy as np
+    import tests_env_pkg.envs  # noqa: F401  (registers the envs)
+
+    from rlfleet.algorithms.library import evaluation
+
+    monkeypatch.setattr(evaluation, "MAX_EPISODE_STEPS", 40)
+    right = lambda obs: np.ones(len(obs), np.int64)
+    with caplog.at_level(logging.WARNING, logger="rlfleet"):
+        one_by_one = evaluation.run_episodes("tests_env_pkg.envs:EndlessCorridor-v0", 2, 0, right)
+        batched = evaluation.run_batched_episodes("tests_env_pkg.envs:EndlessCorridor-v0", 3, 0, right)
+    assert one_by_one.lengths == [40, 40] and batched.lengths == [40, 40, 40]
+    assert one_by_one.returns[0] == 40 - 6  # the end cell's reward at every step from step 7 on (8 cells)
+    said = [r.getMessage() for r in caplog.records if "evaluation episodes cut at 40 env steps" in r.getMessage()]
+    assert len(said) == 2 and "has no time limit of its own" in said[0], said
+    # An env with a time limit ends its episodes there, and nothing is said.
+    caplog.clear()
+    corridor = evaluation.run_episodes("tests_env_pkg.envs:Corridor-v0", 1, 0, lambda obs: np.zeros(len(obs), np.int64))
+    assert corridor.lengths == [32] and not [r for r in caplog.records if "cut at" in r.getMessage()]

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlfleet.common.logs import logger
-from rlfleet.envs.core import env_seeds, make_batched_env, make_env, make_rendering_env, resolve_backend
+from rlfleet.envs.core import env_seeds, env_spec, make_batched_env, make_env, make_rendering_env, resolve_backend
 
 log = logger("evaluation")
 
@@ -31,6 +31,30 @@ def evaluation_seed(run_seed: int) -> int:
     time, so a network evaluated again (e.g. a teacher restored from its checkpoint) scores the same.
     """
     return run_seed + 10**6
+
+
+# The most env steps an evaluation episode may take when its env has no time limit of its own (an env registered
+# without `max_episode_steps`): longer ones are cut there, their partial return counted, and the evaluation says
+# so. An env with a limit ends its episodes at that limit as it always does.
+MAX_EPISODE_STEPS = 100_000
+
+
+def episode_step_cap(env) -> int:
+    """The env steps an evaluation episode of `env` may take: its time limit, else `MAX_EPISODE_STEPS`."""
+    limit = env.spec.max_episode_steps if getattr(env, "spec", None) is not None else None
+    return limit or MAX_EPISODE_STEPS
+
+
+def _say_cut(env_id: str, cut: int, episodes: int, cap: int) -> None:
+    if cut:
+        log.warning(
+            "%s: %d of %d evaluation episodes cut at %d env steps: the env has no time limit of its own (register "
+            "it with max_episode_steps, or wrap it in gymnasium's TimeLimit, to end its episodes where it should).",
+            env_id,
+            cut,
+            episodes,
+            cap,
+        )
 
 
 def _check_stop() -> None:
@@ -71,6 +95,7 @@ def run_episodes(
 
     env = make_rendering_env(env_id) if video_paths else make_env(env_id)
     result = Episodes([], [])
+    cap, cut = episode_step_cap(env), 0
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=env_seeds(seed + i, 1)[0])
@@ -85,7 +110,8 @@ def run_episodes(
                     _check_stop()
                     obs, reward, terminated, truncated, _ = env.step(act(_one(obs))[0])
                     total, length = total + float(reward), length + 1
-                    done = terminated or truncated
+                    done = terminated or truncated or length >= cap
+                    cut += not (terminated or truncated) and length >= cap
                     if writer:
                         _add_frame(env, env_id, writer)
                 if writer:
@@ -98,6 +124,7 @@ def run_episodes(
             result.lengths.append(length)
     finally:
         env.close()
+    _say_cut(env_id, cut, episodes, cap)
     return result
 
 
@@ -127,13 +154,14 @@ def run_batched_episodes(
     episodes: int,
     seed: int,
     act: Callable[[np.ndarray], np.ndarray],
-    max_steps: int = 10**6,
+    max_steps: int | None = None,
     progress: str | None = None,
 ) -> Episodes:
     """Runs one episode in each of `episodes` envs stepped as one batch (Atari: ale-py, else in-process).
 
     `act` maps observations [B, ...] to actions [B]. Episodes still running
-    after `max_steps` batch steps are cut (their partial return counts).
+    after `max_steps` batch steps (None: the env's time limit, else `MAX_EPISODE_STEPS`) are cut (their partial
+    return counts), which a warning says.
     `progress` names the evaluation in progress lines (`rlfleet.common.progress_line`) printed every few seconds
     while it runs: episodes ended, env steps and their rate, and once an episode has ended, the time left
     estimated from the mean length of those that ended (each running episode taken to last at least that long,
@@ -147,12 +175,13 @@ def run_batched_episodes(
     line = ProgressLine(progress, "env steps") if progress else None
     backend = resolve_backend(env_id, "auto")
     venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
+    cap = max_steps or env_spec(env_id).max_episode_steps or MAX_EPISODE_STEPS
     try:
         obs, _ = venv.reset(seed=env_seeds(seed, episodes))
         totals = np.zeros(episodes)
         lengths = np.zeros(episodes, np.int64)
         running = np.ones(episodes, bool)
-        for _ in range(max_steps):
+        for _ in range(cap):
             _check_stop()
             obs, reward, terminated, truncated, _ = venv.step(act(obs))
             totals += np.where(running, reward, 0.0)
@@ -169,6 +198,7 @@ def run_batched_episodes(
                 line.update(float(lengths.sum()), total, f"{int(ended.sum())}/{episodes} episodes ended")
     finally:
         venv.close()
+    _say_cut(env_id, int(running.sum()), episodes, cap)
     return Episodes(totals.tolist(), lengths.tolist())
 
 

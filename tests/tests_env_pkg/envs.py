@@ -65,3 +65,15 @@ class Corridor(gym.Env):
 
 
 gym.register(id="Corridor-v0", entry_point=Corridor, max_episode_steps=32)
+
+
+class EndlessCorridor(Corridor):
+    """The corridor with no end (reaching the last cell keeps the episode going) and, registered, no time limit:
+    an env whose episodes never end by themselves."""
+
+    def step(self, action):
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, False, truncated, info
+
+
+gym.register(id="EndlessCorridor-v0", entry_point=EndlessCorridor)
