@@ -26,7 +26,7 @@ import numpy as np
 
 from rlfleet.actors.replay_client import Client
 from rlfleet.actors.writers import ItemCredit
-from rlfleet.envs.core import truncation_observations
+from rlfleet.envs.core import policy_observations, truncation_observations
 
 # How a step ended its episode, in a `WindowAdder` item's `end` field: it did not; the env terminated (a terminal
 # state: nothing to bootstrap from); the episode was cut (a time limit, or a padding step before the first
@@ -90,6 +90,7 @@ def collect(builder, actor, venv, weights, epoch: int) -> None:
     """
     act = builder.behaviour(actor)
     rng, obs = actor.start_episodes(venv)
+    obs = policy_observations(obs)  # float32, as the learner and evaluation act on them
     adder = builder.adder(actor, weights, epoch)
     try:
         adder.start(obs)
@@ -100,6 +101,7 @@ def collect(builder, actor, venv, weights, epoch: int) -> None:
             actor.policy_version = policy.version
             a = act(policy, obs, rng)
             next_obs, reward, terminated, truncated, info = venv.step(a.env_action)
+            next_obs = policy_observations(next_obs)  # (a float64 value beyond float32's range: not finite)
             actor.check_finite(next_obs, reward)
             if not adder.add(Step(obs, a, reward, terminated, truncated, info, next_obs), policy.version, serial):
                 break

@@ -369,6 +369,13 @@ def check_env_kwargs(env_id: str) -> None:
         env.close()
 
 
+def policy_observations(obs):
+    """Observations as every policy of rlfleet takes them (actors, the learner, evaluation, the exported model):
+    float32 where they are floats (an env's float64 included), others (Atari's uint8 frames) as they are."""
+    obs = np.asarray(obs)
+    return obs.astype(np.float32) if obs.dtype.kind == "f" and obs.dtype != np.float32 else obs
+
+
 def env_spec(env_id: str) -> EnvSpec:
     """Builds the env once and reads its spaces (Atari ids: after the `ATARI` preprocessing).
 
@@ -407,6 +414,12 @@ def env_spec(env_id: str) -> EnvSpec:
                 env.spec.max_episode_steps if env.spec else None,
             )
         if isinstance(act, gym.spaces.Discrete):
+            if int(act.start) != 0:
+                raise EnvError(
+                    f"{env_id}: its actions are {act.start}..{act.start + act.n - 1} (Discrete with start="
+                    f"{act.start}); rlfleet's discrete algorithms act with 0..{act.n - 1}. Wrap the env so that its "
+                    f"actions start at 0 (gymnasium.wrappers.TransformAction adding {act.start}), then give that env."
+                )
             return EnvSpec(
                 env_id,
                 tuple(obs.shape),

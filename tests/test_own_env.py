@@ -137,3 +137,63 @@ def test_evaluation_episodes_of_an_env_without_a_time_limit_are_cut_and_said_so(
     caplog.clear()
     corridor = evaluation.run_episodes("tests_env_pkg.envs:Corridor-v0", 1, 0, lambda obs: np.zeros(len(obs), np.int64))
     assert corridor.lengths == [32] and not [r for r in caplog.records if "cut at" in r.getMessage()]
+
+
+def test_an_env_whose_actions_do_not_start_at_0_is_refused_before_anything_starts(tmp_path):
+    run = tmp_path / "corridor"
+    out = rlfleet("up", *CORRIDOR, "--env-kwargs", "action_start=1", "--total-steps", 1000, "--logdir", run,
+                  env=WITH_MODULE, timeout=300)  # fmt: skip
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "its actions are 1..2 (Discrete with start=1)" in out.stderr and "TransformAction" in out.stderr
+    assert not (run / "logs").exists()
+
+
+def test_float64_observations_reach_the_behaviour_policy_as_float32():
+    """A user's env with float64 observations far from 0 (where float64 and float32 products differ): the actors'
+    collection loop gives the behaviour policy float32, as the learner, evaluation and the exported model take
+    them, so that every one of them acts on the same numbers."""
+    import threading
+    import types
+
+    import numpy as np
+    import tests_env_pkg.envs  # noqa: F401  (registers the envs)
+
+    from rlfleet.actors.actor import Policy
+    from rlfleet.actors.adders import Act, collect
+    from rlfleet.envs.core import make_batched_env
+
+    seen, stop = [], threading.Event()
+
+    class Builder:
+        def behaviour(self, actor):
+            def act(policy, obs, rng):
+                seen.append(obs)
+                action = np.zeros(len(obs), np.int64)
+                return Act(action, action, {})
+
+            return act
+
+        def adder(self, actor, weights, epoch):
+            steps = iter(range(5))
+            return types.SimpleNamespace(
+                start=lambda obs: None,
+                before_step=lambda version: None,
+                add=lambda step, version, serial: next(steps, None) is not None,
+                close=lambda: None,
+            )
+
+    venv = make_batched_env('tests_env_pkg.envs:Corridor-v0?{"obs_offset":1000000.5}', 2, "sync")
+    actor = types.SimpleNamespace(
+        stop=stop,
+        policy_version=-1,
+        start_episodes=lambda v: (np.random.default_rng(0), v.reset(seed=[0, 1])[0]),
+        check_finite=lambda obs, reward=None: None,
+        count_steps=lambda reward, done: None,
+    )
+    weights = types.SimpleNamespace(serial=0, latest=Policy(0, {}, None))
+    try:
+        collect(Builder(), actor, venv, weights, 0)
+    finally:
+        venv.close()
+    assert len(seen) == 6 and all(o.dtype == np.float32 for o in seen)
+    assert seen[0][0, 0] == np.float32(1000001.5) and seen[0][0, 1] == np.float32(1000000.5)

@@ -11,7 +11,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlfleet.common.logs import logger
-from rlfleet.envs.core import env_seeds, env_spec, make_batched_env, make_env, make_rendering_env, resolve_backend
+from rlfleet.envs.core import (
+    env_seeds,
+    env_spec,
+    make_batched_env,
+    make_env,
+    make_rendering_env,
+    policy_observations,
+    resolve_backend,
+)
 
 log = logger("evaluation")
 
@@ -129,9 +137,8 @@ def run_episodes(
 
 
 def _one(obs) -> np.ndarray:
-    """One env's observation as a batch of one, [1, *obs_shape]: float32 where it is a float (what actors send)."""
-    obs = np.asarray(obs)
-    return (obs.astype(np.float32) if obs.dtype.kind == "f" else obs)[None]
+    """One env's observation as a batch of one, [1, *obs_shape], as policies take it (`policy_observations`)."""
+    return policy_observations(obs)[None]
 
 
 def _add_frame(env, env_id: str, writer) -> None:
@@ -183,7 +190,7 @@ def run_batched_episodes(
         running = np.ones(episodes, bool)
         for _ in range(cap):
             _check_stop()
-            obs, reward, terminated, truncated, _ = venv.step(act(obs))
+            obs, reward, terminated, truncated, _ = venv.step(act(policy_observations(obs)))
             totals += np.where(running, reward, 0.0)
             lengths += running
             running &= ~(terminated | truncated)

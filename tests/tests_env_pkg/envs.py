@@ -6,7 +6,8 @@ made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the epis
 32 steps. `busy_seconds` > 0 makes each step compute for that long (a CPU-bound Python env, as an expensive
 simulator would be). `fail_seeds_from` > 0 makes a reset with a seed from there on raise (a user's env with a
 bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not);
-`nan_from_seed` > 0 makes a reset with a seed from there on return a NaN observation.
+`nan_from_seed` > 0 makes a reset with a seed from there on return a NaN observation. `action_start` numbers the
+actions from there (gymnasium's Discrete start); `obs_offset` != 0 gives float64 observations, offset by it.
 """
 
 import time
@@ -27,19 +28,24 @@ class Corridor(gym.Env):
         busy_seconds: float = 0.0,
         fail_seeds_from: int = 0,
         nan_from_seed: int = 0,
+        action_start: int = 0,
+        obs_offset: float = 0.0,
     ):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
         self.length, self.render_mode, self.busy_seconds = int(length), render_mode, float(busy_seconds)
         self.fail_seeds_from, self.nan_from_seed = int(fail_seeds_from), int(nan_from_seed)
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (self.length,), np.float32)
-        self.action_space = gym.spaces.Discrete(2)
+        self.offset = float(obs_offset)
+        dtype = np.float64 if self.offset else np.float32
+        self.observation_space = gym.spaces.Box(self.offset, self.offset + 1.0, (self.length,), dtype)
+        self.action_space = gym.spaces.Discrete(2, start=int(action_start))
+        self.start = int(action_start)
         self.position = 0
 
     def _obs(self):
-        obs = np.zeros(self.length, np.float32)
+        obs = np.zeros(self.length, self.observation_space.dtype)
         obs[self.position] = 1.0
-        return obs
+        return obs + self.offset if self.offset else obs
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -54,7 +60,7 @@ class Corridor(gym.Env):
         end = time.thread_time() + self.busy_seconds  # CPU time: the step costs the same however loaded the machine
         while time.thread_time() < end:
             pass
-        self.position = int(np.clip(self.position + (1 if int(action) == 1 else -1), 0, self.length - 1))
+        self.position = int(np.clip(self.position + (1 if int(action) - self.start == 1 else -1), 0, self.length - 1))
         at_end = self.position == self.length - 1
         return self._obs(), float(at_end), at_end, False, {}
 
