@@ -31,7 +31,7 @@ from rlfleet.algorithms.base import CreditLimit
 from rlfleet.common.limits import open_files_problem, too_many_open_files
 from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
-from rlfleet.envs.core import OPEN_FILES_PER_ENV, env_seeds, make_batched_env, resolve_backend
+from rlfleet.envs.core import OPEN_FILES_PER_ENV, EnvError, env_seeds, make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel
@@ -499,20 +499,7 @@ class Actor:
             log.info(
                 "%d x %s (%s) writing to replay at %s", cfg.num_envs, cfg.env_id, self.backend, self.replay_address
             )
-            while not self.stop.is_set():
-                if not self._wait_for_replay():
-                    break
-                try:
-                    adders.collect(self.builder, ActorContext(self), venv, weights, self.replay_epoch)
-                    break
-                except ReplayLost as e:
-                    self._restarts += 1
-                    log.warning(
-                        "%s",
-                        str(e)
-                        or f"replay server {self.replay_address} is back; new writers, envs reset (the episodes "
-                        "in progress are dropped)",
-                    )
+            self._collect(venv, weights)
             if weights.error:
                 raise ActorError(weights.error)
         finally:
@@ -576,6 +563,40 @@ class Actor:
                 "Install the same gymnasium/mujoco/ale-py versions as the learner machine; "
                 "nothing was written to replay."
             )
+
+    def _collect(self, venv, weights) -> None:
+        """Runs the collection loop until the actor stops, with new writers (and reset envs) after each replay
+        restart. Raises ActorError for what the collection raised besides (an env's exception, most often)."""
+        while not self.stop.is_set():
+            if not self._wait_for_replay():
+                return
+            try:
+                adders.collect(self.builder, ActorContext(self), venv, weights, self.replay_epoch)
+                return
+            except ReplayLost as e:
+                self._restarts += 1
+                log.warning(
+                    "%s",
+                    str(e)
+                    or f"replay server {self.replay_address} is back; new writers, envs reset (the episodes "
+                    "in progress are dropped)",
+                )
+            except (ActorError, EnvError):
+                raise
+            except Exception as e:  # the env's, most often (a user's env that raises in reset or step)
+                raise self._collection_error(e) from e
+
+    def _collection_error(self, e: Exception) -> ActorError:
+        """The ActorError of an exception the collection raised (an env's, most often), with the env id and its
+        seeds; the traceback goes to the log."""
+        cfg = self.config
+        seed = int(cfg.seed) + 7919 * self._restarts
+        log.error("collection stopped by %s: %s. Its traceback:", type(e).__name__, e, exc_info=e)
+        return ActorError(
+            f"{type(e).__name__}: {e}, raised while this actor stepped {cfg.num_envs} x {cfg.env_id} (env seeds "
+            f"from {seed}) after {self.env_steps} env steps; the traceback is in this actor's log. What it "
+            "collected before is in the replay."
+        )
 
     def start_episodes(self, venv):
         """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""

@@ -197,3 +197,16 @@ def test_float64_observations_reach_the_behaviour_policy_as_float32():
         venv.close()
     assert len(seen) == 6 and all(o.dtype == np.float32 for o in seen)
     assert seen[0][0, 0] == np.float32(1000001.5) and seen[0][0, 1] == np.float32(1000000.5)
+
+
+def test_an_env_that_raises_in_an_actors_step_is_named_with_its_seeds_and_traceback(tmp_path):
+    """A user's env that raises in `step` on an actor: the actor stops with the exception, the env id and the
+    seeds its envs started from (its log has the traceback), and says what it collected is kept."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "fail_after_steps=300", "--env-backend", "sync", "--total-steps", 100000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode != 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "ValueError: Corridor broke at its step 301, raised while this actor stepped 8 x tests_env_pkg.envs:"
+    assert said in out.stdout + out.stderr and "(env seeds from 1000)" in out.stdout + out.stderr, out.stderr
+    log = (run / "logs" / "actor-0.log").read_text()
+    assert "collection stopped by ValueError" in log and 'tests_env_pkg/envs.py", line' in log, log[-3000:]

@@ -7,7 +7,8 @@ made). Actions: 0 left, 1 right. Reward: 1 at the end, which terminates the epis
 simulator would be). `fail_seeds_from` > 0 makes a reset with a seed from there on raise (a user's env with a
 bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not);
 `nan_from_seed` > 0 makes a reset with a seed from there on return a NaN observation. `action_start` numbers the
-actions from there (gymnasium's Discrete start); `obs_offset` != 0 gives float64 observations, offset by it.
+actions from there (gymnasium's Discrete start); `obs_offset` != 0 gives float64 observations, offset by it;
+`fail_after_steps` > 0 makes a step raise once the env has taken that many.
 """
 
 import time
@@ -30,6 +31,7 @@ class Corridor(gym.Env):
         nan_from_seed: int = 0,
         action_start: int = 0,
         obs_offset: float = 0.0,
+        fail_after_steps: int = 0,
     ):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
@@ -39,7 +41,7 @@ class Corridor(gym.Env):
         dtype = np.float64 if self.offset else np.float32
         self.observation_space = gym.spaces.Box(self.offset, self.offset + 1.0, (self.length,), dtype)
         self.action_space = gym.spaces.Discrete(2, start=int(action_start))
-        self.start = int(action_start)
+        self.start, self.fail_after_steps, self.steps = int(action_start), int(fail_after_steps), 0
         self.position = 0
 
     def _obs(self):
@@ -60,6 +62,9 @@ class Corridor(gym.Env):
         end = time.thread_time() + self.busy_seconds  # CPU time: the step costs the same however loaded the machine
         while time.thread_time() < end:
             pass
+        self.steps += 1
+        if self.fail_after_steps and self.steps > self.fail_after_steps:
+            raise ValueError(f"Corridor broke at its step {self.steps}")
         self.position = int(np.clip(self.position + (1 if int(action) - self.start == 1 else -1), 0, self.length - 1))
         at_end = self.position == self.length - 1
         return self._obs(), float(at_end), at_end, False, {}
