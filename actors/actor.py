@@ -34,7 +34,7 @@ from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import OPEN_FILES_PER_ENV, EnvError, env_seeds, make_batched_env, resolve_backend
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
-from rlfleet.proto.security import ClientSecurity, channel
+from rlfleet.proto.security import ClientSecurity, channel, tls_problem
 
 log = logger("actor")
 
@@ -282,9 +282,13 @@ class Actor:
                 log.warning("learner %s: %s; registering again", learner_address, e.details())
                 time.sleep(2)
 
-    @staticmethod
-    def _refused(e: grpc.RpcError, learner_address: str, connect_timeout_s: float):
-        """Raises the ActorError that a failed RegisterActor call `e` means."""
+    def _refused(self, e: grpc.RpcError, learner_address: str, connect_timeout_s: float):
+        """Raises the ActorError that a failed RegisterActor call `e` means (with TLS, a handshake that fails
+        names why: the certificate's host name, its expiry, its CA)."""
+        if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            problem = tls_problem(learner_address, self.security)
+            if problem:
+                raise ActorError(f"cannot connect to the learner {learner_address}: {problem}.") from None
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise ActorError(
                 f"no connection to the learner {learner_address} after {connect_timeout_s:.0f}s; "

@@ -551,7 +551,7 @@ def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | N
     """The learner's TLS files ((cert, key, client CA or None), or None: plaintext) and its token (--token, else
     $RLFLEET_TOKEN); exits on a certificate without its key (or the reverse), a client CA without TLS, or a bad
     token."""
-    from rlfleet.proto.security import SecurityError, token_from_env
+    from rlfleet.proto.security import SecurityError, server_credentials, token_from_env
 
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
@@ -559,6 +559,8 @@ def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | N
         _fail("--tls-client-ca needs TLS: also pass --tls-cert and --tls-key.")
     try:
         token = token_from_env(token)
+        if tls_cert:
+            server_credentials(tls_cert, tls_key, tls_client_ca)  # readable, and certificates within their dates
     except SecurityError as e:
         _fail(str(e))
     return ((tls_cert, tls_key, tls_client_ca) if tls_cert else None), token

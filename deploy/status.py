@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
-from rlfleet.proto.security import ClientSecurity, channel
+from rlfleet.proto.security import ClientSecurity, channel, tls_problem
 
 
 class StatusError(RuntimeError):
@@ -35,6 +35,9 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
+            problem = tls_problem(address, security)
+            if problem:
+                raise StatusError(f"cannot reach the learner at {address}: {problem}.") from None
             raise StatusError(
                 f"cannot reach the learner at {address} ({e.code().name}: {e.details()}); "
                 "check the address (`rlfleet up` prints it; under docker-compose it is the published port, "

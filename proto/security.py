@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import os
+import socket
+import ssl
 
 import grpc
 
@@ -49,14 +52,81 @@ class SecurityError(ValueError):
     or variable."""
 
 
-def _read(path: str | None, what: str) -> bytes | None:
+def _read(path: str | None, what: str, certificate: bool = False) -> bytes | None:
+    """The PEM file `path` of option `what` (None: not given); a `certificate` file is checked for dates."""
     if not path:
         return None
     try:
         with open(path, "rb") as f:
-            return f.read()
+            data = f.read()
     except OSError as e:
         raise SecurityError(f"{what} {path}: cannot read it ({e.strerror}); pass a PEM file that exists.") from None
+    if certificate:
+        check_certificate_dates(data, f"{what} {path}")
+    return data
+
+
+def check_certificate_dates(pem: bytes, what: str, now: datetime.datetime | None = None) -> None:
+    """Refuses certificates (every one in the PEM data `pem`) that have expired or are not valid yet: a peer
+    would refuse them at every handshake, and each side would only say the connection failed.
+
+    Raises:
+        SecurityError: naming `what`, the certificate's subject and its validity, and the fix.
+    """
+    from cryptography import x509
+
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError as e:
+        raise SecurityError(f"{what}: not a PEM certificate ({e}); pass the PEM file of a certificate.") from None
+    for cert in certificates:
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        subject = cert.subject.rfc4514_string() or "(no subject)"
+        if now > end:
+            raise SecurityError(
+                f"{what}: the certificate {subject} expired on {end:%Y-%m-%d %H:%M} UTC; renew it (a new one signed "
+                "by the same CA) and start again."
+            )
+        if now < start:
+            raise SecurityError(
+                f"{what}: the certificate {subject} is valid only from {start:%Y-%m-%d %H:%M} UTC (this machine's "
+                "clock says it is earlier); check the clock, or issue it with an earlier start."
+            )
+
+
+def tls_problem(address: str, security: ClientSecurity | None, timeout_s: float = 5.0) -> str | None:
+    """Why a TLS connection to the learner at `address` ("host:port") fails with this client's settings, found
+    by one handshake of Python's `ssl` with the same CA and client certificate: the learner's certificate does not
+    name that host, has expired, or was signed by another CA; None when the handshake succeeds, TLS is off, or
+    nothing answers (then the address or the learner is the problem, which the caller says)."""
+    s = security
+    if not (s and (s.tls_ca or s.tls_cert)):
+        return None
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    try:
+        context = ssl.create_default_context(cafile=s.tls_ca) if s.tls_ca else ssl.create_default_context()
+        if s.tls_cert and s.tls_key:
+            context.load_cert_chain(s.tls_cert, s.tls_key)
+        context.set_alpn_protocols(["h2"])
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as raw:
+            with context.wrap_socket(raw, server_hostname=host):
+                return None
+    except ssl.SSLCertVerificationError as e:
+        why = e.verify_message or str(e)
+        if "hostname mismatch" in why.lower() or "ip address mismatch" in why.lower():
+            fix = "connect with a name or address the certificate names (its subjectAltName), or give the learner "
+            fix += f"a certificate that names {host}"
+        elif "expired" in why.lower():
+            fix = "renew the learner's certificate"
+        else:
+            fix = "pass --tls-ca the CA that signed the learner's certificate"
+        return f"the learner's TLS certificate is not accepted for {host}: {why}; {fix}"
+    except ssl.SSLError as e:
+        return f"the TLS handshake with {address} failed: {e.reason or e}"
+    except (OSError, ValueError):
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +156,9 @@ def channel(address: str, security: ClientSecurity | None = None) -> grpc.Channe
         raise SecurityError("--tls-cert and --tls-key go together (this client's certificate and its key).")
     if s.tls_ca or s.tls_cert:
         creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(s.tls_ca, "--tls-ca"),
+            root_certificates=_read(s.tls_ca, "--tls-ca", certificate=True),
             private_key=_read(s.tls_key, "--tls-key"),
-            certificate_chain=_read(s.tls_cert, "--tls-cert"),
+            certificate_chain=_read(s.tls_cert, "--tls-cert", certificate=True),
         )
         ch = grpc.secure_channel(address, creds, options=_CLIENT_OPTIONS)
     else:
@@ -141,8 +211,8 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
         SecurityError: a file cannot be read.
     """
     return grpc.ssl_server_credentials(
-        [(_read(key, "--tls-key"), _read(cert, "--tls-cert"))],
-        root_certificates=_read(client_ca, "--tls-client-ca"),
+        [(_read(key, "--tls-key"), _read(cert, "--tls-cert", certificate=True))],
+        root_certificates=_read(client_ca, "--tls-client-ca", certificate=True),
         require_client_auth=bool(client_ca),
     )
 

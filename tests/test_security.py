@@ -167,6 +167,58 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     assert st["actors"][0]["host"]
 
 
+def _expired_certificate(certs, folder):
+    """A server certificate signed by the test CA whose validity ended yesterday: (certificate, key) paths."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "expired server")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=10))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    (folder / "expired.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (folder / "expired.key").write_bytes(pem)
+    return folder / "expired.pem", folder / "expired.key"
+
+
+def test_tls_failures_name_their_cause(procs, tmp_path, free_port, certs):
+    """A certificate that does not name the address dialled is said so by the actor and status (not "no
+    connection, check the address"); an expired certificate is refused when the learner starts."""
+    replay, learner, address = _start(
+        procs, tmp_path, free_port, "--tls-cert", certs / "server.pem", "--tls-key", certs / "server.key", "--bind",
+        "0.0.0.0",
+    )  # fmt: skip
+    ca = ("--tls-ca", certs / "ca.pem")
+    wait_for(lambda: rlfleet("health", "--learner", address, *ca).returncode == 0, 180, "the learner", [learner])
+    # The same learner dialled at 127.0.0.2 (loopback too): its certificate names 127.0.0.1 and localhost only.
+    other = address.replace("127.0.0.1", "127.0.0.2")
+    for command in (("actor", "--learner", other, "--connect-timeout", 10), ("status", "--learner", other)):
+        out = rlfleet(*command, *ca, timeout=120)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "the learner's TLS certificate is not accepted for 127.0.0.2" in out.stderr, out.stderr
+        assert "mismatch" in out.stderr and "subjectAltName" in out.stderr
+    cert, key = _expired_certificate(certs, tmp_path)
+    out = rlfleet("learner", *DQN, "--replay", f"127.0.0.1:{replay.port}", "--logdir", tmp_path / "run2",
+                  "--tls-cert", cert, "--tls-key", key, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and "the certificate CN=expired server expired on" in out.stderr, out.stderr
+    assert "renew it" in out.stderr and not (tmp_path / "run2").exists()
+
+
 def test_an_unreadable_or_empty_token_file_is_refused_naming_it(tmp_path):
     missing, empty = tmp_path / "no-secret", tmp_path / "empty-secret"
     empty.write_text("\n")
