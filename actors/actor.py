@@ -31,7 +31,14 @@ from rlfleet.algorithms.base import CreditLimit
 from rlfleet.common.limits import open_files_problem, too_many_open_files
 from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
-from rlfleet.envs.core import OPEN_FILES_PER_ENV, EnvError, env_seeds, make_batched_env, resolve_backend
+from rlfleet.envs.core import (
+    OPEN_FILES_PER_ENV,
+    EnvError,
+    env_identity,
+    env_seeds,
+    make_batched_env,
+    resolve_backend,
+)
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel, tls_problem
@@ -226,6 +233,7 @@ class Actor:
         self.host = socket.gethostname()
         resp = self._register(learner_address, num_envs, connect_timeout_s)
         self.actor_id, self.config = resp.actor_id, resp.config
+        self.learner_identity = dict(resp.identity)  # the learner machine's env and versions ({}: not said)
         set_role(f"actor-{self.actor_id}")  # the learner's number for it, in every line from here on
         try:
             self.builder = algorithms.get(self.config.algo)
@@ -490,6 +498,7 @@ class Actor:
         venv = None
         try:
             heartbeats.start()  # before the envs: `auto` measuring slow envs must not time out of the status list
+            self._check_identity()
             venv = self._open_envs()  # inside: an env that fails still leaves the status list at once (below)
             self._check_spec(venv)
             weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
@@ -548,6 +557,20 @@ class Actor:
                 if not any(a.actor_id != self.actor_id for a in st.actors):
                     return
                 finished = True
+
+    def _check_identity(self) -> None:
+        """Raises ActorError when this machine runs the env otherwise than the learner's (`env_identity`: rlfleet's
+        or gymnasium's version, the env package's version, the time limit), before any env is made."""
+        here = env_identity(self.config.env_id)
+        there = self.learner_identity
+        keys = sorted(here.keys() & there.keys())
+        diff = [f"{k}: {here[k]} here, {there[k]} at the learner" for k in keys if here[k] != there[k]]
+        if diff:
+            raise ActorError(
+                f"this machine runs {self.config.env_id} otherwise than the learner's: {'; '.join(diff)}. Its "
+                "steps would not be the run's env; install the same versions (pip install the learner machine's "
+                "rlfleet, gymnasium and env package) and start the actor again. Nothing was written to replay."
+            )
 
     def _check_spec(self, venv) -> None:
         """Raises ActorError when this machine's env differs from the learner's (observation shape,

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.metadata
 import json
 import logging
 import re
@@ -367,6 +369,55 @@ def check_env_kwargs(env_id: str) -> None:
         ) from None
     finally:
         env.close()
+
+
+def _distribution(module: str) -> str:
+    """ "name version" of the installed distribution that provides the top-level package of `module` ("" where
+    none does: a module found on PYTHONPATH)."""
+    top = module.split(".", 1)[0]
+    for name in importlib.metadata.packages_distributions().get(top, ()):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def env_identity(env_id: str) -> dict[str, str]:
+    """What makes an env the same on two machines beyond its id and spaces (which `EnvSpec` holds): rlfleet's and
+    gymnasium's versions, the distribution and version of the package its entry point is in (ale-py for Atari,
+    gymnasium for MuJoCo and classic control, a user's package for its envs) with MuJoCo's version where it is a
+    MuJoCo env, and its time limit. Two actors whose identities differ step different envs under one id (another
+    time limit, another package version's dynamics or rewards).
+
+    Raises:
+        EnvError: the id is unknown (as `make_env`)."""
+    base, _ = split_env_id(env_id)
+    module_name, _, name = base.rpartition(":")
+    try:
+        if module_name:  # "package.module:Env-v0": the module registers it on import, as gym.make does
+            importlib.import_module(module_name)
+        spec = gym.spec(name)
+    except (gym.error.Error, ImportError) as e:
+        raise EnvError(f"{base}: {e}") from None
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
+    module = str(entry).split(":", 1)[0]
+    out = {
+        "rlfleet": _version("rlfleet"),
+        "gymnasium": _distribution("gymnasium"),
+        "env_package": _distribution(module) or f"{module.split('.', 1)[0]} (not installed as a distribution)",
+        "time_limit": str(spec.max_episode_steps),
+    }
+    if "mujoco" in module:
+        out["mujoco"] = _distribution("mujoco")
+    return out
 
 
 def policy_observations(obs):

@@ -42,7 +42,7 @@ from rlfleet.common.addresses import host_port
 from rlfleet.common.files import StorageError, check_writable
 from rlfleet.common.logs import logger
 from rlfleet.common.stopping import on_stop_signals
-from rlfleet.envs.core import env_spec
+from rlfleet.envs.core import env_identity, env_spec
 from rlfleet.learner.actor_registry import ActorRegistry, ActorSeen
 from rlfleet.learner.errors import LearnerError, LearnerStopped, NonFiniteError, check_finite
 from rlfleet.learner.progress import COUNTERS, ProgressCheckpoints, checkpoint_run_replay, read_best
@@ -125,6 +125,7 @@ class Learner:
         """The env, settings and agent of the run, checked against the run directory; returns what run.json
         records."""
         self.spec = env_spec(run.settings.env_id)
+        self.env_identity = env_identity(run.settings.env_id)  # actors compare theirs at registration
         algorithms.require_action_kind(self.spec, run.settings.algo)
         self.config = run.settings.config
         check_writable(run.logdir, "the run directory")  # StorageError: read-only, no permission, full

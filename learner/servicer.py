@@ -153,7 +153,9 @@ class _Methods:
             )
         address = peer_ip(context.peer())
         actor_id = learner.admit_actor(request.host or address, address)
-        return rlfleet_pb2.RegisterActorResponse(actor_id=actor_id, config=learner.run_config(actor_id))
+        return rlfleet_pb2.RegisterActorResponse(
+            actor_id=actor_id, config=learner.run_config(actor_id), identity=learner.env_identity
+        )
 
     async def stream_weights(self, request, context):
         learner = await self.server.ready_learner(context)

@@ -210,3 +210,28 @@ def test_an_env_that_raises_in_an_actors_step_is_named_with_its_seeds_and_traceb
     assert said in out.stdout + out.stderr and "(env seeds from 1000)" in out.stdout + out.stderr, out.stderr
     log = (run / "logs" / "actor-0.log").read_text()
     assert "collection stopped by ValueError" in log and 'tests_env_pkg/envs.py", line' in log, log[-3000:]
+
+
+def test_an_actor_whose_env_differs_from_the_learners_is_refused_naming_the_difference(procs, free_port, tmp_path):
+    """The same env id, spaces and shapes, but another time limit on the actor's machine (another version of the
+    user's package): the actor refuses to run before it makes an env, naming what differs."""
+    from helpers import status_or_none, wait_for
+
+    settings = ("--algo", "dqn", "--env", "tests_env_pkg.envs:Corridor-v0")
+    replay_port, learner_port = free_port(), free_port()
+    procs.start("replay", "replay", *settings, "--port", replay_port, env=WITH_MODULE)
+    learner = procs.start(
+        "learner", "learner", *settings, "--replay", f"127.0.0.1:{replay_port}", "--logdir", tmp_path / "run",
+        "--port", learner_port, env=WITH_MODULE,
+    )  # fmt: skip
+    address = f"127.0.0.1:{learner_port}"
+    wait_for(lambda: status_or_none(address), 180, "the learner", [learner])
+    other = dict(WITH_MODULE, CORRIDOR_TIME_LIMIT="64")
+    out = rlfleet("actor", "--learner", address, env=other, timeout=180)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "otherwise than the learner's: time_limit: 64 here, 32 at the learner"
+    assert said in out.stderr and "Nothing was written to replay" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    # The same machine's env joins.
+    actor = procs.start("actor", "actor", "--learner", address, env=WITH_MODULE)
+    wait_for(lambda: (s := status_or_none(address)) and s["env_steps"] > 0, 180, "the matching actor", [actor])
