@@ -430,6 +430,22 @@ def _print_summary(logdir: str) -> None:
     )
 
 
+def _print_started(plan: LaunchPlan) -> None:
+    """`up`'s lines once every process answers: where the learner is, how actor machines attach, where the logs
+    are."""
+    o, run = plan.options, plan.run
+    address = plan.learner_address
+    print(f"rlfleet up: learner at {address} (query it: rlfleet status --learner {address})", flush=True)
+    if plan.advertised:
+        attach = shlex.join(["rlfleet", "actor", "--learner", host_port(plan.advertised, plan.learner_port)])
+        print(f"rlfleet up: actors on other machines attach with: {attach}", flush=True)
+    print(
+        f"rlfleet up: {o.num_actors} actor(s) x {run.config.envs_per_actor} {run.env_id} envs; logs in "
+        f"{os.path.join(o.logdir, 'logs')}",
+        flush=True,
+    )
+
+
 def launch(run: RunSettings, options: UpOptions) -> int:
     """Runs the run `run` (its settings, with its seed and budget `total_steps`) as local processes as `options`
     say; returns the process exit code (0 done, 130 interrupted).
@@ -469,19 +485,7 @@ def launch(run: RunSettings, options: UpOptions) -> int:
         cluster.start_learner()
         cluster.start_actors()  # their start-up overlaps the learner's
         cluster.wait_ready()
-        print(
-            f"rlfleet up: learner at {plan.learner_address} (query it: rlfleet status --learner "
-            f"{plan.learner_address})",
-            flush=True,
-        )
-        if plan.advertised:
-            attach = shlex.join(["rlfleet", "actor", "--learner", host_port(plan.advertised, plan.learner_port)])
-            print(f"rlfleet up: actors on other machines attach with: {attach}", flush=True)
-        print(
-            f"rlfleet up: {options.num_actors} actor(s) x {run.config.envs_per_actor} {run.env_id} envs; logs in "
-            f"{os.path.join(logdir, 'logs')}",
-            flush=True,
-        )
+        _print_started(plan)
         cluster.watch()
         _print_summary(logdir)
         return 0
