@@ -73,6 +73,11 @@ RETRYABLE = (
 )
 
 
+# The exit status of an actor stopped (SIGTERM/SIGINT) before its run ended: a supervisor (a Kubernetes Job) starts
+# another; one whose run ended exits 0, one that cannot run 2.
+EXIT_STOPPED = 3
+
+
 class ActorError(RuntimeError):
     """An actor setup problem with a message that says how to fix it."""
 

@@ -22,8 +22,9 @@ import os
 import shlex
 import socket
 import sys
+import time
 
-from rlfleet.common.logs import logger
+from rlfleet.common.logs import NOTICE, logger
 
 log = logger("run-lock")
 
@@ -33,18 +34,28 @@ INHERITED_ENV = "RLFLEET_RUN_LOCK"  # "FD": the number of a lock file a parent p
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 _held: dict[str, int] = {}  # lock file path -> the open file holding its lock, for the life of the process
+# Seconds to wait for a lock whose holder is stopping: on this host, it or the process that started it has exited
+# (the processes of a killed `up` checkpoint and exit on their parent's death).
+STOPPING_WAIT_S = 180.0
+_POLL_S = 0.5
 
 
 class RunDirBusy(Exception):
     """Another process holds the run directory's lock; the message names it and what to do."""
 
 
-def hold(directory: str, role: str) -> int | None:
+def hold(directory: str, role: str, wait_s: float = 0.0) -> int | None:
     """Makes this process the one writer of `directory` (made if missing) for the rest of its life.
+
+    A lock whose holder is stopping (on this host, it or the process that started it has exited: the processes of
+    a killed `up` checkpoint and exit on their parent's death) is waited for up to `STOPPING_WAIT_S`; any other up
+    to `wait_s` seconds (a supervisor's restart while the old process still runs: a Kubernetes pod replaced while
+    the old one terminates), with one line that names the holder.
 
     Args:
         directory: the run directory (or another folder one process writes: a replay checkpoint folder).
         role: what this process is, for the message another writer gets ("up", "learner", "replay").
+        wait_s: seconds to wait for a holder that is not stopping (0: refuse at once).
     Returns:
         the open file that holds the lock (`inheritable` passes it to a child), or None where the filesystem
         has no locks.
@@ -60,20 +71,56 @@ def hold(directory: str, role: str) -> int | None:
     if fd is None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise RunDirBusy(_busy_message(directory, holder)) from None
+            _lock(fd, directory, wait_s)
         except OSError as e:
             os.close(fd)
             if e.errno not in _NO_LOCKS:
                 raise
             log.warning("%s: this filesystem has no file locks (%s); nothing stops a second writer.", directory, e)
             return None
+        except RunDirBusy:
+            os.close(fd)
+            raise
         _write_holder(fd, role)
     _held[path] = fd
     return fd
+
+
+def _lock(fd: int, directory: str, wait_s: float) -> None:
+    """Takes the lock on `fd`, waiting as `hold` says. Raises RunDirBusy, or OSError (no locks here)."""
+    deadline, said = None, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _holder(fd)
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + (max(wait_s, STOPPING_WAIT_S) if _stopping(holder) else wait_s)
+        if now >= deadline:
+            raise RunDirBusy(_busy_message(directory, holder)) from None
+        if not said:
+            log.log(NOTICE, "waiting for %s to release %s (at most %.0f s)", _who(holder), directory, deadline - now)
+            said = True
+        time.sleep(_POLL_S)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True  # another user's process, or no pid said: take it as running
+    return True
+
+
+def _stopping(holder: dict) -> bool:
+    """Whether the lock's holder is on this host and stopping: it, or the process that started it, has exited."""
+    if holder.get("host") != socket.gethostname() or not holder.get("pid"):
+        return False
+    return not _alive(holder["pid"]) or (bool(holder.get("parent")) and not _alive(holder["parent"]))
 
 
 def inheritable(fd: int | None) -> dict:
@@ -106,6 +153,7 @@ def _write_holder(fd: int, role: str) -> None:
     holder = dict(
         role=role,
         pid=os.getpid(),
+        parent=os.getppid(),
         host=socket.gethostname(),
         started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=shlex.join(["rlfleet", *sys.argv[1:]]),
@@ -126,14 +174,26 @@ def _holder(fd: int) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _who(holder: dict) -> str:
+    """The lock's holder as people read it."""
+    if not holder.get("pid"):
+        return "another process"
+    who = f"`{holder.get('command') or 'rlfleet'}` ({holder.get('role', 'rlfleet')}, pid {holder['pid']} on "
+    return who + f"host {holder.get('host', '?')}, since {holder.get('started', '?')})"
+
+
 def _busy_message(directory: str, holder: dict) -> str:
-    who = "another process"
-    if holder.get("pid"):
-        who = f"`{holder.get('command') or 'rlfleet'}` ({holder.get('role', 'rlfleet')}, pid {holder['pid']} on "
-        who += f"host {holder.get('host', '?')}, since {holder.get('started', '?')})"
+    """Why the lock was not taken, and what to do."""
+    if _stopping(holder):
+        return (
+            f"{directory} is still held by the processes that {_who(holder)} started, which have not stopped in "
+            f"{STOPPING_WAIT_S:.0f} s since it ended; stop them (`ps -ef | grep rlfleet`), then try again."
+        )
     stop = f"on {holder.get('host')}: kill {holder['pid']}" if holder.get("pid") else "stop it"
+    then = "resume it with --resume" if holder.get("role") in ("up", "learner") else "start this again"
     return (
-        f"{directory} is being written by {who}. Two writers would mix their rows in metrics.jsonl and overwrite "
-        f"each other's run.json, summary.json and checkpoints. Let that run finish or stop it ({stop}), then "
-        "resume it with --resume; or give another run directory."
+        f"{directory} is being written by {_who(holder)}. Two writers would mix their rows in metrics.jsonl and "
+        f"overwrite each other's run.json, summary.json and checkpoints. Let that process finish or stop it ({stop}), "
+        f"then {then}; or give another directory. Where its host is gone for good (a lock of a network filesystem "
+        f"that outlived it), removing {os.path.join(directory, LOCK_NAME)} releases it."
     )

@@ -25,9 +25,6 @@ from rlfleet.learner.run_spec import ACTOR_TIMEOUT_S, START_TIMEOUT_S, RunSpec
 
 log = logs.logger("cli")
 
-# The exit status of an actor stopped (SIGTERM/SIGINT) before its run ended; one whose run ended exits 0.
-ACTOR_STOPPED_EXIT = 3
-
 # Run seeds: what every env backend and initialiser takes (derived env seeds are folded, `env_seeds`).
 SEED = click.IntRange(0, 2**31 - 1)
 
@@ -1144,20 +1141,22 @@ def learner_cmd(
     _check_env_backend(s.env_id, served["env_backend"])
     if auto_resume and served["resume"] is None:
         served["resume"] = _auto_resume(served["logdir"])
-    _hold_run_dir(served["logdir"], "learner")  # after the checks: a refused start writes nothing
+    # After the checks (a refused start writes nothing); a supervisor's restart (--auto-resume) waits for the old
+    # process to let go, within its --start-timeout.
+    _hold_run_dir(served["logdir"], "learner", served["start_timeout_s"] if auto_resume else 0.0)
     run = RunSpec(settings=dataclasses.replace(s, seed=seed, total_steps=total_steps), **served)
     summary = _run_learner(run, server, stop, port_file, exit_code_if_stopped)
     if not summary.get("completed"):
         sys.exit(exit_code_if_stopped)
 
 
-def _hold_run_dir(directory: str, role: str) -> None:
-    """Makes this process the one writer of `directory` (`rlfleet.common.run_lock.hold`); exits (status 2) naming
-    the process that writes it already."""
+def _hold_run_dir(directory: str, role: str, wait_s: float = 0.0) -> None:
+    """Makes this process the one writer of `directory` (`rlfleet.common.run_lock.hold`, waiting up to `wait_s`
+    seconds for another); exits (status 2) naming the process that writes it already."""
     from rlfleet.common import run_lock
 
     try:
-        run_lock.hold(directory, role)
+        run_lock.hold(directory, role, wait_s)
     except run_lock.RunDirBusy as e:
         _fail(str(e))
     except OSError as e:
@@ -1293,7 +1292,7 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
     """Run one actor that joins the learner at --learner."""
     _quiet_tf()
     one_blas_thread()
-    from rlfleet.actors.actor import Actor, ActorError
+    from rlfleet.actors.actor import EXIT_STOPPED, Actor, ActorError
     from rlfleet.envs.core import EnvError
     from rlfleet.proto.security import SecurityError
 
@@ -1308,9 +1307,9 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
         log.info(
             "stopped before the run's end: exit %d, so that a supervisor (a Kubernetes Job, Swarm's on-failure) "
             "starts an actor again",
-            ACTOR_STOPPED_EXIT,
+            EXIT_STOPPED,
         )
-        sys.exit(ACTOR_STOPPED_EXIT)
+        sys.exit(EXIT_STOPPED)
 
 
 @main.command("status")

@@ -22,6 +22,7 @@ import time
 import portpicker
 
 from rlfleet import algorithms
+from rlfleet.actors.actor import EXIT_STOPPED
 from rlfleet.algorithms.base import AlgorithmBuilder
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common import run_lock
@@ -260,6 +261,7 @@ class _Cluster:
         self.actors: list[_Child] = []
         self.learner: _Child | None = None
         self._pending: list[tuple] = []  # (ready(), what, timeout s, log) of processes started, not yet seen ready
+        self._left: list[_Child] = []  # actors stopped by someone else before the run's end
 
     def _start(self, name: str, args: list[str], lock: int | None = None) -> _Child:
         child = _Child(name, args, self.plan.options.logdir, lock)
@@ -369,8 +371,15 @@ class _Cluster:
         for c in self.children:
             c.relay()
         for c in self.children:
-            if c is not self.learner and c.proc.poll() not in (None, 0):
-                raise _fail_child(c)
+            code = c.proc.poll()
+            if code in (None, 0) or c is self.learner:
+                continue
+            if c in self.actors and code == EXIT_STOPPED:  # stopped by someone before the run's end: a warning
+                if c not in self._left:
+                    self._left.append(c)
+                    log.warning("%s was stopped before the run's end (exit %d); the run goes on", c.name, code)
+                continue
+            raise _fail_child(c)
         for c in self.children:
             if "replay" in c.name and c.proc.poll() is not None:
                 raise _fail_child(c)

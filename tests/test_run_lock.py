@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 
+import psutil
 import pytest
 from helpers import Proc, rlfleet, wait_for
 
@@ -27,6 +28,8 @@ def _lock_is_free(path) -> bool:
 
 @pytest.mark.slow
 def test_a_second_writer_of_a_running_run_is_refused_and_a_crash_frees_the_directory(tmp_path):
+    """A second `up` and a learner of their own on a directory a running `up` writes are refused naming it; once
+    that `up` is killed, a resume waits for its stopping children and goes on."""
     run = tmp_path / "run"
     first = Proc(tmp_path, "up", "up", *PENDULUM, "--total-steps", 10**7, "--logdir", run)
     try:
@@ -43,15 +46,20 @@ def test_a_second_writer_of_a_running_run_is_refused_and_a_crash_frees_the_direc
             assert said in out.stderr and who in out.stderr and f"kill {first.proc.pid}" in out.stderr, out.stderr
         assert first.proc.poll() is None  # the run goes on
     finally:
-        first.stop(signal.SIGKILL)  # a crash: no clean stop, the kernel releases the lock
-    wait_for(lambda: _lock_is_free(run / ".rlfleet-lock"), 60, "the lock of a killed run (its learner exiting)")
-    # Its learner checkpointed as it stopped: the run resumes (here up to the wait for a replay server).
+        children = psutil.Process(first.proc.pid).children() if first.proc.poll() is None else []
+        first.stop(signal.SIGKILL)  # a crash: no clean stop; its children stop on their parent's death
+    # At once: the learner up started still holds up's lock while it checkpoints and exits; a resume waits for it
+    # (the lock's holder has exited) instead of being refused, and runs (here up to the wait for a replay server).
     out = rlfleet("learner", *PENDULUM, "--replay", "127.0.0.1:1", "--resume", run, "--start-timeout", "2",
-                  timeout=120)  # fmt: skip
+                  timeout=300)  # fmt: skip
     assert out.returncode == 2 and "did not answer" in out.stderr and "being written" not in out.stderr, out.stderr
+    assert _lock_is_free(run / ".rlfleet-lock")
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, alive  # nothing the killed run started outlives it
 
 
 def test_a_second_replay_server_on_a_checkpoint_folder_is_refused(tmp_path):
+    """Two replay servers on one --checkpoint-dir would overwrite each other's checkpoints: the second is refused."""
     folder = tmp_path / "replay"
     args = ("replay", "--algo", "dqn", "--env", "CartPole-v1", "--port", 0, "--checkpoint-dir", folder)
     first = Proc(tmp_path, "replay", *args)
