@@ -33,10 +33,10 @@ from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import (
     OPEN_FILES_PER_ENV,
-    EnvError,
     env_identity,
     env_seeds,
     make_batched_env,
+    policy_observations,
     resolve_backend,
 )
 from rlfleet.proto import arrays as proto_arrays
@@ -598,7 +598,7 @@ class Actor:
 
     def _collect(self, venv, weights) -> None:
         """Runs the collection loop until the actor stops, with new writers (and reset envs) after each replay
-        restart. Raises ActorError for what the collection raised besides (an env's exception, most often)."""
+        restart. Raises ActorError for an exception the env raised in its reset or step."""
         while not self.stop.is_set():
             if not self._wait_for_replay():
                 return
@@ -613,10 +613,8 @@ class Actor:
                     or f"replay server {self.replay_address} is back; new writers, envs reset (the episodes "
                     "in progress are dropped)",
                 )
-            except (ActorError, EnvError):
-                raise
-            except Exception as e:  # the env's, most often (a user's env that raises in reset or step)
-                raise self._collection_error(e) from e
+            except adders.EnvStepError as e:  # a user's env that raises
+                raise self._collection_error(e.__cause__) from e
 
     def _collection_error(self, e: Exception) -> ActorError:
         """The ActorError of an exception the collection raised (an env's, most often), with the env id and its
@@ -636,7 +634,11 @@ class Actor:
         self._episode_return = np.zeros(cfg.num_envs, np.float64)
         self._episode_length = np.zeros(cfg.num_envs, np.int64)
         seed = int(cfg.seed) + 7919 * self._restarts  # a restart after a replay outage gets new episodes
-        obs, _ = venv.reset(seed=env_seeds(seed, cfg.num_envs))
+        try:
+            obs, _ = venv.reset(seed=env_seeds(seed, cfg.num_envs))
+        except Exception as e:  # a user's env that raises
+            raise self._collection_error(e) from e
+        obs = policy_observations(obs)  # as the policy takes them (a float64 beyond float32's range: not finite)
         self.check_finite(obs, where="in its reset")  # before the policy sees it: the env's fault, said so
         return np.random.default_rng(seed), obs
 

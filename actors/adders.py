@@ -34,6 +34,10 @@ from rlfleet.envs.core import policy_observations, truncation_observations
 NOT_ENDED, TERMINATED, TRUNCATED = 0, 1, 2
 
 
+class EnvStepError(Exception):
+    """The batched env raised in `step` (its `__cause__` is what it raised): the env's fault, not the loop's."""
+
+
 class Act(NamedTuple):
     """What a behaviour policy decided for one batch step of B envs.
 
@@ -87,6 +91,7 @@ def collect(builder, actor, venv, weights, epoch: int) -> None:
     Raises:
         ActorError: NaN/inf env output (`actor.check_finite`) or policy output (the behaviour's checks).
         ReplayLost: the replay server restarted or the writers' connection died.
+        EnvStepError: the env raised in its step.
     """
     act = builder.behaviour(actor)
     rng, obs = actor.start_episodes(venv)
@@ -100,7 +105,10 @@ def collect(builder, actor, venv, weights, epoch: int) -> None:
             adder.before_step(policy.version)
             actor.policy_version = policy.version
             a = act(policy, obs, rng)
-            next_obs, reward, terminated, truncated, info = venv.step(a.env_action)
+            try:
+                next_obs, reward, terminated, truncated, info = venv.step(a.env_action)
+            except Exception as e:  # a user's env that raises
+                raise EnvStepError(f"{type(e).__name__}: {e}") from e
             next_obs = policy_observations(next_obs)  # (a float64 value beyond float32's range: not finite)
             actor.check_finite(next_obs, reward)
             if not adder.add(Step(obs, a, reward, terminated, truncated, info, next_obs), policy.version, serial):

@@ -31,12 +31,14 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 
 def _advice() -> str:
+    """This process's open-file limit and the ways to live within it, as the rest of a sentence."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
     up_to = "" if hard == resource.RLIM_INFINITY else f", up to the hard limit of {hard}; a higher one needs root"
     return (
-        f"this process's limit of open files is {limit}: raise it (`ulimit -n N` before starting{up_to}), or give "
-        "fewer envs per actor (--envs-per-actor) and more actors"
+        f"this process's limit of open files is {limit}: raise it (`ulimit -n N` before starting{up_to}), step the "
+        "envs on fewer processes (`rlfleet actor --env-backend workers`), or give the run fewer envs per actor "
+        "(--envs-per-actor) and more actors"
     )
 
 

@@ -495,9 +495,10 @@ def client_security(f):
 
     @functools.wraps(f)
     def wrapper(*args, tls_ca, tls_cert, tls_key, token, **kwargs):
-        from rlfleet.proto.security import ClientSecurity, SecurityError, token_from_env
+        from rlfleet.proto.security import ClientSecurity, SecurityError, check_certificate_files, token_from_env
 
         try:
+            check_certificate_files(("--tls-ca", tls_ca, True), ("--tls-cert", tls_cert, False))
             security = ClientSecurity(tls_ca, tls_cert, tls_key, token_from_env(token))
         except SecurityError as e:
             _fail(str(e))
@@ -548,7 +549,7 @@ def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | N
     """The learner's TLS files ((cert, key, client CA or None), or None: plaintext) and its token (--token, else
     $RLFLEET_TOKEN); exits on a certificate without its key (or the reverse), a client CA without TLS, or a bad
     token."""
-    from rlfleet.proto.security import SecurityError, server_credentials, token_from_env
+    from rlfleet.proto.security import SecurityError, check_certificate_files, server_credentials, token_from_env
 
     if bool(tls_cert) != bool(tls_key):
         _fail("--tls-cert and --tls-key go together (the learner's certificate and its private key).")
@@ -557,7 +558,8 @@ def _server_security(tls_cert, tls_key, tls_client_ca, token) -> tuple[tuple | N
     try:
         token = token_from_env(token)
         if tls_cert:
-            server_credentials(tls_cert, tls_key, tls_client_ca)  # readable, and certificates within their dates
+            server_credentials(tls_cert, tls_key, tls_client_ca)  # readable
+            check_certificate_files(("--tls-cert", tls_cert, False), ("--tls-client-ca", tls_client_ca, True))
     except SecurityError as e:
         _fail(str(e))
     return ((tls_cert, tls_key, tls_client_ca) if tls_cert else None), token
@@ -987,6 +989,7 @@ def _write_settings(s: RunSettings, out: str, say) -> None:
 )
 @click.option(
     "--checkpoint-dir",
+    type=Path(file_okay=False),
     default=None,
     help="The server's --checkpoint-dir, if this machine sees it: prints the checkpoint's final folder there.",
 )
@@ -1058,7 +1061,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "(0: a clean stop). docker-compose's learner sets 3, so that `up --exit-code-from learner` never reports an "
     "unfinished run as a success.",
 )
-@click.option("--port-file", default=None, help="Write the bound port here once serving.")
+@click.option("--port-file", type=Path(dir_okay=False), default=None, help="Write the bound port here once serving.")
 @_teacher_option("qdagger: the teacher's run directory (a finished dqn run on the same env).")
 @click.option(
     "--replay-source",
@@ -1305,8 +1308,7 @@ def actor_cmd(learner_address, replay_address, num_envs, env_backend, connect_ti
         _fail(f"the run's env cannot be stepped on this actor: {e}")
     if actor.terminated.is_set() and not actor.told_to_stop.is_set():
         log.info(
-            "stopped before the run's end: exit %d, so that a supervisor (a Kubernetes Job, Swarm's on-failure) "
-            "starts an actor again",
+            "stopped before the run's end: exit %d, so that a supervisor (a Kubernetes Job) starts another",
             EXIT_STOPPED,
         )
         sys.exit(EXIT_STOPPED)

@@ -65,6 +65,7 @@ class Path(click.Path):
     that is not (a folder named in another encoding) is refused before anything starts, naming the option."""
 
     def convert(self, value, param, ctx):
+        """`click.Path.convert`, then refuses a value that is not valid UTF-8 (click's usage error, exit 2)."""
         value = super().convert(value, param, ctx)
         try:
             os.fsdecode(value).encode("utf-8")

@@ -239,6 +239,13 @@ def _advertised(o: UpOptions) -> str | None:
             --advertise: actors on other machines could not reach the replay server.
     """
     if o.advertise:
+        if o.bind == LOOPBACK:
+            raise LaunchError(
+                f"--advertise {o.advertise} with the learner on loopback (--bind {LOOPBACK}): no other machine could "
+                "reach it; give --bind too (an address of this machine, or 0.0.0.0), or leave --advertise out."
+            )
+        if ":" in o.advertise.strip("[]") and not o.advertise.startswith("[") and o.advertise.count(":") == 1:
+            raise LaunchError(f"--advertise {o.advertise}: give the address alone, without a port.")
         return o.advertise
     if not is_wildcard(o.bind):
         return o.bind if o.bind != LOOPBACK else None

@@ -35,7 +35,7 @@ def get_status(address: str, timeout_s: float = 5.0, security: ClientSecurity | 
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise StatusError(f"the learner at {address} refused the call: {e.details()}") from None
-            problem = tls_problem(address, security)
+            problem = tls_problem(address, security, timeout_s) if e.code() == grpc.StatusCode.UNAVAILABLE else None
             if problem:
                 raise StatusError(f"cannot reach the learner at {address}: {problem}.") from None
             raise StatusError(

@@ -299,6 +299,16 @@ def quiet_settotalmass_warning() -> None:
     mujoco.set_mju_user_warning(handler)
 
 
+def _missing_module(base: str, e: ModuleNotFoundError) -> str:
+    """The message of an env whose registering module is not installed on this machine."""
+    module = e.name or base.split(":", 1)[0]
+    return (
+        f"{base}: the module {module!r} that registers this env cannot be imported on this machine ({e}). "
+        "Install the package that provides it on every machine of the cluster (the learner's, the replay "
+        "server's and each actor's), e.g. pip install it into the same environment as rlfleet."
+    )
+
+
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """One gymnasium env (`gym.make`), with MuJoCo's settotalmass warning dropped; `render_mode` "rgb_array"
     makes `render()` return the current frame.
@@ -313,12 +323,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     try:
         return gym.make(base, **kwargs)
     except ModuleNotFoundError as e:  # "package.module:Env-v0": gymnasium imports the module, which registers it
-        module = e.name or base.split(":", 1)[0]
-        raise EnvError(
-            f"{base}: the module {module!r} that registers this env cannot be imported on this machine ({e}). "
-            "Install the package that provides it on every machine of the cluster (the learner's, the replay "
-            "server's and each actor's), e.g. pip install it into the same environment as rlfleet."
-        ) from None
+        raise EnvError(_missing_module(base, e)) from None
     except TypeError as e:  # a constructor argument the env does not take
         if render_mode and "render_mode" in str(e):
             raise EnvError(
@@ -372,18 +377,21 @@ def check_env_kwargs(env_id: str) -> None:
 
 
 def _distribution(module: str) -> str:
-    """ "name version" of the installed distribution that provides the top-level package of `module` ("" where
-    none does: a module found on PYTHONPATH)."""
+    """The installed distributions that provide the top-level package of `module`, as "name version", sorted and
+    joined (several may: a namespace package); "" where none does (a module found on PYTHONPATH). The same
+    installs give the same text on every machine, whatever order the site folder lists them in."""
     top = module.split(".", 1)[0]
-    for name in importlib.metadata.packages_distributions().get(top, ()):
+    found = []
+    for name in sorted(set(importlib.metadata.packages_distributions().get(top, ()))):
         try:
-            return f"{name} {importlib.metadata.version(name)}"
+            found.append(f"{name} {importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
             continue
-    return ""
+    return ", ".join(found)
 
 
 def _version(distribution: str) -> str:
+    """The installed version of `distribution`, or "not installed"."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -405,6 +413,8 @@ def env_identity(env_id: str) -> dict[str, str]:
         if module_name:  # "package.module:Env-v0": the module registers it on import, as gym.make does
             importlib.import_module(module_name)
         spec = gym.spec(name)
+    except ModuleNotFoundError as e:
+        raise EnvError(_missing_module(base, e)) from None
     except (gym.error.Error, ImportError) as e:
         raise EnvError(f"{base}: {e}") from None
     entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
@@ -416,7 +426,7 @@ def env_identity(env_id: str) -> dict[str, str]:
         "time_limit": str(spec.max_episode_steps),
     }
     if "mujoco" in module:
-        out["mujoco"] = _distribution("mujoco")
+        out["mujoco"] = _version("mujoco")
     return out
 
 
@@ -469,7 +479,8 @@ def env_spec(env_id: str) -> EnvSpec:
                 raise EnvError(
                     f"{env_id}: its actions are {act.start}..{act.start + act.n - 1} (Discrete with start="
                     f"{act.start}); rlfleet's discrete algorithms act with 0..{act.n - 1}. Wrap the env so that its "
-                    f"actions start at 0 (gymnasium.wrappers.TransformAction adding {act.start}), then give that env."
+                    f"actions start at 0 (gymnasium.wrappers.TransformAction(env, lambda a: a + {act.start}, "
+                    f"action_space=gymnasium.spaces.Discrete({act.n}))), register that, and give its id."
                 )
             return EnvSpec(
                 env_id,

@@ -511,8 +511,8 @@ class Learner:
             returns = self.agent.evaluate(episodes, seed)
         except evaluation.EvaluationInterrupted:
             return None
-        except Exception as e:  # the env's (a user's env that raises in reset or step): said so, and skipped
-            self.evaluation_error = f"{self.spec.env_id} raised {type(e).__name__}: {e}"
+        except Exception as e:  # most often the env's (a user's env that raises in reset or step): skipped
+            self.evaluation_error = f"{self.spec.env_id}: its evaluation raised {type(e).__name__}: {e}"
             log.error(
                 "evaluation at %d env steps skipped (episode seeds from %d): %s; training goes on. The env's "
                 "traceback:",

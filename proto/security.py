@@ -52,8 +52,8 @@ class SecurityError(ValueError):
     or variable."""
 
 
-def _read(path: str | None, what: str, certificate: bool = False) -> bytes | None:
-    """The PEM file `path` of option `what` (None: not given); a `certificate` file is checked for dates."""
+def _read(path: str | None, what: str) -> bytes | None:
+    """The PEM file `path` of option `what` (None: not given)."""
     if not path:
         return None
     try:
@@ -61,38 +61,63 @@ def _read(path: str | None, what: str, certificate: bool = False) -> bytes | Non
             data = f.read()
     except OSError as e:
         raise SecurityError(f"{what} {path}: cannot read it ({e.strerror}); pass a PEM file that exists.") from None
-    if certificate:
-        check_certificate_dates(data, f"{what} {path}")
     return data
 
 
-def check_certificate_dates(pem: bytes, what: str, now: datetime.datetime | None = None) -> None:
-    """Refuses certificates (every one in the PEM data `pem`) that have expired or are not valid yet: a peer
-    would refuse them at every handshake, and each side would only say the connection failed.
+def check_certificate_files(*given: tuple[str, str | None, bool]) -> None:
+    """Checks the dates of the certificates a command was given, when it starts: (option, PEM path or None,
+    whether the file is CA certificates), e.g. ("--tls-cert", path, False). A certificate's own file is refused
+    when its first certificate (the leaf) has expired or is not valid yet; a CA file when none of its
+    certificates is valid now (a bundle may hold old ones). A file `cryptography` cannot read is left to TLS.
+
+    Raises:
+        SecurityError: naming the option, the file, the certificate's subject and dates, and the fix.
+    """
+    for what, path, is_ca in given:
+        if not path:
+            continue
+        pem = _read(path, what)
+        try:
+            check_certificate_dates(pem, f"{what} {path}", every=is_ca)
+        except _Unreadable:
+            continue
+
+
+class _Unreadable(Exception):
+    """The PEM data holds no certificate `cryptography` reads."""
+
+
+def check_certificate_dates(pem: bytes, what: str, now: datetime.datetime | None = None, every: bool = False) -> None:
+    """Refuses certificates out of their dates: a peer would refuse them at every handshake, and each side would
+    only say the connection failed. The first certificate of `pem` is checked (a certificate file: the leaf,
+    then its chain), or with `every` (a CA bundle) the file is refused only when none is valid now.
 
     Raises:
         SecurityError: naming `what`, the certificate's subject and its validity, and the fix.
+        _Unreadable: no certificate in `pem` that `cryptography` reads.
     """
     from cryptography import x509
 
     now = now or datetime.datetime.now(datetime.timezone.utc)
     try:
         certificates = x509.load_pem_x509_certificates(pem)
-    except ValueError as e:
-        raise SecurityError(f"{what}: not a PEM certificate ({e}); pass the PEM file of a certificate.") from None
-    for cert in certificates:
-        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-        subject = cert.subject.rfc4514_string() or "(no subject)"
-        if now > end:
-            raise SecurityError(
-                f"{what}: the certificate {subject} expired on {end:%Y-%m-%d %H:%M} UTC; renew it (a new one signed "
-                "by the same CA) and start again."
-            )
-        if now < start:
-            raise SecurityError(
-                f"{what}: the certificate {subject} is valid only from {start:%Y-%m-%d %H:%M} UTC (this machine's "
-                "clock says it is earlier); check the clock, or issue it with an earlier start."
-            )
+    except ValueError:
+        raise _Unreadable() from None
+    if every and any(c.not_valid_before_utc <= now <= c.not_valid_after_utc for c in certificates):
+        return
+    cert = certificates[0]
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    subject = cert.subject.rfc4514_string() or "(no subject)"
+    if now > end:
+        raise SecurityError(
+            f"{what}: the certificate {subject} expired on {end:%Y-%m-%d %H:%M} UTC; renew it (a new one signed by "
+            "the same CA) and start again."
+        )
+    if now < start:
+        raise SecurityError(
+            f"{what}: the certificate {subject} is valid only from {start:%Y-%m-%d %H:%M} UTC (this machine's "
+            "clock says it is earlier); check the clock, or issue it with an earlier start."
+        )
 
 
 def tls_problem(address: str, security: ClientSecurity | None, timeout_s: float = 5.0) -> str | None:
@@ -124,7 +149,10 @@ def tls_problem(address: str, security: ClientSecurity | None, timeout_s: float 
             fix = "pass --tls-ca the CA that signed the learner's certificate"
         return f"the learner's TLS certificate is not accepted for {host}: {why}; {fix}"
     except ssl.SSLError as e:
-        return f"the TLS handshake with {address} failed: {e.reason or e}"
+        return (
+            f"the TLS handshake with {address} failed ({e.reason or e}): a learner that serves plaintext takes no "
+            "--tls-* options; one that asks for client certificates takes --tls-cert and --tls-key"
+        )
     except (OSError, ValueError):
         return None
 
@@ -156,9 +184,9 @@ def channel(address: str, security: ClientSecurity | None = None) -> grpc.Channe
         raise SecurityError("--tls-cert and --tls-key go together (this client's certificate and its key).")
     if s.tls_ca or s.tls_cert:
         creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(s.tls_ca, "--tls-ca", certificate=True),
+            root_certificates=_read(s.tls_ca, "--tls-ca"),
             private_key=_read(s.tls_key, "--tls-key"),
-            certificate_chain=_read(s.tls_cert, "--tls-cert", certificate=True),
+            certificate_chain=_read(s.tls_cert, "--tls-cert"),
         )
         ch = grpc.secure_channel(address, creds, options=_CLIENT_OPTIONS)
     else:
@@ -211,8 +239,8 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
         SecurityError: a file cannot be read.
     """
     return grpc.ssl_server_credentials(
-        [(_read(key, "--tls-key"), _read(cert, "--tls-cert", certificate=True))],
-        root_certificates=_read(client_ca, "--tls-client-ca", certificate=True),
+        [(_read(key, "--tls-key"), _read(cert, "--tls-cert"))],
+        root_certificates=_read(client_ca, "--tls-client-ca"),
         require_client_auth=bool(client_ca),
     )
 

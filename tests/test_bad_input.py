@@ -562,15 +562,23 @@ def test_a_wildcard_bind_announces_an_address_actors_reach_or_is_refused(tmp_pat
     assert launcher._advertised(UpOptions(str(tmp_path), bind="0.0.0.0")) == "192.0.2.7"
     assert launcher._advertised(UpOptions(str(tmp_path), bind="192.0.2.8")) == "192.0.2.8"
     assert launcher._advertised(UpOptions(str(tmp_path))) is None  # loopback: the cluster stays on this machine
+    with pytest.raises(launcher.LaunchError, match="no other machine could reach it"):
+        launcher._advertised(UpOptions(str(tmp_path), advertise="10.1.2.3"))  # a learner on loopback
+    with pytest.raises(launcher.LaunchError, match="without a port"):
+        launcher._advertised(UpOptions(str(tmp_path), bind="0.0.0.0", advertise="10.1.2.3:8001"))
 
 
 @pytest.mark.slow
 def test_wildcard_bind_run(tmp_path):
     """A run bound to every interface with --advertise: its actor is told the replay server at the advertised
     address (here 127.0.0.2, a loopback address too, so nothing leaves the machine) and the run finishes."""
+    from helpers import ENV
+
     run = tmp_path / "run"
+    env = dict(ENV, RLFLEET_TOKEN="wildcard-test")  # listening on every interface: not without a token
     out = rlfleet("up", "--algo", "dqn", "--env", "CartPole-v1", "--set", "min_replay_size=200", "--total-steps",
-                  1500, "--bind", "0.0.0.0", "--advertise", "127.0.0.2", "--logdir", run, timeout=600)  # fmt: skip
+                  1500, "--bind", "0.0.0.0", "--advertise", "127.0.0.2", "--logdir", run, env=env,
+                  timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "attach with: rlfleet actor --learner 127.0.0.2:" in out.stdout
     assert " writing to replay at 127.0.0.2:" in (run / "logs" / "actor-0.log").read_text()

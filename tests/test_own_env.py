@@ -140,6 +140,7 @@ def test_evaluation_episodes_of_an_env_without_a_time_limit_are_cut_and_said_so(
 
 
 def test_an_env_whose_actions_do_not_start_at_0_is_refused_before_anything_starts(tmp_path):
+    """`Discrete(2, start=1)`: rlfleet's actions 0..1 would be outside it; refused with the wrapper that fixes it."""
     run = tmp_path / "corridor"
     out = rlfleet("up", *CORRIDOR, "--env-kwargs", "action_start=1", "--total-steps", 1000, "--logdir", run,
                   env=WITH_MODULE, timeout=300)  # fmt: skip

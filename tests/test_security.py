@@ -167,9 +167,22 @@ def test_mutual_tls(procs, tmp_path, free_port, certs):
     assert st["actors"][0]["host"]
 
 
-def _expired_certificate(certs, folder):
-    """A server certificate signed by the test CA whose validity ended yesterday: (certificate, key) paths."""
+def _port_open(address) -> bool:
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _server_certificate(certs, folder, name, days=(-10, -1), addresses=()):
+    """A server certificate signed by the test CA, valid from `days[0]` to `days[1]` days from now and naming the
+    IP `addresses`: (certificate, key) paths in `folder`."""
     import datetime
+    import ipaddress
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -180,39 +193,39 @@ def _expired_certificate(certs, folder):
     ca = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "expired server")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=10))
-        .not_valid_after(now - datetime.timedelta(days=1))
-        .sign(ca_key, hashes.SHA256())
+        .not_valid_before(now + datetime.timedelta(days=days[0]))
+        .not_valid_after(now + datetime.timedelta(days=days[1]))
     )
-    (folder / "expired.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    if addresses:
+        names = [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    (folder / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    (folder / "expired.key").write_bytes(pem)
-    return folder / "expired.pem", folder / "expired.key"
+    (folder / f"{name}.key").write_bytes(pem)
+    return folder / f"{name}.pem", folder / f"{name}.key"
 
 
 def test_tls_failures_name_their_cause(procs, tmp_path, free_port, certs):
     """A certificate that does not name the address dialled is said so by the actor and status (not "no
     connection, check the address"); an expired certificate is refused when the learner starts."""
-    replay, learner, address = _start(
-        procs, tmp_path, free_port, "--tls-cert", certs / "server.pem", "--tls-key", certs / "server.key", "--bind",
-        "0.0.0.0",
-    )  # fmt: skip
+    # A learner on 127.0.0.1 whose certificate names 127.0.0.3 alone.
+    cert, key = _server_certificate(certs, tmp_path, "elsewhere", days=(-1, 2), addresses=("127.0.0.3",))
+    replay, learner, address = _start(procs, tmp_path, free_port, "--tls-cert", cert, "--tls-key", key)
     ca = ("--tls-ca", certs / "ca.pem")
-    wait_for(lambda: rlfleet("health", "--learner", address, *ca).returncode == 0, 180, "the learner", [learner])
-    # The same learner dialled at 127.0.0.2 (loopback too): its certificate names 127.0.0.1 and localhost only.
-    other = address.replace("127.0.0.1", "127.0.0.2")
-    for command in (("actor", "--learner", other, "--connect-timeout", 10), ("status", "--learner", other)):
+    wait_for(lambda: _port_open(address), 180, "the learner's port", [learner])
+    for command in (("actor", "--learner", address, "--connect-timeout", 10), ("status", "--learner", address)):
         out = rlfleet(*command, *ca, timeout=120)
         assert out.returncode == 2, out.stdout + out.stderr
-        assert "the learner's TLS certificate is not accepted for 127.0.0.2" in out.stderr, out.stderr
+        assert "the learner's TLS certificate is not accepted for 127.0.0.1" in out.stderr, out.stderr
         assert "mismatch" in out.stderr and "subjectAltName" in out.stderr
-    cert, key = _expired_certificate(certs, tmp_path)
+    cert, key = _server_certificate(certs, tmp_path, "expired server")
     out = rlfleet("learner", *DQN, "--replay", f"127.0.0.1:{replay.port}", "--logdir", tmp_path / "run2",
                   "--tls-cert", cert, "--tls-key", key, timeout=120)  # fmt: skip
     assert out.returncode == 2 and "the certificate CN=expired server expired on" in out.stderr, out.stderr

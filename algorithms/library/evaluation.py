@@ -54,6 +54,7 @@ def episode_step_cap(env) -> int:
 
 
 def _say_cut(env_id: str, cut: int, episodes: int, cap: int) -> None:
+    """Warns that `cut` of `episodes` evaluation episodes of `env_id` were cut at `cap` env steps (none: silent)."""
     if cut:
         log.warning(
             "%s: %d of %d evaluation episodes cut at %d env steps: the env has no time limit of its own (register "

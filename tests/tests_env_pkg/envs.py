@@ -85,6 +85,7 @@ class EndlessCorridor(Corridor):
     an env whose episodes never end by themselves."""
 
     def step(self, action):
+        """The corridor's step, never terminated."""
         obs, reward, _, truncated, info = super().step(action)
         return obs, reward, False, truncated, info
 
