@@ -301,7 +301,7 @@ def quiet_settotalmass_warning() -> None:
 
 def _missing_module(base: str, e: ModuleNotFoundError) -> str:
     """The message of an env whose registering module is not installed on this machine."""
-    module = e.name or base.split(":", 1)[0]
+    module = base.split(":", 1)[0] if ":" in base else (e.name or base)
     return (
         f"{base}: the module {module!r} that registers this env cannot be imported on this machine ({e}). "
         "Install the package that provides it on every machine of the cluster (the learner's, the replay "
