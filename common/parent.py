@@ -35,3 +35,14 @@ def die_with_parent() -> None:
         threading.Thread(target=watch, daemon=True, name="parent-watch").start()
     if os.getppid() != int(parent):  # died before the signal was armed
         sys.exit("rlfleet: the `rlfleet up` that started this process is gone; not starting.")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id `pid` runs on this machine (one of another user's counts as running)."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -25,6 +25,7 @@ import sys
 import time
 
 from rlfleet.common.logs import NOTICE, logger
+from rlfleet.common.parent import pid_alive
 
 log = logger("run-lock")
 
@@ -107,13 +108,11 @@ def _lock(fd: int, directory: str, wait_s: float) -> None:
 
 
 def _alive(pid) -> bool:
+    """`pid_alive` of a pid read from a lock file; one that is not a number is taken as running."""
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError, TypeError, OverflowError):
-        return True  # another user's process, or no pid said: take it as running
-    return True
+        return pid_alive(int(pid))
+    except (ValueError, TypeError, OverflowError):
+        return True
 
 
 def _stopping(holder: dict) -> bool:

@@ -376,13 +376,14 @@ def check_env_kwargs(env_id: str) -> None:
         env.close()
 
 
-def _distribution(module: str) -> str:
-    """The installed distributions that provide the top-level package of `module`, as "name version", sorted and
-    joined (several may: a namespace package); "" where none does (a module found on PYTHONPATH). The same
-    installs give the same text on every machine, whatever order the site folder lists them in."""
+def _distribution(module: str, packages: dict) -> str:
+    """The installed distributions (of `packages`, `importlib.metadata.packages_distributions()`) that provide the
+    top-level package of `module`, as "name version", sorted and joined (several may: a namespace package); ""
+    where none does (a module found on PYTHONPATH). The same installs give the same text on every machine,
+    whatever order the site folder lists them in."""
     top = module.split(".", 1)[0]
     found = []
-    for name in sorted(set(importlib.metadata.packages_distributions().get(top, ()))):
+    for name in sorted(set(packages.get(top, ()))):
         try:
             found.append(f"{name} {importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
@@ -419,10 +420,12 @@ def env_identity(env_id: str) -> dict[str, str]:
         raise EnvError(f"{base}: {e}") from None
     entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
     module = str(entry).split(":", 1)[0]
+    packages = importlib.metadata.packages_distributions()  # one scan of the installed distributions
     out = {
         "rlfleet": _version("rlfleet"),
-        "gymnasium": _distribution("gymnasium"),
-        "env_package": _distribution(module) or f"{module.split('.', 1)[0]} (not installed as a distribution)",
+        "gymnasium": _distribution("gymnasium", packages),
+        "env_package": _distribution(module, packages)
+        or f"{module.split('.', 1)[0]} (not installed as a distribution)",
         "time_limit": str(spec.max_episode_steps),
     }
     if "mujoco" in module:
@@ -437,8 +440,10 @@ def policy_observations(obs):
     return obs.astype(np.float32) if obs.dtype.kind == "f" and obs.dtype != np.float32 else obs
 
 
+@functools.lru_cache(maxsize=64)
 def env_spec(env_id: str) -> EnvSpec:
-    """Builds the env once and reads its spaces (Atari ids: after the `ATARI` preprocessing).
+    """Builds the env once and reads its spaces (Atari ids: after the `ATARI` preprocessing); the spec of an id is
+    built once per process (cached: evaluations and the services' checks ask for it again).
 
     Raises:
         EnvError: unknown id, or an observation space that is not a flat Box

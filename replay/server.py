@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from rlfleet.common.files import StorageError, check_writable, disk_space, tree_bytes
 from rlfleet.common.logs import NOTICE, logger
+from rlfleet.common.parent import pid_alive
 from rlfleet.common.progress_line import ReadingProgress
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.replay import checkpoints
@@ -241,14 +242,8 @@ def _sweep_scratch() -> None:
         pid = name.removeprefix(_SCRATCH_PREFIX).split("-", 1)[0]
         if not name.startswith(_SCRATCH_PREFIX) or not pid.isdigit():
             continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # that server still runs
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # a process of another user has that pid
-            continue
-        _remove_if_empty(os.path.join(root, name))
+        if not pid_alive(int(pid)):  # else that server (or another user's process of that pid) still runs
+            _remove_if_empty(os.path.join(root, name))
 
 
 def _remove_if_empty(path: str | None) -> bool:
