@@ -39,6 +39,7 @@ from rlfleet.envs.core import (
     policy_observations,
     resolve_backend,
 )
+from rlfleet.envs.watch import EnvHang, EnvWatch, watched
 from rlfleet.proto import arrays as proto_arrays
 from rlfleet.proto import rlfleet_pb2, rlfleet_pb2_grpc
 from rlfleet.proto.security import ClientSecurity, channel, tls_problem
@@ -501,10 +502,12 @@ class Actor:
         replay_client.load()  # before the threads below: see `replay_client.load`
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         venv = None
+        watch = EnvWatch(cfg.env_id, cfg.env_timeout_s, lambda: f"{cfg.num_envs} envs, seeds from {self._env_seed()}")
         try:
             heartbeats.start()  # before the envs: `auto` measuring slow envs must not time out of the status list
             self._check_identity()
             venv = self._open_envs()  # inside: an env that fails still leaves the status list at once (below)
+            venv = watched(venv, watch.__enter__())  # left in `finally`, after the envs are closed
             self._check_spec(venv)
             weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
             weights.start()
@@ -524,6 +527,7 @@ class Actor:
             self.stop.set()
             if venv is not None:
                 venv.close()
+            watch.__exit__(None, None, None)
             if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
                 heartbeats.join(timeout=10)
             failed = self._heartbeats_failed
@@ -620,20 +624,30 @@ class Actor:
         """The ActorError of an exception the collection raised (an env's, most often), with the env id and its
         seeds; the traceback goes to the log."""
         cfg = self.config
-        seed = int(cfg.seed) + 7919 * self._restarts
+        seed = self._env_seed()
         log.error("collection stopped by %s: %s. Its traceback:", type(e).__name__, e, exc_info=e)
+        if isinstance(e, EnvHang):  # its message names the env, its seeds and the limit; where it hung is logged
+            return ActorError(
+                f"{e}: this actor stopped after {self.env_steps} env steps; where it hung is in its log. What it "
+                "collected before is in the replay."
+            )
         return ActorError(
             f"{type(e).__name__}: {e}, raised while this actor stepped {cfg.num_envs} x {cfg.env_id} (env seeds "
             f"from {seed}) after {self.env_steps} env steps; the traceback is in this actor's log. What it "
             "collected before is in the replay."
         )
 
+    def _env_seed(self) -> int:
+        """The env seed of the first of this actor's envs: the run's for it, another after each replay restart (a
+        restart after a replay outage gets new episodes)."""
+        return int(self.config.seed) + 7919 * self._restarts
+
     def start_episodes(self, venv):
         """Seeds the behaviour policy's RNG and resets the envs; returns (rng, first observations [B, ...])."""
         cfg = self.config
         self._episode_return = np.zeros(cfg.num_envs, np.float64)
         self._episode_length = np.zeros(cfg.num_envs, np.int64)
-        seed = int(cfg.seed) + 7919 * self._restarts  # a restart after a replay outage gets new episodes
+        seed = self._env_seed()
         try:
             obs, _ = venv.reset(seed=env_seeds(seed, cfg.num_envs))
         except Exception as e:  # a user's env that raises

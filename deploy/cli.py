@@ -16,7 +16,7 @@ import click
 from rlfleet import algorithms
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common import logs
-from rlfleet.deploy.cli_common import Path, one_blas_thread
+from rlfleet.deploy.cli_common import Path, env_timeout_option, one_blas_thread
 from rlfleet.deploy.cli_common import fail as _fail
 from rlfleet.deploy.cli_common import quiet_tf as _quiet_tf
 from rlfleet.deploy.up_options import UpOptions
@@ -647,6 +647,7 @@ def _show_config(run: RunSettings) -> None:
     "actor measures them on its own envs, the env's default (envpool where it applies, else sync) unless another is "
     "more than 10% faster (its log and status say which and why)."
 )
+@env_timeout_option
 @_resume_option(
     "Continue from the latest checkpoint of this run directory. Alone, it takes the algorithm, env, settings, "
     "seed and budget from the run's run.json."
@@ -687,6 +688,7 @@ def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_c
     o = dataclasses.replace(o, logdir=_logdir(o.logdir, o.resume))
     if seeds:
         up_args = ["--actors", str(o.num_actors), "--env-backend", o.env_backend, "--bind", o.bind]
+        up_args += ["--env-timeout", f"{o.env_timeout_s:g}"]
         up_args += ["--advertise", o.advertise] if o.advertise else []
         up_args += ["--report-interval", str(o.report_interval), "--video-every", str(o.video_every)]
         up_args += ["--learner-port", str(o.learner_port)] if o.learner_port else []
@@ -1025,6 +1027,7 @@ def replay_checkpoint_cmd(replay_address, timeout, checkpoint_dir):
     "and --config-file as its first start)."
 )
 @_env_backend_option("Env backend actors use (see `up`).")
+@env_timeout_option
 @_report_interval_option("Seconds between metrics rows (metrics.jsonl, TensorBoard).", "report_interval_s")
 @_video_every_option
 @_track_option

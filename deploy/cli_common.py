@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from rlfleet.envs import ENV_TIMEOUT_S
+
 
 def fail(message: str) -> None:
     """Prints `rlfleet: error: MESSAGE` on stderr and exits with status 2 (bad input: nothing was started)."""
@@ -78,3 +80,16 @@ class Path(click.Path):
                 ctx,
             )
         return value
+
+
+def env_timeout_option(f):
+    """The `--env-timeout` option (into `env_timeout_s`, seconds) of the commands that step envs."""
+    return click.option(
+        "--env-timeout",
+        "env_timeout_s",
+        default=ENV_TIMEOUT_S,
+        show_default=True,
+        type=click.FloatRange(0),
+        help="Seconds one env reset or step may take, in evaluations and on the actors, before it is reported as "
+        "hung (the env id, its seeds and where it hangs, in the log) and interrupted (0: no limit).",
+    )(f)

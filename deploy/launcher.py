@@ -301,7 +301,7 @@ class _Cluster:
         p, o = self.plan, self.plan.options
         args = ["learner", "--run-config", p.settings_path, "--replay", p.replay_address, "--logdir", o.logdir]
         args += ["--total-steps", str(p.run.total_steps), "--port", str(p.learner_port), "--bind", o.bind]
-        args += ["--seed", str(p.run.seed), "--env-backend", o.env_backend]
+        args += ["--seed", str(p.run.seed), "--env-backend", o.env_backend, "--env-timeout", f"{o.env_timeout_s:g}"]
         args += ["--report-interval", str(o.report_interval)]
         # This process stops the replay servers after the learner: the learner lingers for the actors alone.
         args += ["--linger", "3", "--no-linger-for-replay"]

@@ -10,7 +10,7 @@ import sys
 import click
 import numpy as np
 
-from rlfleet.deploy.cli_common import Path, fail, quiet_tf
+from rlfleet.deploy.cli_common import Path, env_timeout_option, fail, quiet_tf
 
 SPEC_NAME = "policy.json"  # rlfleet.learner.export.SPEC_FILE, named here without importing TensorFlow
 EXIT_STOPPED = 130  # eval stopped by SIGTERM/SIGINT: nothing partial is left
@@ -90,7 +90,8 @@ def summarize(returns: list[float]) -> dict:
     "offscreen through EGL (MUJOCO_GL=egl unless set; docs: After a run).",
 )
 @click.option("--json", "json_path", type=Path(dir_okay=False), default=None, help="Also write the result here.")
-def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
+@env_timeout_option
+def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path, env_timeout_s):
     """Evaluate a run's policy again, in this process (no replay server, no learner).
 
     RUN is a run directory (`up --logdir`). Prints the return's mean, std, min and max over the episodes and the
@@ -108,6 +109,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     from rlfleet.algorithms.library import evaluation
     from rlfleet.envs.core import EnvError
     from rlfleet.envs.video import VideoError
+    from rlfleet.envs.watch import EnvHang
 
     agent = restored.agent
     episodes = episodes or agent.config.eval_episodes
@@ -126,6 +128,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     from rlfleet.common.stopping import on_stop_signals
 
     on_stop_signals(evaluation.STOP.set)
+    evaluation.WATCH["timeout_s"] = env_timeout_s
     try:
         result = evaluation.evaluate_policy(
             restored.env_id, act, episodes, first_seed, agent.evaluation_batched, video_paths
@@ -133,7 +136,7 @@ def eval_cmd(run_dir, choice, episodes, seed, stochastic, video_dir, json_path):
     except evaluation.EvaluationInterrupted:
         click.echo("rlfleet eval: stopped; no result (and no partial video) was written.", err=True)
         sys.exit(EXIT_STOPPED)
-    except (VideoError, EnvError) as e:  # EnvError: the env cannot render (or be made rendering)
+    except (VideoError, EnvError, EnvHang) as e:  # EnvError: the env cannot be made or returned NaN/inf
         fail(str(e))
     stats = summarize(result.returns)
     _print_eval(restored, result, stats)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
+from rlfleet.envs import ENV_TIMEOUT_S
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -20,6 +22,7 @@ class UpOptions:
         bind: the address the learner listens on (loopback; another address lets actors on other machines
             attach, and the replay server is announced to actors at that address too).
         env_backend: the actors' env backend ("auto", or one of `rlfleet.envs.ENV_BACKENDS`).
+        env_timeout_s: seconds one env call may take before it is reported as hung (the learner's `--env-timeout`).
         resume: a run directory whose latest checkpoint to continue from (None: a new run).
         report_interval: seconds between progress rows (and the learner's metrics rows).
         video_every: the learner's `--video-every` (0: no videos).
@@ -35,6 +38,7 @@ class UpOptions:
     learner_port: int = 0
     bind: str = LOOPBACK
     env_backend: str = "auto"
+    env_timeout_s: float = ENV_TIMEOUT_S
     resume: str | None = None
     report_interval: float = 5.0
     video_every: int = 0
@@ -51,5 +55,6 @@ def resume_command(options: UpOptions) -> str:
     argv += ["--bind", o.bind] if o.bind != LOOPBACK else []
     argv += ["--advertise", o.advertise] if o.advertise else []
     argv += ["--env-backend", o.env_backend] if o.env_backend != "auto" else []
+    argv += ["--env-timeout", f"{o.env_timeout_s:g}"] if o.env_timeout_s != ENV_TIMEOUT_S else []
     argv += ["--video-every", str(o.video_every)] if o.video_every else []
     return shlex.join(argv)

@@ -7,6 +7,10 @@ floor."""
 # the CLI can offer them without importing the env libraries.
 ENV_BACKENDS = ("sync", "workers", "envpool", "async", "ale")
 
+# Default of --env-timeout: seconds one env call (reset, step) may take before it is reported as hung and
+# interrupted (`rlfleet.envs.watch.EnvWatch`).
+ENV_TIMEOUT_S = 300.0
+
 # An env id that carries constructor arguments (`--env-kwargs`): ID?{"key": value}
 # (`rlfleet.envs.core.env_with_kwargs`).
 ENV_KWARGS_MARK = "?"

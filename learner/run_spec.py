@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlfleet.algorithms.settings import RunSettings
+from rlfleet.envs import ENV_TIMEOUT_S
 
 ACTOR_TIMEOUT_S = 30.0  # default: an actor without heartbeat for this long leaves the status list
 # Default: how long a starting learner waits for its settings file and the replay servers, in all (seconds). Under
@@ -29,6 +30,8 @@ class RunSpec:
             (`AlgorithmBuilder.replay_sources`; QDagger: "teacher", served by `rlfleet replay --teacher DIR`).
         replay_for_actors: the replay address as actors should dial it (None: `replay_address`).
         env_backend: the actors' env backend (`rlfleet.envs.core.BACKENDS`, or "auto").
+        env_timeout_s: seconds one env call (reset, step) may take, in the learner's evaluations and on the actors
+            it is sent to, before it is reported as hung (`rlfleet.envs.watch.EnvWatch`; 0: no limit).
         port / bind: where the gRPC service listens (port 0: a free one).
         tls: (cert PEM path, key PEM path, client CA PEM path or None) to serve TLS; None: plaintext.
         token: shared token every `rlfleet.Learner` call must carry ("" = none; `rlfleet.proto.security`).
@@ -56,6 +59,7 @@ class RunSpec:
     replay_sources: dict = dataclasses.field(default_factory=dict)
     replay_for_actors: str | None = None
     env_backend: str = "auto"
+    env_timeout_s: float = ENV_TIMEOUT_S
     port: int = 0
     bind: str = "127.0.0.1"
     tls: tuple | None = None

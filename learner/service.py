@@ -40,7 +40,7 @@ from rlfleet.algorithms.library.networks import compute_device
 from rlfleet.algorithms.settings import RunSettings
 from rlfleet.common.addresses import host_port
 from rlfleet.common.files import StorageError, check_writable
-from rlfleet.common.logs import logger
+from rlfleet.common.logs import NOTICE, logger
 from rlfleet.common.stopping import on_stop_signals
 from rlfleet.envs.core import env_identity, env_spec
 from rlfleet.learner.actor_registry import ActorRegistry, ActorSeen
@@ -234,6 +234,7 @@ class Learner:
             seed=run.settings.seed + 1000 * (actor_id + 1),
             network=self.network_spec,
             env_backend=run.env_backend,
+            env_timeout_s=run.env_timeout_s,
         )
 
     def record_heartbeat(self, request: rlfleet_pb2.HeartbeatRequest, address: str) -> bool:
@@ -331,6 +332,7 @@ class Learner:
                 checkpoint stays, and the run can be resumed once there is space.
         """
         evaluation.STOP.clear()
+        evaluation.WATCH.update(timeout_s=self.run_spec.env_timeout_s, on_stuck=self._save_before_ending)
         self._threads: list[threading.Thread] = []
         self._metrics: MetricsLog | None = None
         try:
@@ -533,6 +535,14 @@ class Learner:
         if self.run_spec.video_every:  # the first evaluation episode again, rendered (a snapshot of the weights)
             self.videos.after_evaluation(self.agent.policy(False, seed), seed, env_steps)
         return returns
+
+    def _save_before_ending(self) -> None:
+        """Checkpoints before the process ends because an env call of an evaluation hung past its interrupt
+        (`rlfleet.envs.watch.EnvWatch`); a checkpoint that cannot be written is logged."""
+        try:
+            log.log(NOTICE, "checkpointed %s before ending", self._save())
+        except Exception:  # noqa: BLE001 - the process ends either way; the previous checkpoint stays
+            log.exception("the checkpoint before ending could not be written")
 
     def _keep_best(self, mean: float, env_steps: int) -> None:
         """Checkpoints the agent into RUN/checkpoints/best when the evaluation's `mean` return beats every earlier

@@ -236,3 +236,54 @@ def test_an_actor_whose_env_differs_from_the_learners_is_refused_naming_the_diff
     # The same machine's env joins.
     actor = procs.start("actor", "actor", "--learner", address, env=WITH_MODULE)
     wait_for(lambda: (s := status_or_none(address)) and s["env_steps"] > 0, 180, "the matching actor", [actor])
+
+
+@pytest.mark.parametrize("backend, hang", [("sync", "loop"), ("workers", "sleep")])
+def test_an_env_that_hangs_in_an_actors_step_is_reported_and_the_actor_stops(tmp_path, backend, hang):
+    """A user's env whose `step` never returns on an actor (stuck in its own Python loop in the actor process, or
+    in a system call in a worker process): after --env-timeout the actor's log names the env, its seeds and where
+    it hangs, and the actor stops naming the hang (its worker processes ended), instead of collecting nothing
+    for ever."""
+    run = tmp_path / "corridor"
+    kwargs = ("--env-kwargs", "hang_after_steps=300", "--env-kwargs", f"hang={hang}")
+    args = (*CORRIDOR, *kwargs, "--env-backend", backend, "--env-timeout", 3, "--total-steps", 10**5)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode != 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "its step() did not return within 3 s (8 envs, seeds from 1000; --env-timeout sets the limit); the env"
+    assert said in out.stderr and "this actor stopped after" in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    log = (run / "logs" / "actor-0.log").read_text()
+    assert "Where it hangs:" in log and "collection stopped by EnvHang" in log, log[-3000:]
+    if backend == "sync":  # the env's own frame; a worker process's stack is not the actor's to show
+        assert 'tests_env_pkg/envs.py", line' in log.split("Where it hangs:")[1], log[-3000:]
+
+
+def test_an_env_that_hangs_in_the_learners_evaluation_costs_that_evaluation_alone(tmp_path):
+    """The learner's evaluation episodes hang in the user's env (its reset never returns for their seeds): each
+    evaluation is cut after --env-timeout and skipped with the env id, the seeds and where it hung in the
+    learner's log, training goes on to the budget, and the run ends as finished; `rlfleet eval` of it exits 2
+    with the same message."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "hang_seeds_from=500000", "--set", "eval_episodes=2", "--env-timeout", 2)
+    out = rlfleet("up", *args, "--total-steps", 3000, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "its reset() did not return within 2 s (2 envs, seeds from 1000000;"
+    assert said in out.stdout, out.stdout[-3000:]
+    log = (run / "logs" / "learner.log").read_text()
+    assert "Where it hangs:" in log and 'tests_env_pkg/envs.py", line' in log, log[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] and summary["env_steps"] >= 3000 and said in summary["final_eval_error"]
+    again = rlfleet("eval", run, "--episodes", 1, "--env-timeout", 1, env=WITH_MODULE, timeout=300)
+    assert again.returncode == 2 and "its reset() did not return within 1 s" in again.stderr, again.stderr[-3000:]
+
+
+def test_a_nan_observation_in_the_learners_evaluation_is_blamed_on_the_env(tmp_path):
+    """A user's env that returns NaN in the learner's evaluation episodes (not in the actors'): the evaluation is
+    skipped naming the env and where, never scored as a return, and training goes on."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "nan_from_seed=500000", "--set", "eval_episodes=2", "--total-steps", 3000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "returned a non-finite observation in its reset (env seeds from 1000000); fix the env (or its wrappers)"
+    assert said in out.stdout, out.stdout[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] and summary["final_eval_return_mean"] is None and said in summary["final_eval_error"]

@@ -12,6 +12,7 @@ import numpy as np
 
 from rlfleet.common.logs import logger
 from rlfleet.envs.core import (
+    EnvError,
     env_seeds,
     env_spec,
     make_batched_env,
@@ -20,12 +21,36 @@ from rlfleet.envs.core import (
     policy_observations,
     resolve_backend,
 )
+from rlfleet.envs.watch import ENV_TIMEOUT_S, EnvWatch, watched
 
 log = logger("evaluation")
 
 # Set by the learner on SIGTERM/SIGINT: an evaluation in progress ends within one env step (it raises
 # EvaluationInterrupted), so a stop is as prompt during an evaluation as between gradient steps.
 STOP = threading.Event()
+
+
+# Set by the process that evaluates (the learner, `rlfleet eval`): seconds each env call of an evaluation may take
+# (`--env-timeout`; 0: no limit) and what runs before the process ends because one did not stop when interrupted
+# (the learner checkpoints there); see `rlfleet.envs.watch.EnvWatch`.
+WATCH = {"timeout_s": ENV_TIMEOUT_S, "on_stuck": None}
+
+
+def _watch(env_id: str, describe) -> EnvWatch:
+    """An `EnvWatch` of `env_id`'s calls with `WATCH`'s settings; `describe` as `EnvWatch` takes it."""
+    return EnvWatch(env_id, WATCH["timeout_s"], describe, WATCH["on_stuck"])
+
+
+def check_finite(env_id: str, obs: np.ndarray, reward, where: str) -> None:
+    """Raises EnvError when `obs` (observations [..., *obs_shape]) or `reward` (a scalar or [B]; None: not
+    checked) holds a NaN or inf: the env's fault, said with `where` it returned them (e.g. "in its reset,
+    episode seed 7")."""
+    bad_obs = obs.dtype.kind == "f" and not np.isfinite(obs).all()
+    if bad_obs or (reward is not None and not np.isfinite(reward).all()):
+        raise EnvError(
+            f"{env_id} returned a non-finite {'observation' if bad_obs else 'reward'} {where}; fix the env (or its "
+            "wrappers)"
+        )
 
 
 class EvaluationInterrupted(Exception):
@@ -98,43 +123,61 @@ def run_episodes(
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every env step).
         rlfleet.envs.video.VideoError: a frame could not be rendered or a video not written.
-        EnvError: the env cannot be made.
+        EnvError: the env cannot be made, or returned a NaN/inf observation or reward.
+        rlfleet.envs.watch.EnvHang: an env call took longer than `WATCH`'s limit.
     """
-    from rlfleet.envs import video
+    episode_seed = [env_seeds(seed, 1)[0]]
+    with _watch(env_id, lambda: f"episode seed {episode_seed[0]}") as watch:
+        env = watched(make_rendering_env(env_id) if video_paths else make_env(env_id), watch)
+        try:
+            return _run_episodes(env, env_id, episodes, seed, act, video_paths, episode_seed)
+        finally:
+            env.close()
 
-    env = make_rendering_env(env_id) if video_paths else make_env(env_id)
+
+def _run_episodes(env, env_id, episodes, seed, act, video_paths, episode_seed: list) -> Episodes:
+    """`run_episodes` in the env `env` it made; `episode_seed[0]` is set to each episode's seed as it starts."""
     result = Episodes([], [])
     cap, cut = episode_step_cap(env), 0
-    try:
-        for i in range(episodes):
-            obs, _ = env.reset(seed=env_seeds(seed + i, 1)[0])
-            writer = None
-            if video_paths:
-                writer = video.VideoWriter(video_paths[i], env.metadata.get("render_fps") or 30)
-            total, length, done = 0.0, 0, False
-            try:
-                if writer:
-                    _add_frame(env, env_id, writer)
-                while not done:
-                    _check_stop()
-                    obs, reward, terminated, truncated, _ = env.step(act(_one(obs))[0])
-                    total, length = total + float(reward), length + 1
-                    done = terminated or truncated or length >= cap
-                    cut += not (terminated or truncated) and length >= cap
-                    if writer:
-                        _add_frame(env, env_id, writer)
-                if writer:
-                    result.videos.append(writer.close())
-            except BaseException:
-                if writer:
-                    writer.discard()
-                raise
-            result.returns.append(total)
-            result.lengths.append(length)
-    finally:
-        env.close()
+    for i in range(episodes):
+        episode_seed[0] = env_seeds(seed + i, 1)[0]
+        path = video_paths[i] if video_paths else ""
+        total, length, ended, path = _episode(env, env_id, episode_seed[0], act, cap, path)
+        result.videos += [path] if path else []
+        cut += not ended
+        result.returns.append(total)
+        result.lengths.append(length)
     _say_cut(env_id, cut, episodes, cap)
     return result
+
+
+def _episode(env, env_id: str, episode_seed: int, act, cap: int, video_path: str) -> tuple[float, int, bool, str]:
+    """One episode of `act` in `env` on `episode_seed`, cut at `cap` env steps, rendered into `video_path` ("":
+    none). Returns its return, its length, whether the env ended it (False: the cap did) and the video's path
+    ("" without one)."""
+    from rlfleet.envs import video
+
+    obs, _ = env.reset(seed=episode_seed)
+    check_finite(env_id, _one(obs), None, f"in its reset (episode seed {episode_seed})")
+    writer = video.VideoWriter(video_path, env.metadata.get("render_fps") or 30) if video_path else None
+    total, length, done, ended = 0.0, 0, False, False
+    try:
+        if writer:
+            _add_frame(env, env_id, writer)
+        while not done:
+            _check_stop()
+            obs, reward, terminated, truncated, _ = env.step(act(_one(obs))[0])
+            check_finite(env_id, _one(obs), reward, f"in its step {length + 1} (episode seed {episode_seed})")
+            total, length = total + float(reward), length + 1
+            ended = bool(terminated or truncated)
+            done = ended or length >= cap
+            if writer:
+                _add_frame(env, env_id, writer)
+        return total, length, ended, writer.close() if writer else ""
+    except BaseException:
+        if writer:
+            writer.discard()
+        raise
 
 
 def _one(obs) -> np.ndarray:
@@ -177,37 +220,48 @@ def run_batched_episodes(
     Returns the undiscounted return and the length of each episode, env order.
     Raises:
         EvaluationInterrupted: `STOP` was set (checked before every batch step).
+        EnvError: the env returned a NaN/inf observation or reward.
+        rlfleet.envs.watch.EnvHang: an env call took longer than `WATCH`'s limit.
     """
     from rlfleet.common.progress_line import ProgressLine
 
     line = ProgressLine(progress, "env steps") if progress else None
     backend = resolve_backend(env_id, "auto")
-    venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
     cap = max_steps or env_spec(env_id).max_episode_steps or MAX_EPISODE_STEPS
-    try:
-        obs, _ = venv.reset(seed=env_seeds(seed, episodes))
-        totals = np.zeros(episodes)
-        lengths = np.zeros(episodes, np.int64)
-        running = np.ones(episodes, bool)
-        for _ in range(cap):
-            _check_stop()
-            obs, reward, terminated, truncated, _ = venv.step(act(policy_observations(obs)))
-            totals += np.where(running, reward, 0.0)
-            lengths += running
-            running &= ~(terminated | truncated)
-            if not running.any():
-                break
-            if line:
-                ended = ~running
-                total = None
-                if ended.any():  # each running episode: as long as those that ended, and longer than it is now
-                    expect = max(float(lengths[ended].mean()), float(lengths[running].max()) + 1)
-                    total = float(lengths[ended].sum()) + expect * int(running.sum())
-                line.update(float(lengths.sum()), total, f"{int(ended.sum())}/{episodes} episodes ended")
-    finally:
-        venv.close()
+    with _watch(env_id, lambda: f"{episodes} envs, seeds from {seed}") as watch:
+        venv = watched(make_batched_env(env_id, episodes, backend if backend == "ale" else "sync"), watch)
+        try:
+            obs, _ = venv.reset(seed=env_seeds(seed, episodes))
+            check_finite(env_id, obs, None, f"in its reset (env seeds from {seed})")
+            totals = np.zeros(episodes)
+            lengths = np.zeros(episodes, np.int64)
+            running = np.ones(episodes, bool)
+            for step in range(cap):
+                _check_stop()
+                obs, reward, terminated, truncated, _ = venv.step(act(policy_observations(obs)))
+                check_finite(env_id, obs[running], reward[running], f"in its step {step + 1} (env seeds from {seed})")
+                totals += np.where(running, reward, 0.0)
+                lengths += running
+                running &= ~(terminated | truncated)
+                if not running.any():
+                    break
+                if line:
+                    _show_progress(line, lengths, running)
+        finally:
+            venv.close()
     _say_cut(env_id, int(running.sum()), episodes, cap)
     return Episodes(totals.tolist(), lengths.tolist())
+
+
+def _show_progress(line, lengths: np.ndarray, running: np.ndarray) -> None:
+    """Updates a batched evaluation's progress line: env steps so far and, once an episode has ended, the total
+    expected (each running episode taken to last as long as those that ended, and longer than it has)."""
+    ended = ~running
+    total = None
+    if ended.any():
+        expect = max(float(lengths[ended].mean()), float(lengths[running].max()) + 1)
+        total = float(lengths[ended].sum()) + expect * int(running.sum())
+    line.update(float(lengths.sum()), total, f"{int(ended.sum())}/{len(lengths)} episodes ended")
 
 
 def evaluate_policy(

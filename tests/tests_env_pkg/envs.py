@@ -8,7 +8,10 @@ simulator would be). `fail_seeds_from` > 0 makes a reset with a seed from there 
 bug that the learner's evaluation episodes, seeded from 10**6 on, run into and the actors' envs do not);
 `nan_from_seed` > 0 makes a reset with a seed from there on return a NaN observation. `action_start` numbers the
 actions from there (gymnasium's Discrete start); `obs_offset` != 0 gives float64 observations, offset by it;
-`fail_after_steps` > 0 makes a step raise once the env has taken that many.
+`fail_after_steps` > 0 makes a step raise once the env has taken that many. `hang_after_steps` > 0 makes a step
+hang once the env has taken that many, and `hang_seeds_from` > 0 a reset with a seed from there on: in a Python
+loop (`hang` "loop") or in a system call (`hang` "sleep"), as a user's env stuck in its own code or waiting on a
+simulator that died would.
 """
 
 import os
@@ -33,6 +36,9 @@ class Corridor(gym.Env):
         action_start: int = 0,
         obs_offset: float = 0.0,
         fail_after_steps: int = 0,
+        hang_after_steps: int = 0,
+        hang_seeds_from: int = 0,
+        hang: str = "loop",
     ):
         if length < 2:
             raise ValueError(f"length must be at least 2, not {length}")
@@ -44,6 +50,13 @@ class Corridor(gym.Env):
         self.action_space = gym.spaces.Discrete(2, start=int(action_start))
         self.start, self.fail_after_steps, self.steps = int(action_start), int(fail_after_steps), 0
         self.position = 0
+        self.hang_after_steps, self.hang_seeds_from, self.hang = int(hang_after_steps), int(hang_seeds_from), hang
+
+    def _hang(self):
+        """Never returns (the module doc's `hang`)."""
+        while True:
+            if self.hang == "sleep":
+                time.sleep(3600)
 
     def _obs(self):
         obs = np.zeros(self.length, self.observation_space.dtype)
@@ -54,6 +67,8 @@ class Corridor(gym.Env):
         super().reset(seed=seed)
         if self.fail_seeds_from and seed is not None and seed >= self.fail_seeds_from:
             raise RuntimeError(f"Corridor cannot start from seed {seed}")
+        if self.hang_seeds_from and seed is not None and seed >= self.hang_seeds_from:
+            self._hang()
         self.position = 0
         if self.nan_from_seed and seed is not None and seed >= self.nan_from_seed:
             return np.full(self.length, np.nan, np.float32), {}
@@ -66,6 +81,8 @@ class Corridor(gym.Env):
         self.steps += 1
         if self.fail_after_steps and self.steps > self.fail_after_steps:
             raise ValueError(f"Corridor broke at its step {self.steps}")
+        if self.hang_after_steps and self.steps > self.hang_after_steps:
+            self._hang()
         self.position = int(np.clip(self.position + (1 if int(action) - self.start == 1 else -1), 0, self.length - 1))
         at_end = self.position == self.length - 1
         return self._obs(), float(at_end), at_end, False, {}
