@@ -31,6 +31,7 @@ from rlfleet.algorithms.base import CreditLimit
 from rlfleet.common.limits import open_files_problem, too_many_open_files
 from rlfleet.common.logs import logger, set_role
 from rlfleet.common.stopping import on_stop_signals
+from rlfleet.envs import ENV_TIMEOUT_S
 from rlfleet.envs.core import (
     OPEN_FILES_PER_ENV,
     env_identity,
@@ -502,12 +503,12 @@ class Actor:
         replay_client.load()  # before the threads below: see `replay_client.load`
         heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         venv = None
-        watch = EnvWatch(cfg.env_id, cfg.env_timeout_s, lambda: f"{cfg.num_envs} envs, seeds from {self._env_seed()}")
+        timeout_s = cfg.env_timeout_s if cfg.HasField("env_timeout_s") else ENV_TIMEOUT_S
+        watch = EnvWatch(cfg.env_id, timeout_s, lambda: f"{cfg.num_envs} envs, seeds from {self._env_seed()}")
         try:
             heartbeats.start()  # before the envs: `auto` measuring slow envs must not time out of the status list
             self._check_identity()
-            venv = self._open_envs()  # inside: an env that fails still leaves the status list at once (below)
-            venv = watched(venv, watch.__enter__())  # left in `finally`, after the envs are closed
+            venv = self._open_watched_envs(watch)  # an env that fails still leaves the status list at once (below)
             self._check_spec(venv)
             weights = _WeightsSubscriber(lambda: self.stub, self.actor_id, self.stop)
             weights.start()
@@ -525,21 +526,46 @@ class Actor:
                 raise ActorError(weights.error)
         finally:
             self.stop.set()
+            self._close_envs(venv, watch)
+            self._leave(heartbeats)
+        return self.env_steps
+
+    def _open_watched_envs(self, watch: EnvWatch):
+        """Starts `watch` (left by `_close_envs`) and makes the envs under it, their construction included (`auto`
+        steps them too, to measure the backends); returns them with their calls watched."""
+        watch.__enter__()
+        watch.begin("envs' construction")
+        try:
+            venv = self._open_envs()
+        finally:
+            watch.end()
+        return watched(venv, watch)
+
+    def _close_envs(self, venv, watch: EnvWatch) -> None:
+        """Closes the envs (None: none were made) and leaves `watch`; a close that hangs is reported and given
+        up."""
+        try:
             if venv is not None:
                 venv.close()
+        except EnvHang as e:
+            log.error("%s; the envs were left as they are.", e)
+        finally:
             watch.__exit__(None, None, None)
-            if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
-                heartbeats.join(timeout=10)
-            failed = self._heartbeats_failed
-            self._heartbeat(leaving=True)  # final steps and episodes; status drops this actor at once
-            if self._heartbeats_failed > failed:  # once more: until it leaves, the run's end waits for it
-                time.sleep(HEARTBEAT_S)  # a learner restarting or a lost connection: give it a moment
-                self._heartbeat(leaving=True)
-            self.heartbeats.close()
-            log.info("stopped after %d env steps", self.env_steps)
-            if self.told_to_stop.is_set():
-                self._wait_for_run_end()
-        return self.env_steps
+
+    def _leave(self, heartbeats: threading.Thread) -> None:
+        """The actor's last heartbeat (its final steps and episodes: status drops it at once), then, when the
+        learner told it to stop, the wait for the run's end."""
+        if heartbeats.is_alive():  # none may arrive after the last one and re-admit this actor
+            heartbeats.join(timeout=10)
+        failed = self._heartbeats_failed
+        self._heartbeat(leaving=True)
+        if self._heartbeats_failed > failed:  # once more: until it leaves, the run's end waits for it
+            time.sleep(HEARTBEAT_S)  # a learner restarting or a lost connection: give it a moment
+            self._heartbeat(leaving=True)
+        self.heartbeats.close()
+        log.info("stopped after %d env steps", self.env_steps)
+        if self.told_to_stop.is_set():
+            self._wait_for_run_end()
 
     def _wait_for_run_end(self) -> None:
         """Waits until the learner's status says the run is finished (its final evaluation and summary.json

@@ -319,6 +319,14 @@ class AlgorithmBuilder(abc.ABC, Generic[C]):
         Atari id); a comment beside each should say why it is needed."""
         return {}
 
+    def check_config(self, config: C, env_id: str) -> None:
+        """Checks settings against the env before anything starts (`build_config` calls it); the default checks
+        nothing.
+
+        Raises:
+            ValueError: naming the setting, why it does not fit `env_id` and the fix.
+        """
+
     @abc.abstractmethod
     def make_tables(self, spec: EnvSpec, config: C, queue_items: int | None) -> list[reverb.Table]:
         """The replay server's tables, signatures included. `queue_items`: `rlfleet replay --queue-items`

@@ -96,11 +96,15 @@ def build_config(algorithm, preset: str, env_id: str, overrides: dict | None = N
                 + (f" ({what})" if what else "")
                 + "; fix it in --set or the --config-file."
             )
-    unused = sorted(set(overrides or {}) & set(algorithm.unused_settings))
+    # A setting the algorithm does not use is refused when it is given a value of its own (a run's recorded
+    # settings hold every field, these at their defaults).
+    unused = sorted(k for k in set(overrides or {}) & set(algorithm.unused_settings) if values[k] != fields[k].default)
     if unused:
         reason = f" ({algorithm.unused_reason})" if algorithm.unused_reason else ""
         raise ValueError(f"{name.upper()} does not use {unused}{reason}; remove them.")
-    return cls(**values)
+    config = cls(**values)
+    algorithm.check_config(config, env_arg)
+    return config
 
 
 def _check_type(name: str, key: str, value, default) -> None:

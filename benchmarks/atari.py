@@ -151,10 +151,10 @@ def network_costs(batches=(8, 32), seconds: float = 5.0) -> dict:
     backward (the gradient of the summed Q-values), at each batch size, each a `tf.function`."""
     import tensorflow as tf
 
-    from rlfleet.algorithms.dqn.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import CNN
     from rlfleet.algorithms.dqn.policy import nature_cnn_q
 
-    net = NatureCNN(4, (84, 84), 6, 0, "q")
+    net = CNN("nature_cnn", 4, (84, 84), 6, 0, "q")
     rng = np.random.default_rng(0)
     weights = (net.conv_kernels, net.conv_biases, net.kernels, net.biases)
     bf16 = [[tf.cast(v, tf.bfloat16) for v in vs] for vs in weights]
@@ -208,7 +208,7 @@ def actor_budget(raw: float, written: float, forward: dict, num_envs: int, share
 
 
 def nature_cnn_flops(net, frame_shape=(84, 84)) -> dict:
-    """Floating-point operations per sample (a multiply-add counts 2) of `net` (a `NatureCNN`): "forward", and
+    """Floating-point operations per sample (a multiply-add counts 2) of `net` (a Nature `CNN`): "forward", and
     "forward_backward", the forward pass plus the gradients of every weight and of every layer's input but the
     first (the frames need none): 3x the forward's, less the first convolution's once. Biases and ReLUs (under 1%)
     are left out."""
@@ -243,10 +243,10 @@ def arithmetic_ceiling(env_id: str, dqn_steps_per_second: float, seconds: float)
     gradient step (the online network's forward + backward and the target network's forward, `nature_cnn_flops`),
     the GFLOP/s the learner computes at `dqn_steps_per_second`, the float32 matmul peak (`matmul_gflops`), and
     the steps/s at that peak: an upper bound for any float32 learner on this machine, and its ratio to today's."""
-    from rlfleet.algorithms.dqn.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import CNN
 
     batch_size = make_algo_config("dqn", "default", env_id).batch_size
-    flops = nature_cnn_flops(NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q"))
+    flops = nature_cnn_flops(CNN("nature_cnn", 4, (84, 84), env_spec(env_id).action_dim, 0, "q"))
     per_step = batch_size * (flops["forward_backward"] + flops["forward"]) / 1e9
     peak = matmul_gflops(seconds)
     return dict(
@@ -264,9 +264,9 @@ def policy_loop_rates(env_id: str, batches, seconds: float) -> dict:
     the Nature CNN's argmax one batch at a time (sync), and with asynchronous batches of B out of 2B envs."""
     import tensorflow as tf
 
-    from rlfleet.algorithms.dqn.networks import NatureCNN
+    from rlfleet.algorithms.dqn.networks import CNN
 
-    net = NatureCNN(4, (84, 84), env_spec(env_id).action_dim, 0, "q")
+    net = CNN("nature_cnn", 4, (84, 84), env_spec(env_id).action_dim, 0, "q")
     forward = tf.function(lambda frames: tf.argmax(net(frames), axis=1))
 
     def rate(num_envs: int, batch: int) -> float:

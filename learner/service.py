@@ -347,6 +347,7 @@ class Learner:
         finally:
             self.stop_event.set()
             evaluation.STOP.set()  # a video being rendered (the run failed or stopped) is abandoned, not cut off
+            evaluation.WATCH["on_stuck"] = None
             self.videos.close(timeout=10)
             self.server.stop(grace_s=1.0)
             for t in self._threads:

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from rlfleet.algorithms.dqn.networks import NatureCNN
+from rlfleet.algorithms.dqn.networks import CNN
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import atari  # noqa: E402
@@ -23,7 +23,7 @@ def _profiled_flops(fn, spec) -> int:
 
 
 def test_nature_cnn_forward_flops_match_tensorflows_count():
-    net = NatureCNN(4, (84, 84), 6, 0, "q")
+    net = CNN("nature_cnn", 4, (84, 84), 6, 0, "q")
     counted = atari.nature_cnn_flops(net)
     profiled = _profiled_flops(net, tf.TensorSpec((1, 4, 84, 84), tf.uint8))
     # The profiler also counts biases, ReLUs and the frames' scaling, which the count leaves out (< 1%).
@@ -32,14 +32,14 @@ def test_nature_cnn_forward_flops_match_tensorflows_count():
 
 
 def test_flops_follow_the_action_count():
-    small, large = (atari.nature_cnn_flops(NatureCNN(4, (84, 84), a, 0, "q"))["forward"] for a in (2, 18))
+    small, large = (atari.nature_cnn_flops(CNN("nature_cnn", 4, (84, 84), a, 0, "q"))["forward"] for a in (2, 18))
     assert large - small == 2 * 512 * 16
 
 
 def test_bfloat16_forward_pass_follows_the_float32_one():
     from rlfleet.algorithms.dqn.policy import nature_cnn_q
 
-    net = NatureCNN(4, (84, 84), 6, 0, "q")
+    net = CNN("nature_cnn", 4, (84, 84), 6, 0, "q")
     frames = tf.constant(np.random.default_rng(1).integers(0, 255, (64, 4, 84, 84), dtype=np.uint8))
     weights = (net.conv_kernels, net.conv_biases, net.kernels, net.biases)
     q32 = net(frames).numpy()

@@ -16,7 +16,7 @@ from rlfleet.actors.actor import Actor, Policy
 from rlfleet.actors.adders import collect
 from rlfleet.algorithms.dqn.items import TABLE as DQN_TABLE
 from rlfleet.algorithms.dqn.items import batches, dqn_signature, transitions
-from rlfleet.algorithms.dqn.networks import NatureCNN
+from rlfleet.algorithms.dqn.networks import CNN
 from rlfleet.proto import rlfleet_pb2
 
 N_STEP, STACK, ENVS, ENVS_PER_ITEM, STEPS = 3, 4, 4, 2, 120
@@ -105,7 +105,7 @@ def _bare_actor():
     actor.env_steps, actor.policy_version, actor.pending_returns, actor.pending_lengths = 0, -1, [], []
     actor.replay_epoch, actor._restarts = 0, 0
     weights = types.SimpleNamespace(
-        latest=Policy(0, NatureCNN(STACK, (84, 84), 6, 0, "q").export(), rlfleet_pb2.Exploration(epsilon=1.0)),
+        latest=Policy(0, CNN("nature_cnn", STACK, (84, 84), 6, 0, "q").export(), rlfleet_pb2.Exploration(epsilon=1.0)),
         serial=0,
     )
     return server, actor, weights

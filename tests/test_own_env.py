@@ -287,3 +287,16 @@ def test_a_nan_observation_in_the_learners_evaluation_is_blamed_on_the_env(tmp_p
     assert said in out.stdout, out.stdout[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed"] and summary["final_eval_return_mean"] is None and said in summary["final_eval_error"]
+
+
+def test_an_env_that_hangs_while_the_actor_chooses_its_backend_is_reported(tmp_path):
+    """The default backend `auto` makes and steps the envs to measure the backends before collecting: an env whose
+    seeded reset hangs there is reported and stops the actor as in collection, instead of an actor that never
+    collects but stays listed as alive."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "hang_seeds_from=1", "--env-timeout", 3, "--total-steps", 10**5)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=600)
+    assert out.returncode != 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "did not return within 3 s" in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    log = (run / "logs" / "actor-0.log").read_text()
+    assert "Where it hangs:" in log and 'tests_env_pkg/envs.py", line' in log, log[-3000:]

@@ -307,7 +307,9 @@ def test_unusable_teachers_fail_fast(cartpole_teacher, tmp_path):
 @pytest.mark.slow
 def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
     """A few thousand Atari steps through the cluster (AtariVectorEnv actors, Nature CNN, frame-sharing replay),
-    ending in a teacher directory that QDagger loads and continues from."""
+    ending in a teacher directory that QDagger loads and continues from, into a student of another design (the
+    Impala CNN, as reincarnating_rl's and CleanRL's Impala-CNN students) that its actors, `rlfleet eval` and its
+    exported model run alike."""
     teacher = tmp_path / "pong-dqn"
     small = [
         "--set",
@@ -340,11 +342,14 @@ def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
         student,
         "--set",
         "random_eval_episodes=1",
+        "--set",
+        "network=impala_cnn",
         *small,
     )
     assert "offline_pretraining" in out.stdout or "online" in out.stdout
     summary = json.loads((student / "summary.json").read_text())
     assert summary["algo"] == "qdagger" and summary["env_steps"] >= 500
+    assert summary["config"]["network"] == "impala_cnn", summary["config"]
     assert summary["learner_steps"] >= 20
     assert -21 <= summary["teacher_eval_return_mean"] <= 21
     # `rlfleet eval` on the student: its Q-network without the teacher, on ale-py's batched envs as the learner
@@ -356,6 +361,11 @@ def test_pong_smoke_dqn_teacher_then_qdagger(tmp_path):
     exported = _exported(teacher, tmp_path / "onnx", "onnx", frames)
     teacher_q = export_q(load_teacher(str(teacher), env_spec("ALE/Pong-v5")).q)
     _assert_greedy_like_the_actors(exported, q_values(teacher_q, frames))
+    # The student's Impala CNN, read back from its own run directory as a teacher's is, exported alike.
+    student_q = export_q(load_teacher(str(student), env_spec("ALE/Pong-v5")).q)
+    assert sum(k.endswith("/w") and k.startswith("q/conv") for k in student_q) == 15
+    exported = _exported(student, tmp_path / "student-onnx", "onnx", frames)
+    _assert_greedy_like_the_actors(exported, q_values(student_q, frames))
     # A video of a teacher's episode, from the game's colour frames.
     got = _eval_json(teacher, "--episodes", 1, "--video", tmp_path / "videos")
     frames, _ = read_video(got["videos"][0])

@@ -46,6 +46,15 @@ class DQN(AlgorithmBuilder["DQNConfig"]):
 
         return DQN_ENV_OVERRIDES
 
+    def check_config(self, config: DQNConfig, env_id: str) -> None:
+        """Refuses a `network` that does not fit the env's observations (a CNN needs Atari frames)."""
+        from rlfleet.algorithms.dqn.config import network_problem
+        from rlfleet.envs.core import is_atari
+
+        problem = network_problem(config.network, is_atari(env_id), env_id)
+        if problem:
+            raise ValueError(f"{self.name.upper()} {problem}")
+
     def make_tables(self, spec: EnvSpec, config: DQNConfig, queue_items: int | None) -> list:
         from rlfleet.algorithms.dqn.items import dqn_tables_for
 

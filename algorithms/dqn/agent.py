@@ -16,7 +16,7 @@ from rlfleet.algorithms.base import Agent, StepResult
 from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, envs_per_item, table_envs
-from rlfleet.algorithms.dqn.networks import export_q, make_q_network
+from rlfleet.algorithms.dqn.networks import export_q, make_q_network, network_kind
 from rlfleet.algorithms.dqn.policy import epsilon_greedy
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.envs.core import EnvSpec
@@ -101,7 +101,7 @@ class DQNAgent(Agent):
             observation_shape=list(s.obs_shape),
             frame_stack=s.frame_stack,
             num_actions=s.action_dim,
-            network="nature_cnn" if s.frame_stack > 1 else "mlp",
+            network=network_kind(s, self.config.network),
         )
 
     def export_weights(self) -> dict:

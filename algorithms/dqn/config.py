@@ -5,7 +5,20 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from rlfleet.algorithms.base import Count, Count0, Discount, Fraction, LrSchedule, NonNegative, Positive, Widths
+from rlfleet.algorithms.base import (
+    Count,
+    Count0,
+    Discount,
+    Fraction,
+    LrSchedule,
+    NonNegative,
+    OneOf,
+    Positive,
+    Widths,
+)
+
+# The Q-networks: an MLP (`hidden`), the Nature CNN (Mnih et al. 2015) or the Impala CNN (Espeholt et al. 2018).
+QNetwork = OneOf("auto", "mlp", "nature_cnn", "impala_cnn")
 
 
 @dataclasses.dataclass
@@ -22,7 +35,8 @@ class DQNConfig:
     many actors are attached.
     """
 
-    hidden: Widths = (256, 256)  # MLP Q-network hidden widths (units); Atari uses the Nature CNN
+    network: QNetwork = "auto"  # Q-network: auto (Atari: nature_cnn, else mlp), mlp, nature_cnn or impala_cnn
+    hidden: Widths = (256, 256)  # MLP Q-network hidden widths (units); Atari uses the network's CNN
     n_step: Count = 3  # steps of reward before the bootstrap (n-step targets)
     discount: Discount = 0.99  # γ per env step
     learning_rate: Positive = 1e-4  # Adam step size (per gradient step)
@@ -65,6 +79,21 @@ class DQNConfig:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+CNNS = ("nature_cnn", "impala_cnn")  # the `network` choices for Atari frames
+
+
+def network_problem(network: str, frames: bool, env_id: str) -> str | None:
+    """Why the `network` setting does not fit an env with (`frames`: Atari) or without stacked frames; None when
+    it fits."""
+    if network == "auto" or frames == (network in CNNS):
+        return None
+    fits = "nature_cnn or impala_cnn (Atari frames)" if frames else "mlp (vector observations)"
+    return (
+        f"setting network = {network!r} does not fit {env_id}: choose {fits}, or auto; fix it in --set or the "
+        "--config-file."
+    )
 
 
 DQN_PRESETS = {"default": {}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from rlfleet.algorithms.dqn.policy import CONV_STRIDES, conv_names, nature_cnn_q
+from rlfleet.algorithms.dqn.policy import cnn_q, conv_count, conv_names
 from rlfleet.algorithms.library.networks import dense_stack, frozen
 from rlfleet.envs.core import EnvSpec
 
@@ -28,10 +28,11 @@ class DQNServing(tf.Module):
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
         self.kernels = [frozen(arrays[f"q/w{i}"]) for i in range(n_dense)]
         self.biases = [frozen(arrays[f"q/b{i}"]) for i in range(n_dense)]
-        self.cnn = conv_names(0)[0] in arrays
+        n_conv = conv_count(arrays)
+        self.cnn = n_conv > 0
         if self.cnn:
-            self.conv_kernels = [frozen(arrays[conv_names(i)[0]]) for i in range(len(CONV_STRIDES))]
-            self.conv_biases = [frozen(arrays[conv_names(i)[1]]) for i in range(len(CONV_STRIDES))]
+            self.conv_kernels = [frozen(arrays[conv_names(i)[0]]) for i in range(n_conv)]
+            self.conv_biases = [frozen(arrays[conv_names(i)[1]]) for i in range(n_conv)]
             signature = [tf.TensorSpec([None, *spec.obs_shape], tf.uint8, name="observations")]
         else:
             signature = [tf.TensorSpec([None, spec.obs_shape[0]], tf.float32, name="observations")]
@@ -39,7 +40,7 @@ class DQNServing(tf.Module):
 
     def _serve(self, observations):
         if self.cnn:
-            q = nature_cnn_q(observations, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
+            q = cnn_q(observations, self.conv_kernels, self.conv_biases, self.kernels, self.biases)
         else:
             q = dense_stack(observations, self.kernels, self.biases, "relu")
         return {"actions": tf.argmax(q, axis=-1, output_type=tf.int32), "q_values": q}

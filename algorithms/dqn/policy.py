@@ -1,8 +1,9 @@
 """DQN's behaviour and evaluation policy as the actors run it: ε-greedy on the pushed Q-network.
 
-A vector env's MLP Q-network runs as plain numpy; the Nature CNN Q-network for Atari is one `tf.function` call
-(convolutions in numpy would cost far more). `nature_cnn_q` is the one definition of the CNN that both the
-learner (`rlfleet.algorithms.dqn.networks`) and the actors run. TensorFlow is imported only when a CNN runs, so
+A vector env's MLP Q-network runs as plain numpy; an Atari CNN Q-network (the Nature CNN, or the Impala CNN) is
+one `tf.function` call (convolutions in numpy would cost far more). `cnn_q` is the one definition of the CNNs that
+the learner (`rlfleet.algorithms.dqn.networks`), the actors and the exported policy run; the weights say which
+CNN they are by their number of convolutions. TensorFlow is imported only when a CNN runs, so
 that an actor of a vector env never loads TensorFlow's Python.
 """
 
@@ -13,6 +14,12 @@ import numpy as np
 from rlfleet.algorithms.library.policy import mlp_forward
 
 CONV_STRIDES = (4, 2, 1)  # Nature CNN (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units
+# Impala CNN (Espeholt et al. 2018, Fig. 3 "large"; as reincarnating_rl's impala_networks and CleanRL's
+# qdagger_dqn_atari_impalacnn use it): per stack of `IMPALA_CHANNELS`, a 3x3 convolution, a 3x3 max-pool of stride
+# 2 and two residual blocks of two 3x3 convolutions each; then 256 units.
+IMPALA_CHANNELS = (16, 32, 32)
+IMPALA_CONVS = 5 * len(IMPALA_CHANNELS)
+IMPALA_HIDDEN = 256
 
 
 def conv_names(i: int) -> tuple[str, str]:
@@ -34,15 +41,70 @@ def nature_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
     """
     import tensorflow as tf
 
-    x = tf.transpose(tf.cast(frames, conv_kernels[0].dtype) / 255.0, [0, 2, 3, 1])
+    x = _frames(frames, conv_kernels[0].dtype)
     for w, b, stride in zip(conv_kernels, conv_biases, CONV_STRIDES):
         x = tf.nn.relu(tf.nn.conv2d(x, w, stride, "VALID") + b)
+    return _dense_head(x, kernels, biases)
+
+
+def impala_cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
+    """Q-values of the Impala CNN (Espeholt et al. 2018; the reincarnating_rl and CleanRL Impala-CNN students).
+
+    Args:
+        frames: uint8 [B, S, H, W] stacked grayscale frames (oldest first), scaled by 1/255 here.
+        conv_kernels / conv_biases: `IMPALA_CONVS` kernels [3, 3, in, out] and biases [out], stack by stack: the
+            stack's convolution, then its two residual blocks' two convolutions each (stride 1, SAME).
+        kernels / biases: dense layers, ReLU on the flattened features and on all but the last layer; the last
+            has one unit per action. Weights float32 or bfloat16, as `nature_cnn_q`'s.
+    Returns:
+        float32 [B, num_actions].
+    """
+    import tensorflow as tf
+
+    x = _frames(frames, conv_kernels[0].dtype)
+    convs = iter(zip(conv_kernels, conv_biases))
+
+    def conv(x):
+        w, b = next(convs)
+        return tf.nn.conv2d(x, w, 1, "SAME") + b
+
+    for _ in IMPALA_CHANNELS:
+        x = tf.nn.max_pool2d(conv(x), 3, 2, "SAME")
+        for _ in range(2):  # residual blocks: x + conv(relu(conv(relu(x))))
+            x = x + conv(tf.nn.relu(conv(tf.nn.relu(x))))
+    return _dense_head(tf.nn.relu(x), kernels, biases)
+
+
+def cnn_q(frames, conv_kernels, conv_biases, kernels, biases):
+    """Q-values of the CNN whose weights these are: the Impala CNN with `IMPALA_CONVS` convolutions, else the
+    Nature CNN (arguments and result as `nature_cnn_q`'s)."""
+    q = impala_cnn_q if len(conv_kernels) == IMPALA_CONVS else nature_cnn_q
+    return q(frames, conv_kernels, conv_biases, kernels, biases)
+
+
+def _frames(frames, dtype):
+    """uint8 frames [B, S, H, W] as [B, H, W, S] in [0, 1], of `dtype`."""
+    import tensorflow as tf
+
+    return tf.transpose(tf.cast(frames, dtype) / 255.0, [0, 2, 3, 1])
+
+
+def _dense_head(x, kernels, biases):
+    """Flattens the features x [B, h, w, c] and applies the dense layers (ReLU on all but the last): float32
+    [B, num_actions]."""
+    import tensorflow as tf
+
     x = tf.reshape(x, [tf.shape(x)[0], -1])
     for i, (w, b) in enumerate(zip(kernels, biases)):
         x = tf.matmul(x, w) + b
         if i < len(kernels) - 1:
             x = tf.nn.relu(x)
     return tf.cast(x, tf.float32)
+
+
+def conv_count(arrays: dict) -> int:
+    """The number of convolutions of a Q-network's exported weights (0: an MLP)."""
+    return sum(1 for k in arrays if k.startswith("q/conv") and k.endswith("/w"))
 
 
 # The actors' compiled CNN, and (the arrays dict its weight tensors were made from, the tensors): converted once
@@ -54,7 +116,7 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
     """Q(s, ·) of the pushed Q-network: float32 [B, num_actions].
 
     Args:
-        arrays: an MLP (`q/w{i}`, `q/b{i}`) or, with `q/conv{i}/*`, the Nature CNN.
+        arrays: an MLP (`q/w{i}`, `q/b{i}`) or, with `q/conv{i}/*`, a CNN (`cnn_q`).
         obs: [B, obs_dim] vectors, or uint8 [B, S, 84, 84] frames for the CNN.
     """
     if conv_names(0)[0] not in arrays:
@@ -62,10 +124,10 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
     import tensorflow as tf
 
     if _cnn["function"] is None:
-        _cnn["function"] = tf.function(nature_cnn_q)
+        _cnn["function"] = tf.function(cnn_q)
     made_from, tensors = _cnn["weights"]
     if made_from is not arrays:
-        n_conv = len(CONV_STRIDES)
+        n_conv = conv_count(arrays)
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
         tensors = [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + [
             [tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")

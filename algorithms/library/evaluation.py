@@ -128,7 +128,12 @@ def run_episodes(
     """
     episode_seed = [env_seeds(seed, 1)[0]]
     with _watch(env_id, lambda: f"episode seed {episode_seed[0]}") as watch:
-        env = watched(make_rendering_env(env_id) if video_paths else make_env(env_id), watch)
+        watch.begin("construction")
+        try:
+            env = make_rendering_env(env_id) if video_paths else make_env(env_id)
+        finally:
+            watch.end()
+        env = watched(env, watch)
         try:
             return _run_episodes(env, env_id, episodes, seed, act, video_paths, episode_seed)
         finally:
@@ -229,16 +234,23 @@ def run_batched_episodes(
     backend = resolve_backend(env_id, "auto")
     cap = max_steps or env_spec(env_id).max_episode_steps or MAX_EPISODE_STEPS
     with _watch(env_id, lambda: f"{episodes} envs, seeds from {seed}") as watch:
-        venv = watched(make_batched_env(env_id, episodes, backend if backend == "ale" else "sync"), watch)
+        watch.begin("construction")
+        try:
+            venv = make_batched_env(env_id, episodes, backend if backend == "ale" else "sync")
+        finally:
+            watch.end()
+        venv = watched(venv, watch)
         try:
             obs, _ = venv.reset(seed=env_seeds(seed, episodes))
+            obs = policy_observations(obs)  # as the policy takes them (a float64 beyond float32's range: not finite)
             check_finite(env_id, obs, None, f"in its reset (env seeds from {seed})")
             totals = np.zeros(episodes)
             lengths = np.zeros(episodes, np.int64)
             running = np.ones(episodes, bool)
             for step in range(cap):
                 _check_stop()
-                obs, reward, terminated, truncated, _ = venv.step(act(policy_observations(obs)))
+                obs, reward, terminated, truncated, _ = venv.step(act(obs))
+                obs = policy_observations(obs)
                 check_finite(env_id, obs[running], reward[running], f"in its step {step + 1} (env seeds from {seed})")
                 totals += np.where(running, reward, 0.0)
                 lengths += running
