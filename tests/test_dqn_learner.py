@@ -56,7 +56,7 @@ def test_transitions_left_out_of_the_loss_do_not_move_the_network():
     agent = DQNAgent(SPEC, cfg, seed=0)
     batch = make_batch(cfg, np.random.default_rng(0))
     before = [v.numpy() for v in agent.q.trainable_variables]
-    loss, _ = agent._train_step(dict(batch, valid=tf.zeros_like(batch["valid"])))
+    loss = agent._train_step(dict(batch, valid=tf.zeros_like(batch["valid"])))[0]
     assert loss.numpy() == 0.0
     for b, v in zip(before, agent.q.trainable_variables):
         np.testing.assert_array_equal(b, v.numpy())
@@ -142,3 +142,52 @@ def test_action_space_must_match_the_algorithm():
         require_action_kind(env_spec("HalfCheetah-v5"), "dqn")
     with pytest.raises(ValueError, match="unknown DQN setting"):
         make_algo_config("dqn", "default", "CartPole-v1", {"lr": 1})
+
+
+def test_prioritized_replay_weights_the_loss_and_sets_each_sampled_items_priority_from_its_td_errors():
+    """Prioritized replay end to end on a real Reverb server: the learner reads the items' sample info, weights
+    its TD loss by their importance weights, and sets each sampled item's priority to its largest |TD error| (+ε),
+    which the table then samples by."""
+    # 100 items of 4 envs fill the table to its minimum; the rate limiter's slack admits a few more unsampled.
+    overrides = dict(prioritized=True, min_replay_size=400, samples_per_insert=1000.0, gradient_steps_per_call=2)
+    cfg = make_algo_config("dqn", "default", "CartPole-v1", overrides)
+    [table] = tables_for("dqn", SPEC, cfg)
+    server = reverb.Server([table])
+    try:
+        address = f"localhost:{server.port}"
+        client = reverb.Client(address)
+        envs, span = cfg.envs_per_actor, cfg.n_step + 1
+        rng = np.random.default_rng(0)
+        with client.trajectory_writer(num_keep_alive_refs=span) as writer:
+            for t in range(104 + span - 1):
+                writer.append(
+                    dict(
+                        observation=rng.standard_normal((envs, 4)).astype(np.float32),
+                        action=rng.integers(0, 2, envs).astype(np.int32),
+                        reward=rng.standard_normal(envs).astype(np.float32),
+                        end=np.zeros(envs, np.int8),
+                        policy_version=np.int64(0),
+                    )
+                )
+                if t + 1 >= span:
+                    writer.create_item(DQN_TABLE, 1.0, {k: col[-span:] for k, col in writer.history.items()})
+            writer.flush()
+        agent = DQNAgent(SPEC, cfg, seed=0)
+        batch = next(agent.samples(address))
+        assert {"key", "probability", "table_size", "item"} <= set(batch)
+        k_items = batch["key"].shape[1]
+        # The loss a minibatch trains on is the importance-weighted one (all weights 1 while every priority is 1).
+        first = {f: v[0] for f, v in batch.items()}
+        _, _, _, priorities = agent._td_loss(first)
+        assert priorities.shape == (k_items,)
+        agent.consume(batch, policy_version=0, env_steps=0)
+        sampled = {}
+        for sample in client.sample(DQN_TABLE, num_samples=2000):  # a list: each step of the item
+            sampled[int(sample[0].info.key)] = float(sample[0].info.priority)
+        keys = batch["key"].numpy().ravel().tolist()
+        changed = [sampled[key] for key in keys if key in sampled]
+        assert changed and all(p != 1.0 and p > 0 for p in changed), changed
+        untouched = [p for key, p in sampled.items() if key not in keys]
+        assert untouched and all(p == 1.0 for p in untouched)
+    finally:
+        server.stop()

@@ -234,3 +234,16 @@ def test_bootstrap_value_dqn_and_double_dqn():
     np.testing.assert_allclose(dqn_math.bootstrap_value(q_target).numpy(), [5.0, 3.0])
     # double DQN: the online network's argmax (0, 1) scored by the target network
     np.testing.assert_allclose(dqn_math.bootstrap_value(q_target, q_online).numpy(), [1.0, -1.0])
+
+
+def test_importance_weights_and_item_priorities_by_hand():
+    """Schaul et al. 2016: w_i = (N·P(i))^-β / max w; an item's priority is its largest valid |δ| + ε."""
+    w = dqn_math.importance_weights([0.5, 0.25, 0.25], [4, 4, 4], 0.5).numpy()
+    # (4·0.5)^-0.5 = 0.7071, (4·0.25)^-0.5 = 1 -> divided by the largest, 1
+    np.testing.assert_allclose(w, [0.70710678, 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(dqn_math.importance_weights([0.5, 0.25], [4, 4], 0.0).numpy(), [1.0, 1.0])
+    td = [0.5, -2.0, 3.0, -0.25, 9.0]
+    item = [0, 0, 1, 1, 1]
+    valid = [1.0, 1.0, 1.0, 1.0, 0.0]  # the 9.0 has no bootstrap observation: it does not count
+    got = dqn_math.item_priorities(td, tf.constant(item), 2, valid).numpy()
+    np.testing.assert_allclose(got, [2.0 + dqn_math.PRIORITY_FLOOR, 3.0 + dqn_math.PRIORITY_FLOOR], rtol=1e-6)

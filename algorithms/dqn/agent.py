@@ -69,6 +69,7 @@ class DQNAgent(Agent):
         self.optimizer.build(self.q.trainable_variables)
         self.learner_steps = tf.Variable(0, dtype=tf.int64)
         self.epsilon = config.epsilon_start
+        self._priorities = None  # a Reverb client while prioritized replay is read (`samples`)
         self._copy_target()
 
     def _copy_target(self) -> None:
@@ -117,11 +118,30 @@ class DQNAgent(Agent):
         """Yields `gradient_steps_per_call` minibatches of transitions at a time ([K, batch, ...] fields of
         `rlfleet.algorithms.dqn.items.transitions`) from the replay table."""
         c = self.config
-        yield from batches(replay_address, c.batch_size, c.n_step, self.spec.frame_stack, c.gradient_steps_per_call)
+        self._open_priorities(replay_address)
+        stack, k = self.spec.frame_stack, c.gradient_steps_per_call
+        yield from batches(replay_address, c.batch_size, c.n_step, stack, k, with_info=c.prioritized)
+
+    def _open_priorities(self, replay_address: str) -> None:
+        """With prioritized replay, the Reverb client that `consume` updates the run's table's priorities with."""
+        if self.config.prioritized and self._priorities is None:
+            import reverb
+
+            self._priorities = reverb.Client(replay_address)
+
+    def _update_priorities(self, batch, priorities) -> None:
+        """Sets the priorities of the items of `batch` (their "key" [K, items], from the run's prioritized
+        table) to `priorities` [K, items]; a batch of another table (a teacher's) has no keys and is left."""
+        if self._priorities is None or "key" not in batch:
+            return
+        keys, values = batch["key"].numpy().ravel(), priorities.numpy().ravel()
+        self._priorities.mutate_priorities(TABLE, dict(zip(keys.tolist(), values.tolist())))
 
     def _td_loss(self, batch):
-        """Huber TD loss on n-step targets over the batch's valid transitions; returns (loss, Q(s_t, ·) [N, A],
-        mean Q(s_t, a_t))."""
+        """Huber TD loss on n-step targets over the batch's valid transitions, weighted by prioritized replay's
+        importance weights where the batch has its sample info (`rlfleet.algorithms.dqn.items.sample_info`);
+        returns (loss, Q(s_t, ·) [N, A], mean Q(s_t, a_t), the sampled items' new priorities [K] (empty
+        without sample info))."""
         c = self.config
         rewards = batch["reward"]
         if c.reward_clip:
@@ -132,15 +152,23 @@ class DQNAgent(Agent):
         targets, _ = losses.n_step_targets(rewards, batch["done"], bootstrap, c.discount)
         q_selected = tf.gather(q_all, batch["action"], batch_dims=1)
         valid = batch["valid"]
-        return losses.huber_td_loss(q_selected, targets, weights=valid), q_all, losses.weighted_mean(q_selected, valid)
+        weights, priorities = valid, tf.zeros([0], tf.float32)
+        if "probability" in batch:
+            items = tf.shape(batch["key"])[0]
+            importance = losses.importance_weights(batch["probability"], batch["table_size"], c.importance_exponent)
+            weights = valid * tf.gather(importance, batch["item"])
+            priorities = losses.item_priorities(targets - q_selected, batch["item"], items, valid)
+        loss = losses.huber_td_loss(q_selected, targets, weights=weights)
+        return loss, q_all, losses.weighted_mean(q_selected, valid), priorities
 
     def _td_step(self, batch):
-        """One gradient step of the TD loss on a minibatch ([N, ...] fields); returns (loss, mean Q)."""
+        """One gradient step of the TD loss on a minibatch ([N, ...] fields); returns (loss, mean Q, the items'
+        new priorities)."""
         with tf.GradientTape() as tape:
-            loss, _, mean_q = self._td_loss(batch)
+            loss, _, mean_q, priorities = self._td_loss(batch)
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
-        return loss, mean_q
+        return loss, mean_q, priorities
 
     @tf.function
     def _train_step(self, batch):
@@ -156,12 +184,14 @@ class DQNAgent(Agent):
         """Traced inside a `tf.function`: `step` (a gradient step, minibatch -> tensors) on each of the K
         minibatches of `minibatches` ([K, N, ...] fields), `learner_steps` counted and the target network copied
         every `target_update_period` learner steps in between, as K calls would; returns the last step's
-        tensors."""
+        tensors but its last, and that last one (the items' new priorities) of every step, stacked [K, ...]."""
         k = tf.shape(minibatches["action"])[0]
         out = self._counted_step(step, {f: v[0] for f, v in minibatches.items()})
+        priorities = tf.TensorArray(tf.float32, size=k, infer_shape=False).write(0, out[-1])
         for i in tf.range(1, k):
             out = self._counted_step(step, {f: v[i] for f, v in minibatches.items()})
-        return out
+            priorities = priorities.write(i, out[-1])
+        return (*out[:-1], priorities.stack())
 
     def _counted_step(self, step, batch):
         out = step(batch)
@@ -183,7 +213,8 @@ class DQNAgent(Agent):
             progress = min(1.0, env_steps / self.total_steps)
             self.optimizer.learning_rate.assign(c.learning_rate * (1.0 - (1.0 - c.lr_final_fraction) * progress))
         k = int(batch["action"].shape[0])
-        loss, mean_q = self._train_steps(batch)
+        loss, mean_q, priorities = self._train_steps(batch)
+        self._update_priorities(batch, priorities)
         steps = int(self.learner_steps.numpy())
         if not passed_multiple(steps, k, c.publish_every):
             return StepResult(gradient_steps=k)

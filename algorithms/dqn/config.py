@@ -57,7 +57,8 @@ class DQNConfig:
     eval_episodes: Count = 10  # episodes per evaluation
     eval_every_updates: Count = 20  # weights versions between evaluations
     prioritized: bool = False  # prioritized replay sampling (else uniform)
-    priority_exponent: NonNegative = 0.6  # prioritized sampling exponent α
+    priority_exponent: NonNegative = 0.6  # prioritized sampling exponent α (P(i) ∝ p_i^α, Schaul et al. 2016)
+    importance_exponent: Fraction = 0.5  # β of prioritized replay's importance-sampling weights (0: none; 1: full)
     reward_clip: NonNegative = 0.0  # TD targets use rewards clipped to ±reward_clip (0: unclipped)
     double_q: bool = False  # bootstrap with Q_target(s', argmax Q_online(s')) (van Hasselt et al. 2016)
     lr_schedule: LrSchedule = "constant"  # constant, or linear: to lr_final_fraction × learning_rate at --total-steps

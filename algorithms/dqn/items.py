@@ -239,6 +239,21 @@ def split_observations(frames, n_step: int, frame_stack: int):
     return frames[:, :frame_stack], frames[:, n_step : n_step + frame_stack]
 
 
+def sample_info(info, envs: int, batch_size: int) -> dict:
+    """What prioritized replay needs of K sampled items (Reverb's `SampleInfo`, fields [K]) of `envs` envs each,
+    whose first `batch_size` transitions a minibatch holds: {"item": int32 [batch_size], the item each
+    transition came from (0..K-1); "key": uint64 [K], the items' keys; "probability": float64 [K], the
+    probability each was sampled with; "table_size": int64 [K], the items in the table then}."""
+    import tensorflow as tf
+
+    return dict(
+        item=tf.range(batch_size, dtype=tf.int32) // envs,
+        key=info.key,
+        probability=info.probability,
+        table_size=info.table_size,
+    )
+
+
 def table_envs(signature: dict) -> int | None:
     """G, the envs per item of a table with `signature` (1 for the single-env layout); None for a signature
     that is neither DQN layout."""
@@ -259,9 +274,11 @@ def batches(
     minibatches: int = 1,
     table: str = TABLE,
     rate_limiter_timeout_ms: int = 1000,
+    with_info: bool = False,
 ):
     """Yields `minibatches` minibatches of `batch_size` transitions at a time (`transitions`' fields with a
-    leading [minibatches] axis: [minibatches, batch_size, ...]) drawn from `table`, forever.
+    leading [minibatches] axis: [minibatches, batch_size, ...]) drawn from `table`, forever. With `with_info`
+    (prioritized replay), each minibatch also holds what `sample_info` adds.
 
     Reverb's tf.data dataset (`TrajectoryDataset`, its documented path for training) reads the items, K per
     minibatch (`items_per_batch`: G envs' transitions each, G read from the table's signature, so a teacher's
@@ -280,8 +297,12 @@ def batches(
             max_in_flight_samples_per_worker=2 * batch_size,
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
         )
-        k = items_per_batch(batch_size, table_envs(dataset.element_spec.data) or 1)
-        dataset = dataset.batch(k, drop_remainder=True).map(
-            lambda sample: transitions(sample.data, n_step, frame_stack, batch_size)
-        )
+        envs = table_envs(dataset.element_spec.data) or 1
+        k = items_per_batch(batch_size, envs)
+
+        def decode(sample, envs=envs):
+            out = transitions(sample.data, n_step, frame_stack, batch_size)
+            return dict(out, **sample_info(sample.info, envs, batch_size)) if with_info else out
+
+        dataset = dataset.batch(k, drop_remainder=True).map(decode)
         yield from dataset.batch(minibatches, drop_remainder=True).prefetch(1)

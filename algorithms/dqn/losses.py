@@ -120,6 +120,39 @@ def huber_td_loss(q_selected, targets, delta=1.0, weights=None):
     return weighted_mean(0.5 * tf.square(quadratic) + delta * linear, weights)
 
 
+def importance_weights(probability, table_size, exponent):
+    """Importance-sampling weights of prioritized replay, w_i = (size · P(i))^−β / max_j w_j, so that the
+    largest is 1 (Schaul et al. 2016, "Prioritized Experience Replay", Sec. 3.4).
+
+    Args:
+      probability: float [K], the probability each item was sampled with.
+      table_size: int or float [K], the items in the table when it was sampled.
+      exponent: β in [0, 1] (0: every weight 1; 1: fully compensates the non-uniform sampling).
+    Returns:
+      float32 [K].
+    """
+    w = tf.pow(_f32(table_size) * _f32(probability), -_f32(exponent))
+    return w / tf.reduce_max(w)
+
+
+def item_priorities(td_errors, item, items, valid):
+    """New priorities of the sampled items, each the largest |TD error| of its valid transitions (a small floor
+    keeps every item samplable): Schaul et al. 2016's proportional variant, p = |δ| + ε, with an item of several
+    envs' transitions given its largest.
+
+    Args:
+      td_errors: float32 [N]; item: int32 [N], each transition's item (0..items-1); items: K;
+      valid: float32 [N], 0 for a transition not trained on (its error does not count).
+    Returns:
+      float32 [K] (Reverb raises them to the table's priority exponent α when it samples).
+    """
+    magnitude = tf.abs(_f32(td_errors)) * _f32(valid)
+    return tf.math.unsorted_segment_max(magnitude, item, items) + PRIORITY_FLOOR
+
+
+PRIORITY_FLOOR = 1e-6  # ε of the proportional priorities: an item whose error is 0 stays samplable
+
+
 def weighted_mean(values, weights=None):
     """sum(weights * values) / max(sum(weights), 1) for float32 [N] `values` (the plain mean without weights)."""
     values = _f32(values)

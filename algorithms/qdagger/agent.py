@@ -152,7 +152,8 @@ class QDaggerAgent(DQNAgent):
             yield from itertools.islice(teacher(k), remaining // k)
         if remaining % k:
             yield from itertools.islice(teacher(1), remaining % k)
-        yield from batches(replay_address, c.batch_size, c.n_step, stack, k)
+        self._open_priorities(replay_address)
+        yield from batches(replay_address, c.batch_size, c.n_step, stack, k, with_info=c.prioritized)
 
     @tf.function
     def _qdagger_step(self, batch):
@@ -166,10 +167,10 @@ class QDaggerAgent(DQNAgent):
 
     def _distillation_step(self, batch):
         """One gradient step of the QDagger loss (TD + λ·distillation) on a minibatch ([N, ...] fields); returns
-        (TD loss, distillation loss, mean Q)."""
+        (TD loss, distillation loss, mean Q, the items' new priorities (`DQNAgent._td_loss`))."""
         c = self.config
         with tf.GradientTape() as tape:
-            td, q_all, mean_q = self._td_loss(batch)
+            td, q_all, mean_q, priorities = self._td_loss(batch)
             distill = losses.weighted_mean(
                 losses.distillation_loss(q_all, self.teacher.q(batch["observation"]), c.distillation_temperature),
                 batch["valid"],
@@ -177,15 +178,16 @@ class QDaggerAgent(DQNAgent):
             loss = td + self.coefficient * distill
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
-        return td, distill, mean_q
+        return td, distill, mean_q, priorities
 
     def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         k = int(batch["action"].shape[0])
         if float(self.coefficient.numpy()) > 0:
-            td, distill, mean_q = self._qdagger_steps(batch)
+            td, distill, mean_q, priorities = self._qdagger_steps(batch)
         else:  # λ = 0: plain DQN, no teacher forward pass
-            (td, mean_q), distill = self._train_steps(batch), tf.constant(0.0)
+            (td, mean_q, priorities), distill = self._train_steps(batch), tf.constant(0.0)
+        self._update_priorities(batch, priorities)
         steps = int(self.learner_steps.numpy())
 
         def metrics() -> dict:  # read back only when reported (each read waits for the step)
