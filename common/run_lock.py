@@ -190,9 +190,35 @@ def _busy_message(directory: str, holder: dict) -> str:
         )
     stop = f"on {holder.get('host')}: kill {holder['pid']}" if holder.get("pid") else "stop it"
     then = "resume it with --resume" if holder.get("role") in ("up", "learner") else "start this again"
-    return (
+    message = (
         f"{directory} is being written by {_who(holder)}. Two writers would mix their rows in metrics.jsonl and "
         f"overwrite each other's run.json, summary.json and checkpoints. Let that process finish or stop it ({stop}), "
-        f"then {then}; or give another directory. Where its host is gone for good (a lock of a network filesystem "
-        f"that outlived it), removing {os.path.join(directory, LOCK_NAME)} releases it."
+        f"then {then}; or give another directory."
     )
+    if holder.get("host") and holder.get("host") != socket.gethostname():
+        message += (
+            f" Where its host is gone for good (a lock of a network filesystem that outlived it), removing "
+            f"{os.path.join(directory, LOCK_NAME)} releases it."
+        )
+    return message
+
+
+def busy(directory: str) -> str | None:
+    """Why `directory` cannot be written now (another process holds its lock: `hold`'s message), or None where
+    it is free or has no lock file; takes no lock."""
+    path = os.path.join(directory, LOCK_NAME)
+    if path in _held:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _busy_message(directory, _holder(fd))
+    except OSError:  # no locks on this filesystem
+        return None
+    finally:
+        os.close(fd)  # closing releases a lock taken just now
+    return None

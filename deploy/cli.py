@@ -361,17 +361,24 @@ def _env_with_kwargs(env_id: str) -> str:
         _fail(str(e))
 
 
-def _check_env_backend(env_id: str, backend: str | None) -> None:
+def _check_env_backend(env_id: str, backend: str | None, env_timeout_s: float) -> None:
     """Exits with status 2 before any process starts when --env-backend cannot step `env_id` (an Atari id off
     "ale", an env envpool does not have or one given --env-kwargs on "envpool"), or when the env given --env-kwargs
-    fails its first reset or step (`rlfleet.envs.core.check_env_kwargs`)."""
+    fails its first reset or step (`rlfleet.envs.core.check_env_kwargs`) or does not return from it within
+    `env_timeout_s` seconds (`rlfleet.envs.watch.EnvWatch`)."""
     from rlfleet.envs.core import EnvError, check_env_kwargs, make_batched_env, resolve_backend
+    from rlfleet.envs.watch import EnvWatch
 
     try:
         resolve_backend(env_id, backend or "auto")
         if backend == "envpool":
             make_batched_env(env_id, 1, "envpool").close()
-        check_env_kwargs(env_id)
+        with EnvWatch(env_id, env_timeout_s, lambda: "env seed 0") as watch:
+            watch.begin("first reset or step (the check of --env-kwargs)")
+            try:
+                check_env_kwargs(env_id)
+            finally:
+                watch.end()
     except EnvError as e:
         _fail(str(e))
 
@@ -675,7 +682,7 @@ def up(given: SettingsGiven, options, seed, seeds, parallel, total_steps, show_c
     s, recorded = _up_settings(o.resume, given)
     teacher = _teacher(given.teacher, s)
     extra = {"envs_per_actor": given.envs_per_actor} if given.envs_per_actor is not None else {}
-    _check_env_backend(s.env_id, o.env_backend)
+    _check_env_backend(s.env_id, o.env_backend, o.env_timeout_s)
     extra.update(_check_teacher_args(s.algo, teacher, given.offline_steps, need_teacher=not show_config))
     o = dataclasses.replace(o, track=_check_track(o.track))
     run = _changed(s, extra, teacher)
@@ -1144,7 +1151,7 @@ def learner_cmd(
     s = _settings(given)
     teacher = _teacher(given.teacher, s)
     s = _changed(s, _check_teacher_args(s.algo, teacher, given.offline_steps), teacher)
-    _check_env_backend(s.env_id, served["env_backend"])
+    _check_env_backend(s.env_id, served["env_backend"], served["env_timeout_s"])
     if auto_resume and served["resume"] is None:
         served["resume"] = _auto_resume(served["logdir"])
     # After the checks (a refused start writes nothing); a supervisor's restart (--auto-resume) waits for the old

@@ -30,6 +30,7 @@ import importlib.metadata
 import json
 import logging
 import re
+import traceback
 
 import gymnasium as gym
 import numpy as np
@@ -368,9 +369,13 @@ def check_env_kwargs(env_id: str) -> None:
         env.action_space.seed(0)
         env.step(env.action_space.sample())
     except Exception as e:  # noqa: BLE001 - whatever the env raises, said with its kwargs
+        if isinstance(e, EnvError):  # e.g. the watch's EnvHang: its message says it all
+            raise
+        where = traceback.extract_tb(e.__traceback__)[-1]
         raise EnvError(
-            f"{base} with --env-kwargs {kwargs} failed in its first reset or step ({type(e).__name__}: {e}); check "
-            "the values' types and ranges against the env's constructor."
+            f"{base} with --env-kwargs {kwargs} failed in its first reset or step ({type(e).__name__}: {e}, raised "
+            f"at {where.filename}:{where.lineno}); check the values' types and ranges against the env's "
+            "constructor, or the env's code there."
         ) from None
     finally:
         env.close()

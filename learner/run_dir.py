@@ -65,6 +65,11 @@ def check_run_dir(logdir: str, resume: str | None, settings: RunSettings) -> Non
                 f"--seed values, or with --resume {shlex.quote(str(resume))} alone (they are taken from the run)."
             )
     if not os.path.exists(os.path.join(resume, "checkpoints", "checkpoint")):
+        from rlfleet.common.run_lock import busy
+
+        held = busy(resume)  # a run that has written no checkpoint yet: that, not the directory, is the problem
+        if held:
+            raise RunDirError(f"--resume {resume}: {held}")
         raise RunDirError(
             f"--resume {resume}: no checkpoint found in {resume}/checkpoints; pass the --logdir of an earlier run."
         )

@@ -300,3 +300,15 @@ def test_an_env_that_hangs_while_the_actor_chooses_its_backend_is_reported(tmp_p
     assert "did not return within 3 s" in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
     log = (run / "logs" / "actor-0.log").read_text()
     assert "Where it hangs:" in log and 'tests_env_pkg/envs.py", line' in log, log[-3000:]
+
+
+def test_an_env_whose_kwargs_check_hangs_is_refused_before_anything_starts(tmp_path):
+    """`up` resets and steps an env given --env-kwargs once before it starts anything; an env that hangs there is
+    interrupted after --env-timeout and refused (exit 2) naming the hang, instead of a command that never
+    returns."""
+    run = tmp_path / "corridor"
+    args = (*CORRIDOR, "--env-kwargs", "hang_seeds_from=-1", "--env-timeout", 2, "--total-steps", 1000)
+    out = rlfleet("up", *args, "--logdir", run, env=WITH_MODULE, timeout=300)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    said = "its first reset or step (the check of --env-kwargs) did not return within 2 s (env seed 0;"
+    assert said in out.stderr and not run.exists(), out.stderr[-3000:]

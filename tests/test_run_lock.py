@@ -36,14 +36,19 @@ def test_a_second_writer_of_a_running_run_is_refused_and_a_crash_frees_the_direc
         wait_for(lambda: "learner at" in first.output(), 240, "the first run's learner", [first])
         holder = json.loads((run / ".rlfleet-lock").read_text())
         assert holder["role"] == "up" and holder["pid"] == first.proc.pid and holder["host"] == socket.gethostname()
-        said = f"{run} is being written by `rlfleet up"
+        said = "is being written by `rlfleet up"
         who = f"(up, pid {first.proc.pid} on host {socket.gethostname()}"
         # The same command again (a second terminal, a requeued job), and a learner of its own on the directory.
         again = rlfleet("up", *PENDULUM, "--total-steps", 10**7, "--logdir", run, timeout=120)
         learner = rlfleet("learner", *PENDULUM, "--replay", "127.0.0.1:1", "--logdir", run, timeout=120)
-        for out in (again, learner):
+        # A resume of it, through another name, before it wrote a checkpoint: refused for the writer, not for the
+        # missing checkpoint.
+        (tmp_path / "link").symlink_to(run)
+        resumed = rlfleet("up", "--resume", tmp_path / "link", timeout=120)
+        for out in (again, learner, resumed):
             assert out.returncode == 2, out.stdout + out.stderr
             assert said in out.stderr and who in out.stderr and f"kill {first.proc.pid}" in out.stderr, out.stderr
+            assert ".rlfleet-lock releases it" not in out.stderr  # its host is this one: never remove the lock
         assert first.proc.poll() is None  # the run goes on
     finally:
         children = psutil.Process(first.proc.pid).children() if first.proc.poll() is None else []
