@@ -209,5 +209,9 @@ def describe_all() -> str:
 
 
 def _names_loaded() -> list[str]:
-    builtin = [m.rsplit(".", 1)[1] for m in BUILTIN]
-    return [n for n in builtin if n in _REGISTRY] + sorted(n for n in _REGISTRY if n not in builtin)
+    """Built-in algorithms in `BUILTIN`'s order (those of one module as it registered them), then the others
+    sorted."""
+    module = {n: type(b).__module__ for n, b in _REGISTRY.items()}
+    builtin = [n for m in BUILTIN for n in _REGISTRY if module[n] == m or module[n].startswith(m + ".")]
+    builtin = list(dict.fromkeys(builtin))
+    return builtin + sorted(n for n in _REGISTRY if n not in builtin)

@@ -247,3 +247,17 @@ def test_importance_weights_and_item_priorities_by_hand():
     valid = [1.0, 1.0, 1.0, 1.0, 0.0]  # the 9.0 has no bootstrap observation: it does not count
     got = dqn_math.item_priorities(td, tf.constant(item), 2, valid).numpy()
     np.testing.assert_allclose(got, [2.0 + dqn_math.PRIORITY_FLOOR, 3.0 + dqn_math.PRIORITY_FLOOR], rtol=1e-6)
+
+
+def test_large_margin_and_cql_terms_by_hand():
+    """DQfD's large margin (Hester et al. 2018, Eq. 2) and the CQL(H) term (Kumar et al. 2020), on small cases."""
+    q = [[1.0, 0.5, 0.2], [2.0, 3.0, 0.0]]
+    # state 0: teacher action 0; max(1 + 0, 0.5 + 1, 0.2 + 1) - 1 = 0.5. state 1: teacher action 1;
+    # max(2 + 1, 3 + 0, 0 + 1) - 3 = 0 (it leads by the margin already).
+    got = dqn_math.large_margin_loss(tf.constant(q), tf.constant([0, 1]), 1.0).numpy()
+    np.testing.assert_allclose(got, [0.5, 0.0], atol=1e-6)
+    # CQL at τ = 1: logsumexp(q) - q[a]; state 0, a = 2: log(e^1 + e^0.5 + e^0.2) - 0.2
+    want0 = math.log(math.exp(1.0) + math.exp(0.5) + math.exp(0.2)) - 0.2
+    want1 = math.log(math.exp(2.0 / 0.5) + math.exp(3.0 / 0.5) + 1.0) - 3.0 / 0.5  # τ = 0.5, a = 1
+    np.testing.assert_allclose(dqn_math.cql_loss(tf.constant(q[:1]), [2], 1.0).numpy(), [want0], rtol=1e-6)
+    np.testing.assert_allclose(dqn_math.cql_loss(tf.constant(q[1:]), [1], 0.5).numpy(), [want1], rtol=1e-6)

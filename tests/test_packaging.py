@@ -76,7 +76,7 @@ def test_install_next_to_proto_plus_and_uninstall(tmp_path):
     _run(
         python,
         "-c",
-        "from rlfleet import algorithms; assert algorithms.names() == ['ppo', 'dqn', 'qdagger'], algorithms.names()",
+        "from rlfleet import algorithms; n = algorithms.names(); assert n[:3] == ['ppo', 'dqn', 'qdagger'], n",
         cwd=tmp_path,
     )
     _run(pip, "uninstall", "--quiet", "-y", "rlfleet")

@@ -2,6 +2,7 @@
 directories, and Reverb replay checkpoints."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -161,6 +162,36 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
     assert summary["learner_steps"] >= summary["config"]["offline_steps"]
     tables = {t["table"]: t for t in summary["replay"]}
     assert tables["teacher/dqn_replay"]["samples"] >= summary["config"]["offline_steps"] * 64 * 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "method, offline, term",
+    [
+        ("kickstarting", False, "distillation_loss"),
+        ("pretrain_finetune", True, "cql_loss"),
+        ("dqfd", True, "margin_loss"),
+    ],
+)
+def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp_path, method, offline, term):
+    """Kickstarting, pretraining + fine-tuning and DQfD (the paper's alternatives to QDagger) from the same
+    teacher: each runs its phases with its own term in the loss (reported in the metrics rows), and its run
+    directory can teach in turn."""
+    logdir = tmp_path / method
+    args = ("--algo", method, "--env", "CartPole-v1", "--teacher", cartpole_teacher, "--total-steps", 3000)
+    offline_steps = ("--set", "offline_steps=400") if offline else ()  # kickstarting has none
+    out = _up(*args, *offline_steps, "--logdir", logdir, "--report-interval", 1)
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["algo"] == method and summary["env_steps"] >= 3000, out.stdout[-2000:]
+    learner_log = (logdir / "logs" / "learner.log").read_text()
+    said = "offline pretraining done (400 gradient steps)" if offline else "no offline pretraining"
+    assert said in learner_log, learner_log[-2000:]
+    rows = [r for r in _rows(logdir) if term in r]
+    assert rows and all(math.isfinite(r[term]) for r in rows), _rows(logdir)[-3:]
+    assert summary["teacher_eval_return_mean"] > summary["random_eval_return_mean"]
+    # A run of it is a teacher as a DQN run is.
+    spec = env_spec("CartPole-v1")
+    assert load_teacher(str(logdir), spec).q is not None
 
 
 def _files(root):

@@ -68,7 +68,8 @@ def test_toy_algorithm_runs_to_a_finished_run(tmp_path, how):
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )  # fmt: skip
         assert where.returncode == 0, where.stderr
-        assert where.stdout.startswith("['ppo', 'dqn', 'qdagger', 'toy_reinforce']") and str(tmp_path) in where.stdout
+        builtins = "['ppo', 'dqn', 'qdagger', 'kickstarting', 'pretrain_finetune', 'dqfd', 'toy_reinforce']"
+        assert where.stdout.startswith(builtins) and str(tmp_path) in where.stdout
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "rlfleet.deploy.cli", "up", "--algo", "toy_reinforce", "--env", "CartPole-v1",
@@ -100,7 +101,8 @@ def test_toy_algorithm_settings_and_unknown_names():
     assert wrong_env.returncode == 2 and "needs discrete actions" in wrong_env.stderr
     unknown = _rlfleet("up", "--algo", "impala", "--env", "CartPole-v1", "--show-config", timeout=120)
     assert unknown.returncode == 2
-    assert "--algo impala: no such algorithm (registered: ppo, dqn, qdagger, toy_reinforce)" in unknown.stderr
+    registered = "ppo, dqn, qdagger, kickstarting, pretrain_finetune, dqfd, toy_reinforce"
+    assert f"--algo impala: no such algorithm (registered: {registered})" in unknown.stderr
 
 
 def test_a_plugin_that_fails_or_is_missing_is_named(procs, free_port, tmp_path):

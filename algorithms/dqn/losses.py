@@ -229,6 +229,43 @@ def qdagger_loss(q_student_all, actions, targets, q_teacher_all, distill_coef, t
     return loss, {"td_loss": td, "distillation_loss": distill}
 
 
+def large_margin_loss(q_student, teacher_actions, margin=1.0):
+    """Per-sample large-margin loss toward the teacher's action: max_a [Q(s, a) + ℓ(a_T, a)] − Q(s, a_T), with
+    ℓ(a_T, a) = `margin` for a ≠ a_T and 0 for a_T; 0 once a_T leads every other action by the margin.
+
+    Args:
+      q_student: float32 [N, A], student Q-values (differentiable).
+      teacher_actions: int32 [N], the teacher's action a_T (its greedy action).
+      margin: python float or scalar tensor > 0 (reward units).
+    Returns:
+      float32 [N], >= 0.
+    Source: DQfD (Hester et al. 2018, "Deep Q-learning from Demonstrations", Eq. 2), the supervised term of the
+    Reincarnating RL paper's DQfD baseline (reincarnating_rl dqfd_dqn: margin 1, coefficient 1, teacher actions).
+    """
+    q_student = _f32(q_student)
+    teacher_actions = tf.cast(teacher_actions, tf.int32)
+    others = 1.0 - tf.one_hot(teacher_actions, tf.shape(q_student)[-1], dtype=tf.float32)
+    chosen = tf.gather(q_student, teacher_actions, axis=1, batch_dims=1)
+    return tf.reduce_max(q_student + _f32(margin) * others, axis=-1) - chosen
+
+
+def cql_loss(q_student, actions, temperature=1.0):
+    """Per-sample CQL(H) regulariser: logsumexp_a Q(s, a)/τ − Q(s, a_data)/τ (pushes down actions the data did
+    not take).
+
+    Args:
+      q_student: float32 [N, A] (differentiable); actions: int32 [N], the data's actions;
+      temperature: τ > 0.
+    Returns:
+      float32 [N], >= 0.
+    Source: Kumar et al. 2020, "Conservative Q-Learning for Offline RL", Eq. 4; the offline phase of the
+    Reincarnating RL paper's pretraining baseline (reincarnating_rl pretrained_dqn: coefficient 1).
+    """
+    q = _f32(q_student) / _f32(temperature)
+    chosen = tf.gather(q, tf.cast(actions, tf.int32), axis=1, batch_dims=1)
+    return tf.reduce_logsumexp(q, axis=-1) - chosen
+
+
 def distillation_coefficient(base, student_return, teacher_return, random_return, step, cutoff_step):
     """QDagger distillation coefficient lambda (pure python).
 

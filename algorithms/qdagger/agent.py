@@ -70,6 +70,10 @@ class QDaggerAgent(DQNAgent):
         super().__init__(spec, config, seed)
         self.teacher, self.teacher_replay = teacher, teacher_replay
         self.coefficient = tf.Variable(config.distillation_base, dtype=tf.float32)
+        # The large-margin and CQL terms' weights (`QDaggerConfig`): the margin's decays with λ's schedule, the
+        # CQL term's is 0 from the online phase on.
+        self.margin_weight = tf.Variable(config.margin_coefficient, dtype=tf.float32)
+        self.cql_weight = tf.Variable(config.cql_coefficient, dtype=tf.float32)
         self.teacher_return = math.nan
         self.random_return = math.nan
         self.online_start_env_steps = tf.Variable(-1, dtype=tf.int64)  # env steps when the online phase began
@@ -86,11 +90,15 @@ class QDaggerAgent(DQNAgent):
             distillation_coefficient=self.coefficient,
             online_start_env_steps=self.online_start_env_steps,
         )
+        if self.config.margin_coefficient:  # a DQfD student's decaying margin weight
+            items.update(margin_weight=self.margin_weight)
         if self.config.distillation_score_episodes:  # 0: no window of scores to keep
             items.update(distillation_score_returns=self.score_returns, distillation_score_played=self.score_played)
         return items
 
     def sync_from_checkpoint(self) -> None:
+        if self.phase == ONLINE:
+            self.cql_weight.assign(0.0)
         self._set_learning_rate()
         window = self.config.distillation_score_episodes
         if window and int(self.score_played.numpy()) >= window:
@@ -166,38 +174,54 @@ class QDaggerAgent(DQNAgent):
         return self._steps_in_graph(self._distillation_step, minibatches)
 
     def _distillation_step(self, batch):
-        """One gradient step of the QDagger loss (TD + λ·distillation) on a minibatch ([N, ...] fields); returns
-        (TD loss, distillation loss, mean Q, the items' new priorities (`DQNAgent._td_loss`))."""
+        """One gradient step of the reincarnation loss on a minibatch ([N, ...] fields): TD + λ·distillation +
+        margin weight · large margin toward the teacher's greedy action + CQL weight · CQL term; returns (TD loss,
+        distillation loss, large-margin loss, CQL loss, mean Q, the items' new priorities
+        (`DQNAgent._td_loss`))."""
         c = self.config
+        valid = batch["valid"]
         with tf.GradientTape() as tape:
             td, q_all, mean_q, priorities = self._td_loss(batch)
+            teacher_q = self.teacher.q(batch["observation"])
             distill = losses.weighted_mean(
-                losses.distillation_loss(q_all, self.teacher.q(batch["observation"]), c.distillation_temperature),
-                batch["valid"],
+                losses.distillation_loss(q_all, teacher_q, c.distillation_temperature), valid
             )
-            loss = td + self.coefficient * distill
+            teacher_actions = tf.argmax(teacher_q, axis=-1, output_type=tf.int32)
+            margin = losses.weighted_mean(losses.large_margin_loss(q_all, teacher_actions, c.margin), valid)
+            cql = losses.weighted_mean(losses.cql_loss(q_all, batch["action"], c.distillation_temperature), valid)
+            loss = td + self.coefficient * distill + self.margin_weight * margin + self.cql_weight * cql
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
-        return td, distill, mean_q, priorities
+        return td, distill, margin, cql, mean_q, priorities
+
+    def _reusing(self) -> bool:
+        """Whether any term still draws on the teacher (λ, the margin weight or the CQL weight above 0)."""
+        return any(float(v.numpy()) > 0 for v in (self.coefficient, self.margin_weight, self.cql_weight))
 
     def consume(self, batch, policy_version: int, env_steps: int) -> StepResult:
         c = self.config
         k = int(batch["action"].shape[0])
-        if float(self.coefficient.numpy()) > 0:
-            td, distill, mean_q, priorities = self._qdagger_steps(batch)
-        else:  # λ = 0: plain DQN, no teacher forward pass
-            (td, mean_q, priorities), distill = self._train_steps(batch), tf.constant(0.0)
+        zero = tf.constant(0.0)
+        if self._reusing():
+            td, distill, margin, cql, mean_q, priorities = self._qdagger_steps(batch)
+        else:  # nothing draws on the teacher any more: plain DQN, no teacher forward pass
+            (td, mean_q, priorities), distill, margin, cql = self._train_steps(batch), zero, zero, zero
         self._update_priorities(batch, priorities)
         steps = int(self.learner_steps.numpy())
 
         def metrics() -> dict:  # read back only when reported (each read waits for the step)
-            return {
+            out = {
                 "td_loss": float(td),
                 "distillation_loss": float(distill),
                 "mean_q": float(mean_q),
                 "distillation_coefficient": float(self.coefficient.numpy()),
                 "epsilon": self.epsilon,
             }
+            if c.margin_coefficient:
+                out.update(margin_loss=float(margin), margin_weight=float(self.margin_weight.numpy()))
+            if c.cql_coefficient:
+                out.update(cql_loss=float(cql))
+            return out
 
         if steps < c.offline_steps:
             self._offline_progress.update(steps, c.offline_steps)
@@ -207,18 +231,17 @@ class QDaggerAgent(DQNAgent):
         if steps == c.offline_steps or start < 0:
             # The offline phase's end (with offline_steps 0: the first step): actors start with these weights.
             self.online_start_env_steps.assign(env_steps)
+            self.cql_weight.assign(0.0)  # a term of the offline phase alone
+            self._set_learning_rate()
             if steps % c.target_update_period:  # the online phase bootstraps from the student as it is now
                 self._copy_target()
             done = f"offline pretraining done ({steps} gradient steps)" if c.offline_steps else "no offline pretraining"
             log.log(NOTICE, "%s; online phase", done)
             return StepResult(gradient_steps=k, updated=True, evaluate=True, metrics=metrics())
         online_steps = env_steps - start
-        if (
-            c.distillation_cutoff_env_steps
-            and online_steps >= c.distillation_cutoff_env_steps
-            and float(self.coefficient.numpy()) > 0
-        ):
+        if c.distillation_cutoff_env_steps and online_steps >= c.distillation_cutoff_env_steps and self._reusing():
             self.coefficient.assign(0.0)
+            self.margin_weight.assign(0.0)
             self._set_learning_rate()
         if not passed_multiple(steps, k, c.publish_every):
             return StepResult(gradient_steps=k)
@@ -239,7 +262,7 @@ class QDaggerAgent(DQNAgent):
         start = int(self.online_start_env_steps.numpy())
         # Learner steps, not env steps, tell the evaluation at the end of the offline phase: actors already step
         # while it runs.
-        if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0 or float(self.coefficient.numpy()) == 0:
+        if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0 or not self._reusing():
             return  # offline (and at its end) the student distils at the base coefficient: no online data yet
         window = c.distillation_score_episodes
         if window:
@@ -258,25 +281,25 @@ class QDaggerAgent(DQNAgent):
             return
         self.score_return = score
         online_steps = max(0, env_steps - start)
-        self.coefficient.assign(
-            losses.distillation_coefficient(
-                c.distillation_base,
-                score,
-                self.teacher_return,
-                self.random_return,
-                online_steps,
-                c.distillation_cutoff_env_steps or None,
-            )
+        # λ and the margin weight decay alike: the share of the teacher's lead over random that is still to go.
+        decay = losses.distillation_coefficient(
+            1.0, score, self.teacher_return, self.random_return, online_steps, c.distillation_cutoff_env_steps or None
         )
+        self.coefficient.assign(c.distillation_base * decay)
+        self.margin_weight.assign(c.margin_coefficient * decay)
         self._set_learning_rate()
 
     def _set_learning_rate(self) -> None:
+        """λ/base interpolates the learning rate from `learning_rate` to `learning_rate_final`; without
+        distillation (base 0) it is `learning_rate` offline and `learning_rate_final` online."""
         c = self.config
-        self.optimizer.learning_rate.assign(
-            losses.interpolated_learning_rate(
+        if c.distillation_base > 0:
+            rate = losses.interpolated_learning_rate(
                 float(self.coefficient.numpy()), c.distillation_base, c.learning_rate, c.learning_rate_final
             )
-        )
+        else:
+            rate = c.learning_rate if self.phase == OFFLINE else c.learning_rate_final
+        self.optimizer.learning_rate.assign(rate)
 
     def status_extras(self) -> dict:
         return {

@@ -15,7 +15,11 @@ class QDaggerConfig(DQNConfig):
     Units: `offline_steps` in gradient steps on the teacher's replay before any
     env step; `distillation_cutoff_env_steps` in online env steps (λ = 0 from
     then on; 0 = no cutoff). The learning rate moves from `learning_rate`
-    (λ = base) to `learning_rate_final` (λ = 0) with λ/base. The student starts
+    (λ = base) to `learning_rate_final` (λ = 0) with λ/base; with base 0 it is
+    `learning_rate` offline and `learning_rate_final` online. The large-margin
+    weight decays as λ does (from `margin_coefficient`); the CQL term applies
+    offline only. The alternatives to QDagger (`rlfleet.algorithms.qdagger.methods`)
+    are presets of these settings. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
     λ is set only from online evaluations, from the mean return of the latest
     `distillation_score_episodes` evaluation episodes (λ holds its value until
@@ -32,6 +36,9 @@ class QDaggerConfig(DQNConfig):
     random_eval_episodes: Count = 10  # episodes of a uniform-random policy for the status baseline
     teacher_eval_episodes: Count0 = 30  # episodes of the teacher's evaluation at start, λ's R_T (0: eval_episodes)
     distillation_score_episodes: Count0 = 30  # latest online eval episodes averaged to set λ (0: each evaluation alone)
+    cql_coefficient: NonNegative = 0.0  # weight of the CQL term on the teacher's data, offline phase only (0: none)
+    margin_coefficient: NonNegative = 0.0  # weight of DQfD's large-margin term toward the teacher's greedy action
+    margin: Positive = 1.0  # the large-margin term's margin ℓ(a_T, a) for actions a ≠ a_T (reward units)
 
 
 QDAGGER_PRESETS = {"default": {}}

@@ -22,7 +22,7 @@ from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, usable_
 
 log = logger("qdagger")
 
-TEACHER_ALGOS = ("dqn", "qdagger")
+TEACHER_ALGOS = ("dqn", "qdagger", "kickstarting", "pretrain_finetune", "dqfd")  # runs of a DQN Q-network and replay
 
 
 class TeacherError(ValueError):
@@ -63,8 +63,8 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         run = json.load(f)
     if run.get("algo") not in TEACHER_ALGOS:
         raise TeacherError(
-            f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a DQN "
-            f"or QDagger run (a Q-network and its replay); {hint}."
+            f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a run of a DQN Q-network and "
+            f"its replay ({', '.join(TEACHER_ALGOS)}); {hint}."
         )
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
