@@ -170,6 +170,7 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
     [
         ("kickstarting", False, "distillation_loss"),
         ("pretrain_finetune", True, "cql_loss"),
+        ("rehearsal", True, "cql_loss"),
         ("dqfd", True, "margin_loss"),
     ],
 )
@@ -189,6 +190,10 @@ def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp
     rows = [r for r in _rows(logdir) if term in r]
     assert rows and all(math.isfinite(r[term]) for r in rows), _rows(logdir)[-3:]
     assert summary["teacher_eval_return_mean"] > summary["random_eval_return_mean"]
+    teacher_samples = {t["table"]: t for t in summary["replay"]}["teacher/dqn_replay"]["samples"]
+    if method == "rehearsal":  # online minibatches keep drawing on the teacher's replay
+        online, batch = summary["learner_steps"] - 400, summary["config"]["batch_size"]
+        assert online > 0 and teacher_samples >= (400 + 0.9 * online) * batch, (teacher_samples, summary)
     # A run of it is a teacher as a DQN run is.
     spec = env_spec("CartPole-v1")
     assert load_teacher(str(logdir), spec).q is not None

@@ -4,7 +4,7 @@ distillation coefficient. It shares DQN's replay items and actor-side writer (`r
 
 The folder holds `config` (DQN's settings plus the reincarnation ones), `teacher` (checking and loading a
 teacher run directory), `agent` (`QDaggerAgent`: both phases and the coefficient's schedule) and `methods` (the
-paper's alternatives, as algorithms of their own: kickstarting, pretrain_finetune, dqfd).
+paper's alternatives, as algorithms of their own: kickstarting, pretrain_finetune, rehearsal, dqfd).
 """
 
 from rlfleet.algorithms import register

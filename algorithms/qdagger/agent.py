@@ -151,7 +151,8 @@ class QDaggerAgent(DQNAgent):
 
     def samples(self, replay_address: str):
         """The remaining offline minibatches from the teacher's replay, then the student's own, K =
-        `gradient_steps_per_call` at a time (the offline phase's last ones fewer, so that it ends on its step)."""
+        `gradient_steps_per_call` at a time (the offline phase's last ones fewer, so that it ends on its step);
+        online with `teacher_data_ratio` > 0, each transition is the teacher's with that chance (`mix`)."""
         c = self.config
         remaining = max(0, c.offline_steps - int(self.learner_steps.numpy()))
         k, stack = c.gradient_steps_per_call, self.spec.frame_stack
@@ -160,8 +161,13 @@ class QDaggerAgent(DQNAgent):
             yield from itertools.islice(teacher(k), remaining // k)
         if remaining % k:
             yield from itertools.islice(teacher(1), remaining % k)
+        own = batches(replay_address, c.batch_size, c.n_step, stack, k, with_info=c.prioritized)
+        if c.teacher_data_ratio:
+            rng = np.random.default_rng(int(self.learner_steps.numpy()))
+            yield from (mix(mine, theirs, c.teacher_data_ratio, rng) for mine, theirs in zip(own, teacher(k)))
+            return
         self._open_priorities(replay_address)
-        yield from batches(replay_address, c.batch_size, c.n_step, stack, k, with_info=c.prioritized)
+        yield from own
 
     @tf.function
     def _qdagger_step(self, batch):
@@ -309,6 +315,20 @@ class QDaggerAgent(DQNAgent):
             "random_eval_return_mean": self.random_return,
             "distillation_score_return": self.score_return,
         }
+
+
+def mix(own: dict, teacher: dict, ratio: float, rng: np.random.Generator) -> dict:
+    """Minibatches whose transitions are each the teacher's (from `teacher`) with probability `ratio`, else the
+    student's (from `own`): fields [K, N, ...] of `rlfleet.algorithms.dqn.items.transitions` in both.
+    Source: rehearsal as reincarnating_rl's pretrained_dqn agent mixes the teacher's data into online minibatches
+    (`teacher_data_ratio`, a coin per transition)."""
+    shape = own["action"].shape
+    take = tf.constant(rng.random(tuple(shape)) < ratio)
+    out = {}
+    for field, mine in own.items():
+        mask = tf.reshape(take, tuple(shape) + (1,) * (len(mine.shape) - 2))
+        out[field] = tf.where(mask, teacher[field], mine)
+    return out
 
 
 def make_agent(

@@ -39,6 +39,16 @@ class QDaggerConfig(DQNConfig):
     cql_coefficient: NonNegative = 0.0  # weight of the CQL term on the teacher's data, offline phase only (0: none)
     margin_coefficient: NonNegative = 0.0  # weight of DQfD's large-margin term toward the teacher's greedy action
     margin: Positive = 1.0  # the large-margin term's margin ℓ(a_T, a) for actions a ≠ a_T (reward units)
+    teacher_data_ratio: Fraction = 0.0  # online: chance that a minibatch transition is the teacher's (rehearsal)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.teacher_data_ratio and self.prioritized:
+            raise ValueError(
+                f"teacher_data_ratio = {self.teacher_data_ratio} mixes the teacher's replay into the student's "
+                "minibatches, which prioritized replay cannot weight; set prioritized = false or teacher_data_ratio "
+                "= 0 in --set or the --config-file."
+            )
 
 
 QDAGGER_PRESETS = {"default": {}}

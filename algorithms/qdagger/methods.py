@@ -7,6 +7,9 @@ QDagger student's settings (`rlfleet.algorithms.qdagger.config.QDaggerConfig`) t
 - `pretrain_finetune`: the offline phase trains TD + CQL on the teacher's replay (Kumar et al. 2020's
   regulariser, coefficient 1, reincarnating_rl pretrained_dqn), then plain DQN fine-tunes online at
   `learning_rate_final`; no distillation.
+- `rehearsal`: `pretrain_finetune` whose online minibatches keep drawing on the teacher's replay, each transition
+  the teacher's with probability 0.5 (`teacher_data_ratio`; reincarnating_rl's pretrained_dqn agent offers the
+  ratio, its fine-tuning config sets 0; 0.5 is rlfleet's choice).
 - `dqfd` (Hester et al. 2018): TD + a large-margin loss toward the teacher's greedy action (margin 1, coefficient
   1, reincarnating_rl dqfd_dqn with teacher actions), offline on the teacher's replay and online on the student's,
   the margin's weight decaying with the student's score as λ does in QDagger; no distillation.
@@ -44,6 +47,12 @@ class PretrainFinetune(_Method):
     changes = {"distillation_base": 0.0, "cql_coefficient": 1.0}
 
 
+class Rehearsal(_Method):
+    name = "rehearsal"
+    summary = "pretrain_finetune with the teacher's data mixed into the online minibatches"
+    changes = {"distillation_base": 0.0, "cql_coefficient": 1.0, "teacher_data_ratio": 0.5}
+
+
 class DQfD(_Method):
     name = "dqfd"
     summary = "TD + a large margin toward the teacher's actions, offline then online (no distillation)"
@@ -52,5 +61,5 @@ class DQfD(_Method):
 
 def register_all() -> None:
     """Registers every alternative (after `qdagger`, so that they are listed after it)."""
-    for method in (Kickstarting(), PretrainFinetune(), DQfD()):
+    for method in (Kickstarting(), PretrainFinetune(), Rehearsal(), DQfD()):
         register(method)

@@ -22,7 +22,13 @@ from rlfleet.replay.checkpoints import REPLAY_SUBDIR, latest_checkpoint, usable_
 
 log = logger("qdagger")
 
-TEACHER_ALGOS = ("dqn", "qdagger", "kickstarting", "pretrain_finetune", "dqfd")  # runs of a DQN Q-network and replay
+
+def teacher_algos() -> list[str]:
+    """The algorithms whose runs teach: those of a DQN Q-network and replay (DQN's builder or one extending it)."""
+    from rlfleet import algorithms
+    from rlfleet.algorithms.dqn import DQN
+
+    return [name for name in algorithms.names() if isinstance(algorithms.get(name), DQN)]
 
 
 class TeacherError(ValueError):
@@ -61,10 +67,11 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         raise TeacherError(f"--teacher {directory}: no run.json, so this is not an rlfleet run directory; {hint}.")
     with open(run_path) as f:
         run = json.load(f)
-    if run.get("algo") not in TEACHER_ALGOS:
+    teachers = teacher_algos()
+    if run.get("algo") not in teachers:
         raise TeacherError(
             f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a run of a DQN Q-network and "
-            f"its replay ({', '.join(TEACHER_ALGOS)}); {hint}."
+            f"its replay ({', '.join(teachers)}); {hint}."
         )
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
