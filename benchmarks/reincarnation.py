@@ -1,11 +1,13 @@
-"""Reincarnation: env steps a QDagger student needs to reach its teacher's return, against DQN from scratch.
+"""Reincarnation: env steps a QDagger student (and each of the paper's alternatives, --methods) needs to reach its
+teacher's return, against DQN from scratch (tabula rasa) and against each other.
 
 1. Teacher: `rlfleet up --algo dqn` with --teacher-seed (0) for --teacher-steps env steps.
 2. DQN from scratch: the teacher run itself plus K-1 more seeds, the first from 0 that are not the teacher's
    (K = --scratch-seeds, default --seeds), each for --scratch-steps env steps (default --teacher-steps; at
    least --student-steps, the budget they are compared at).
-3. QDagger students: seeds 0..K-1 from the teacher, each for --student-steps online env steps
-   (after the preset's offline pretraining, or --offline-steps).
+3. Students of each method of --methods (qdagger, kickstarting, pretrain_finetune, rehearsal, dqfd; default
+   qdagger): seeds 0..K-1 from the same teacher, each for --student-steps online env steps (after the preset's
+   offline pretraining, or --offline-steps), with the same --student-set settings.
 Every run is reused when its directory holds a run that completed its budget, or (--records) when its record
 does; a stopped one, or one of a smaller budget, continues with --resume, so the long Atari runs can be done
 over several sessions. With --records each finished run leaves a record (summary and evaluations, a few KB)
@@ -18,11 +20,14 @@ budget. A run that never reached the target counts as its budget, a lower bound,
 which way that bends the ratio of median env steps (student / scratch). Then IQMs with
 stratified-bootstrap 95% CIs (rliable, when installed) of human-normalized returns (raw returns for
 envs without reference scores): at the students' budget for every run (the same online budget), and
-final; and a learning-curve plot (benchmarks/report.py) with the target drawn.
+final; the probability of improvement (rliable) of each method over tabula rasa and over each other method, on
+the returns at the students' budget; and a learning-curve plot (benchmarks/report.py) with the target drawn.
 
 Usage:
     python benchmarks/reincarnation.py --env CartPole-v1 --seeds 3 --teacher-steps 30000 \
         --student-steps 15000 --workdir runs/reincarnation-cartpole
+    python benchmarks/reincarnation.py --env CartPole-v1 --seeds 5 --methods qdagger,kickstarting,dqfd,rehearsal,\
+pretrain_finetune --teacher-steps 30000 --student-steps 15000 --records benchmarks/results/reincarnation-records
 """
 
 from __future__ import annotations
@@ -138,6 +143,12 @@ def main() -> None:
         default=[],
         help="KEY=VALUE for the QDagger students only (after --set)",
     )
+    p.add_argument(
+        "--methods",
+        default="qdagger",
+        help="comma-separated student algorithms, each from the same teacher (qdagger, kickstarting, "
+        "pretrain_finetune, rehearsal, dqfd)",
+    )
     p.add_argument("--workdir", default="runs/reincarnation")
     p.add_argument(
         "--teacher-seed", type=int, default=0, help="the teacher's seed (DQN from scratch takes the others from 0)"
@@ -164,14 +175,17 @@ def main() -> None:
     scratch = [teacher] + [os.path.join(args.workdir, f"{name}-dqn-s{s}") for s in others]
     # Students are named for their teacher unless it is seed 0 (the names of runs made before --teacher-seed).
     of = "" if args.teacher_seed == 0 else f"-t{args.teacher_seed}"
-    students = [os.path.join(args.workdir, f"{name}-qdagger{of}-s{s}") for s in range(args.seeds)]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    by_method = {m: [os.path.join(args.workdir, f"{name}-{m}{of}-s{s}") for s in range(args.seeds)] for m in methods}
+    students = [d for m in methods for d in by_method[m]]
     offline = ["--offline-steps", str(args.offline_steps)] if args.offline_steps is not None else []
     student_sets = [a for kv in args.student_sets for a in ("--set", kv)]
     plan = [(teacher, args.teacher_seed, args.teacher_steps, ["--algo", "dqn"])]
     plan += [(d, s, scratch_steps, ["--algo", "dqn"]) for d, s in zip(scratch[1:], others)]
     plan += [
-        (d, s, args.student_steps, ["--algo", "qdagger", "--teacher", teacher, *offline])
-        for s, d in enumerate(students)
+        (d, s, args.student_steps, ["--algo", m, "--teacher", teacher, *offline])
+        for m in methods
+        for s, d in enumerate(by_method[m])
     ]
 
     def has_checkpoint(d: str) -> bool:
@@ -273,33 +287,21 @@ def main() -> None:
         values = [s if s is not None else b for s, b in zip(steps, budgets)]
         return float(np.median(values)), any(s is None for s in steps)
 
-    student_med, student_censored = median_steps("qdagger")
     scratch_med, scratch_censored = median_steps("dqn")
-    ratio = student_med / scratch_med if scratch_med else float("nan")
-    bound = ""
-    if scratch_censored and not student_censored:
-        bound = " (some DQN runs never reached the target: their budgets are lower bounds; the ratio is at most this)"
-    elif student_censored and not scratch_censored:
-        bound = " (some students never reached the target: the ratio is at least this)"
-    elif student_censored and scratch_censored:
-        bound = " (runs of both kinds never reached the target: the ratio is not bounded either way)"
-    print(
-        f"median env steps to target: QDagger {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} "
-        f"-> ratio {ratio:.3f}{bound} (target <= 0.10)"
-    )
-    result = dict(
-        env=args.env,
-        teacher=teacher,
-        teacher_return=teacher_return,
-        random_return=random_return,
-        target=target,
-        runs=table,
-        median_steps_qdagger=student_med,
-        median_steps_dqn=scratch_med,
-        ratio=ratio,
-        students_censored=student_censored,
-        scratch_censored=scratch_censored,
-    )
+    result = dict(env=args.env, teacher=teacher, teacher_return=teacher_return, random_return=random_return)
+    result.update(target=target, runs=table, median_steps_dqn=scratch_med, scratch_censored=scratch_censored)
+    for m in methods:
+        student_med, student_censored = median_steps(m)
+        ratio = student_med / scratch_med if scratch_med else float("nan")
+        print(
+            f"median env steps to target: {m} {student_med:,.0f}, DQN from scratch {scratch_med:,.0f} -> ratio "
+            f"{ratio:.3f}{_bound(student_censored, scratch_censored)} (target <= 0.10)"
+        )
+        result[f"median_steps_{m}"], result[f"{m}_censored"] = student_med, student_censored
+        result["ratio" if m == "qdagger" else f"ratio_{m}"] = ratio
+    if "qdagger" in methods:  # the names of the records before --methods
+        result["students_censored"] = result["qdagger_censored"]
+    result["comparisons"] = _comparisons(table, methods)
     try:
         for key, when, at in (
             ("report_at_student_budget", f"at {args.student_steps:,} env steps", args.student_steps),
@@ -323,6 +325,49 @@ def main() -> None:
         print(f"(no IQM / plot: {e}; pip install -e '.[cpu,report]')")
     with open(os.path.join(args.workdir, f"{name}-reincarnation.json"), "w") as f:
         json.dump(result, f, indent=2)
+
+
+def _bound(student_censored: bool, scratch_censored: bool) -> str:
+    """What runs that never reached the target (counted as their budget) do to the ratio of median env steps."""
+    if scratch_censored and not student_censored:
+        return " (some DQN runs never reached the target: their budgets are lower bounds; the ratio is at most this)"
+    if student_censored and not scratch_censored:
+        return " (some students never reached the target: the ratio is at least this)"
+    if student_censored and scratch_censored:
+        return " (runs of both kinds never reached the target: the ratio is not bounded either way)"
+    return ""
+
+
+def _comparisons(table: list[dict], methods: list[str]) -> list[dict]:
+    """Each method against tabula rasa (dqn) and against each other method: the probability that a run of it
+    scores more at the students' budget, and the IQM difference, with 95% CIs (`compare_with_ci`); [] without
+    rliable or with fewer than `MIN_COMPARED_RUNS` scored runs a side."""
+    try:
+        from rlfleet.analysis.runs_report import MIN_COMPARED_RUNS, compare_with_ci
+    except ImportError:
+        return []
+    scores = {}
+    for t in table:
+        if t["return_at_student_budget"] is not None:
+            scores.setdefault(t["algo"], []).append(t["return_at_student_budget"])
+    out = []
+    for i, x in enumerate(methods):
+        for y in ["dqn", *methods[i + 1 :]]:
+            if min(len(scores.get(x, [])), len(scores.get(y, []))) < MIN_COMPARED_RUNS:
+                continue
+            try:
+                c = compare_with_ci(np.array(scores[x]), np.array(scores[y]))
+            except ImportError:
+                return []
+            as_list = lambda v: [float(e) for e in np.ravel(v)]  # noqa: E731
+            pair = dict(x=x, y=y, probability_of_improvement=as_list(c["probability_of_improvement"]))
+            pair["iqm_difference"] = as_list(c["iqm_difference"])
+            print(
+                f"P({x} > {y}) at the students' budget: {pair['probability_of_improvement'][0]:.2f} "
+                f"[{pair['probability_of_improvement'][1]:.2f}, {pair['probability_of_improvement'][2]:.2f}]"
+            )
+            out.append(pair)
+    return out
 
 
 if __name__ == "__main__":

@@ -172,3 +172,29 @@ def test_records_of_other_settings_or_too_short_stop_before_any_run(tmp_path):
     assert "$ rlfleet up" not in out.stdout and not any(
         os.path.isdir(os.path.join(workdir, n)) for n in os.listdir(workdir)
     )
+
+
+def test_every_method_against_tabula_rasa_and_each_other_from_records(tmp_path):
+    """--methods: students of each method from the same teacher, each against DQN from scratch and against each
+    other, with the probability of improvement at the students' budget (rliable) and a ratio of median env steps
+    per method."""
+    records, workdir = str(tmp_path / "records"), str(tmp_path / "work")
+    os.makedirs(workdir)
+    teacher = dict(teacher_eval_return_mean=200.0, random_eval_return_mean=20.0)
+    for s in range(3):
+        _record(records, f"CartPole-v1-dqn-s{s}", "dqn", [(100, 9.0), (400, 100.0 + s)], 500, 150.0)
+        _record(records, f"CartPole-v1-qdagger-s{s}", "qdagger", [(0, 150.0), (50, 195.0 + s)], 100, 196.0, **teacher)
+        _record(records, f"CartPole-v1-dqfd-s{s}", "dqfd", [(0, 30.0), (80, 60.0 + s)], 100, 70.0, **teacher)
+    cmd = [sys.executable, os.path.join(BENCHMARKS, "reincarnation.py"), "--teacher-steps", "500"]
+    cmd += ["--student-steps", "100", "--seeds", "3", "--methods", "qdagger,dqfd", "--fraction", "0.9"]
+    cmd += ["--records", records, "--workdir", workdir]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "$ rlfleet up" not in out.stdout
+    with open(os.path.join(workdir, "CartPole-v1-reincarnation.json")) as f:
+        result = json.load(f)
+    assert result["median_steps_qdagger"] == 50 and result["median_steps_dqfd"] == 100 and result["dqfd_censored"]
+    pairs = {(c["x"], c["y"]): c["probability_of_improvement"] for c in result["comparisons"]}
+    # At 100 env steps: QDagger's students 195-197, DQfD's 60-62, DQN from scratch 9 (its latest by then).
+    assert pairs[("qdagger", "dqn")][0] == 1.0 and pairs[("dqfd", "dqn")][0] == 1.0
+    assert pairs[("qdagger", "dqfd")][0] == 1.0
