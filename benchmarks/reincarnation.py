@@ -141,7 +141,7 @@ def main() -> None:
         dest="student_sets",
         action="append",
         default=[],
-        help="KEY=VALUE for the QDagger students only (after --set)",
+        help="KEY=VALUE for the students of every method only (after --set)",
     )
     p.add_argument(
         "--methods",
@@ -183,7 +183,7 @@ def main() -> None:
     plan = [(teacher, args.teacher_seed, args.teacher_steps, ["--algo", "dqn"])]
     plan += [(d, s, scratch_steps, ["--algo", "dqn"]) for d, s in zip(scratch[1:], others)]
     plan += [
-        (d, s, args.student_steps, ["--algo", m, "--teacher", teacher, *offline])
+        (d, s, args.student_steps, ["--algo", m, "--teacher", teacher, *(offline if m != "kickstarting" else [])])
         for m in methods
         for s, d in enumerate(by_method[m])
     ]

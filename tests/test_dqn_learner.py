@@ -186,7 +186,10 @@ def test_prioritized_replay_weights_the_loss_and_sets_each_sampled_items_priorit
             sampled[int(sample[0].info.key)] = float(sample[0].info.priority)
         keys = batch["key"].numpy().ravel().tolist()
         changed = [sampled[key] for key in keys if key in sampled]
-        assert changed and all(p != 1.0 and p > 0 for p in changed), changed
+        # Stored as ratios to the largest priority set so far: the largest is 1 (where new items go in), the
+        # others below it.
+        assert changed and all(0 < p <= 1.0 for p in changed) and max(changed) == 1.0, changed
+        assert min(changed) < 1.0 and len(set(changed)) > 1, changed
         untouched = [p for key, p in sampled.items() if key not in keys]
         assert untouched and all(p == 1.0 for p in untouched)
     finally:

@@ -70,6 +70,7 @@ class DQNAgent(Agent):
         self.learner_steps = tf.Variable(0, dtype=tf.int64)
         self.epsilon = config.epsilon_start
         self._priorities = None  # a Reverb client while prioritized replay is read (`samples`)
+        self._max_priority = 0.0  # the largest priority set so far (`_update_priorities`)
         self._copy_target()
 
     def _copy_target(self) -> None:
@@ -131,11 +132,18 @@ class DQNAgent(Agent):
 
     def _update_priorities(self, batch, priorities) -> None:
         """Sets the priorities of the items of `batch` (their "key" [K, items], from the run's prioritized
-        table) to `priorities` [K, items]; a batch of another table (a teacher's) has no keys and is left."""
+        table) from `priorities` [K, items]; a batch of another table (a teacher's) has no keys and is left.
+
+        Actors insert new items at priority 1; so that 1 is the largest priority, as Schaul et al. 2016 insert
+        new transitions at the largest so far (each is replayed soon), the table holds each priority divided by
+        the largest this learner has set (its ratios to the others are kept; as that largest grows, older items
+        keep their share of it)."""
         if self._priorities is None or "key" not in batch:
             return
         keys, values = batch["key"].numpy().ravel(), priorities.numpy().ravel()
-        self._priorities.mutate_priorities(TABLE, dict(zip(keys.tolist(), values.tolist())))
+        self._max_priority = max(self._max_priority, float(values.max(initial=0.0)))
+        scaled = np.minimum(values / self._max_priority, 1.0) if self._max_priority > 0 else values
+        self._priorities.mutate_priorities(TABLE, dict(zip(keys.tolist(), scaled.tolist())))
 
     def _td_loss(self, batch):
         """Huber TD loss on n-step targets over the batch's valid transitions, weighted by prioritized replay's
@@ -152,13 +160,14 @@ class DQNAgent(Agent):
         targets, _ = losses.n_step_targets(rewards, batch["done"], bootstrap, c.discount)
         q_selected = tf.gather(q_all, batch["action"], batch_dims=1)
         valid = batch["valid"]
-        weights, priorities = valid, tf.zeros([0], tf.float32)
-        if "probability" in batch:
+        loss, priorities = losses.huber_td_loss(q_selected, targets, weights=valid), tf.zeros([0], tf.float32)
+        if "probability" in batch:  # Schaul et al. 2016: mean over the transitions of w_i · loss_i
             items = tf.shape(batch["key"])[0]
             importance = losses.importance_weights(batch["probability"], batch["table_size"], c.importance_exponent)
             weights = valid * tf.gather(importance, batch["item"])
+            weighted = losses.huber_td_loss(q_selected, targets, weights=weights)
+            loss = weighted * tf.reduce_sum(weights) / tf.maximum(tf.reduce_sum(valid), 1.0)
             priorities = losses.item_priorities(targets - q_selected, batch["item"], items, valid)
-        loss = losses.huber_td_loss(q_selected, targets, weights=weights)
         return loss, q_all, losses.weighted_mean(q_selected, valid), priorities
 
     def _td_step(self, batch):

@@ -8,7 +8,14 @@ import numpy as np
 import tensorflow as tf
 
 from rlfleet.algorithms.dqn.config import CNNS, DQNConfig, network_problem
-from rlfleet.algorithms.dqn.policy import CONV_STRIDES, IMPALA_CHANNELS, IMPALA_HIDDEN, cnn_q, conv_names
+from rlfleet.algorithms.dqn.policy import (
+    CONV_STRIDES,
+    IMPALA_CHANNELS,
+    IMPALA_HIDDEN,
+    NATURE_HIDDEN,
+    cnn_q,
+    conv_names,
+)
 from rlfleet.algorithms.library.networks import MLP, dense_variables
 from rlfleet.envs.core import EnvSpec
 
@@ -36,7 +43,8 @@ class CNN(tf.Module):
 
     Call: uint8 frames [N, S, H, W] -> Q-values [N, num_actions] float32 (`rlfleet.algorithms.dqn.policy.cnn_q`).
     Nature: convolutions 32 8x8/4, 64 4x4/2, 64 3x3/1 and 512 units; Impala: `IMPALA_CHANNELS` stacks and 256
-    units. Convolutions and hidden units ReLU, He-uniform initialised; the output layer variance scaling 1.
+    units. Convolutions and hidden units ReLU; the Nature CNN's convolutions He-uniform, the Impala CNN's
+    LeCun-uniform, hidden layers He-uniform, the output layer variance scaling 1.
 
     Args:
         kind: "nature_cnn" or "impala_cnn".
@@ -47,11 +55,15 @@ class CNN(tf.Module):
         rng = np.random.default_rng(seed)
         layers, features = _conv_layers(kind, frame_stack, frame_shape)
         self.conv_kernels, self.conv_biases = [], []
+        # He-uniform for the Nature CNN's plain ReLU stack; LeCun-uniform (variance scale 1, Flax's default, which
+        # reincarnating_rl's Impala network keeps inside its blocks) for the Impala CNN, whose six residual blocks
+        # would each double the signal's variance at He's scale and start the Q-values far from 0.
+        scale = 2.0 if kind == "nature_cnn" else 1.0
         for k, channels, out in layers:
-            limit = math.sqrt(3.0 * 2.0 / (k * k * channels))
+            limit = math.sqrt(3.0 * scale / (k * k * channels))
             self.conv_kernels.append(tf.Variable(rng.uniform(-limit, limit, (k, k, channels, out)).astype(np.float32)))
             self.conv_biases.append(tf.Variable(np.zeros(out, np.float32)))
-        hidden = 512 if kind == "nature_cnn" else IMPALA_HIDDEN
+        hidden = NATURE_HIDDEN if kind == "nature_cnn" else IMPALA_HIDDEN
         self.kernels, self.biases = [], []
         for i, (a, b) in enumerate(((features, hidden), (hidden, num_actions))):
             kernel, bias = dense_variables(a, b, 1.0 if i else 2.0, rng)

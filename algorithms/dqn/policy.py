@@ -14,9 +14,11 @@ import numpy as np
 from rlfleet.algorithms.library.policy import mlp_forward
 
 CONV_STRIDES = (4, 2, 1)  # Nature CNN (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units
-# Impala CNN (Espeholt et al. 2018, Fig. 3 "large"; as reincarnating_rl's impala_networks and CleanRL's
-# qdagger_dqn_atari_impalacnn use it): per stack of `IMPALA_CHANNELS`, a 3x3 convolution, a 3x3 max-pool of stride
-# 2 and two residual blocks of two 3x3 convolutions each; then 256 units.
+NATURE_HIDDEN = 512
+# Impala CNN (Espeholt et al. 2018, Fig. 3 "large"): per stack of `IMPALA_CHANNELS`, a 3x3 convolution, a 3x3
+# max-pool of stride 2 and two residual blocks of two 3x3 convolutions each; then 256 units, as CleanRL's
+# qdagger_dqn_atari_impalacnn has it (reincarnating_rl's impala_networks: 512). TensorFlow's SAME pooling pads
+# the bottom and right edges where PyTorch pads every edge: the sizes agree, the windows are one pixel apart.
 IMPALA_CHANNELS = (16, 32, 32)
 IMPALA_CONVS = 5 * len(IMPALA_CHANNELS)
 IMPALA_HIDDEN = 256

@@ -308,13 +308,16 @@ class QDaggerAgent(DQNAgent):
         self.optimizer.learning_rate.assign(rate)
 
     def status_extras(self) -> dict:
-        return {
+        extras = {
             "phase": self.phase,
             "distillation_coefficient": float(self.coefficient.numpy()),
             "teacher_eval_return_mean": self.teacher_return,
             "random_eval_return_mean": self.random_return,
             "distillation_score_return": self.score_return,
         }
+        if self.config.margin_coefficient:
+            extras["margin_weight"] = float(self.margin_weight.numpy())
+        return extras
 
 
 def mix(own: dict, teacher: dict, ratio: float, rng: np.random.Generator) -> dict:

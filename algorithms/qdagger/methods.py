@@ -3,7 +3,8 @@ beside `qdagger` with the same teacher (`--teacher DIR`), student, replay, evalu
 QDagger student's settings (`rlfleet.algorithms.qdagger.config.QDaggerConfig`) that switches its terms on or off.
 
 - `kickstarting` (Schmitt et al. 2018): distillation on the student's own data only, no offline phase
-  (reincarnating_rl kickstarting_dqn: QDagger with no pretraining steps).
+  (reincarnating_rl kickstarting_dqn: QDagger with no pretraining steps); it starts from random weights, so its ε
+  starts at 1 and decays over `epsilon_decay_env_steps` as a DQN's does.
 - `pretrain_finetune`: the offline phase trains TD + CQL on the teacher's replay (Kumar et al. 2020's
   regulariser, coefficient 1, reincarnating_rl pretrained_dqn), then plain DQN fine-tunes online at
   `learning_rate_final`; no distillation.
@@ -12,7 +13,8 @@ QDagger student's settings (`rlfleet.algorithms.qdagger.config.QDaggerConfig`) t
   ratio, its fine-tuning config sets 0; 0.5 is rlfleet's choice).
 - `dqfd` (Hester et al. 2018): TD + a large-margin loss toward the teacher's greedy action (margin 1, coefficient
   1, reincarnating_rl dqfd_dqn with teacher actions), offline on the teacher's replay and online on the student's,
-  the margin's weight decaying with the student's score as λ does in QDagger; no distillation.
+  the margin's weight decaying with the student's score as λ does in QDagger; no distillation; the learning rate
+  stays `learning_rate` online (reincarnating_rl's DQfD: no decay).
 
 Tabula rasa is `--algo dqn` with the student's settings (`benchmarks/reincarnation.py` runs it so).
 """
@@ -28,35 +30,69 @@ class _Method(QDagger):
 
     changes: dict = {}
 
+    def changed(self, values: dict) -> dict:
+        """A preset's or per-env override's `values` with this method's changes."""
+        return {**values, **self.changes}
+
     def presets(self) -> dict[str, dict]:
-        return {name: {**values, **self.changes} for name, values in super().presets().items()}
+        return {name: self.changed(values) for name, values in super().presets().items()}
 
     def env_overrides(self) -> dict[tuple[str, str], dict]:
-        return {key: {**values, **self.changes} for key, values in super().env_overrides().items()}
+        return {key: self.changed(values) for key, values in super().env_overrides().items()}
 
 
 class Kickstarting(_Method):
+    """Kickstarting (module doc): QDagger without its offline phase, exploring from ε = 1."""
+
     name = "kickstarting"
     summary = "reincarnation by distillation on the student's own data (no offline phase)"
-    changes = {"offline_steps": 0}
+    changes = {"offline_steps": 0, "epsilon_start": 1.0}
+
+    def check_config(self, config, env_id: str) -> None:
+        """Refuses an offline phase (that would be QDagger)."""
+        super().check_config(config, env_id)
+        if config.offline_steps:
+            raise ValueError(
+                f"KICKSTARTING setting offline_steps = {config.offline_steps}: kickstarting has no offline phase "
+                "(with one it is qdagger: --algo qdagger); remove it from --set, --offline-steps or the "
+                "--config-file."
+            )
 
 
 class PretrainFinetune(_Method):
+    """Pretraining + fine-tuning (module doc): offline TD + CQL on the teacher's replay, then DQN."""
+
     name = "pretrain_finetune"
     summary = "offline TD + CQL on the teacher's replay, then DQN fine-tuning (no distillation)"
     changes = {"distillation_base": 0.0, "cql_coefficient": 1.0}
 
 
 class Rehearsal(_Method):
+    """Rehearsal (module doc): pretraining + fine-tuning on minibatches that mix in the teacher's data."""
+
     name = "rehearsal"
     summary = "pretrain_finetune with the teacher's data mixed into the online minibatches"
     changes = {"distillation_base": 0.0, "cql_coefficient": 1.0, "teacher_data_ratio": 0.5}
 
 
 class DQfD(_Method):
+    """DQfD (module doc): TD + a large margin toward the teacher's greedy action, its weight decaying."""
+
     name = "dqfd"
     summary = "TD + a large margin toward the teacher's actions, offline then online (no distillation)"
     changes = {"distillation_base": 0.0, "margin_coefficient": 1.0, "margin": 1.0}
+    status_values = {
+        **QDagger.status_values,
+        "margin_weight": ("large-margin weight", "{:.3f}"),
+    }
+    progress_values = {"margin_weight": ("margin", "{:.2f}")}
+
+    def changed(self, values: dict) -> dict:
+        """The changes, and the learning rate held online (`learning_rate_final` = the values' learning rate)."""
+        from rlfleet.algorithms.qdagger.config import QDaggerConfig
+
+        rate = values.get("learning_rate", QDaggerConfig.learning_rate)
+        return {**super().changed(values), "learning_rate_final": rate}
 
 
 def register_all() -> None:
