@@ -14,6 +14,7 @@ import signal
 import pytest
 from helpers import status_or_none, wait_for
 
+from rlfleet.common.files import read_json_lines
 from rlfleet.deploy.status import format_status
 from rlfleet.replay.checkpoints import latest_checkpoint
 
@@ -189,10 +190,15 @@ def test_learner_kill9_resume_actors_reconnect(procs, tmp_path, free_port):
     # restart (seen: 150 -> 95; in CI 149, 171, 143 before the kill, then 88.7 at the one evaluation this test
     # then waited for), so the best evaluation over the 500 learner steps after the restart is compared.
     assert max(evaluations) >= 100, (evaluations, later)
-    # The resumed learner counts its evaluations' time on from the checkpoint's, in its metrics rows.
-    rows = [json.loads(line) for line in (c["run"] / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert rows[-1]["evaluation_seconds"] > restored_eval_s, (rows[-1], restored_eval_s)
-    assert rows[-1]["evaluation_seconds"] < rows[-1]["wall_seconds"]
+
+    # The resumed learner counts its evaluations' time on from the checkpoint's, in its metrics rows (the row
+    # after an evaluation is written at the next report interval: waited for).
+    def last_row():
+        rows, _ = read_json_lines(str(c["run"] / "metrics.jsonl"))  # a row being written is skipped
+        return rows[-1] if rows and rows[-1]["evaluation_seconds"] > restored_eval_s else None
+
+    row = wait_for(last_row, 60, "a metrics row with the resumed evaluations' time", [learner])
+    assert row["evaluation_seconds"] < row["wall_seconds"], row
     assert sorted(a["actor_id"] for a in later["actors"]) == [0, 1]
     # Nothing the surviving actors collected is lost from the count: the checkpoint recorded where each
     # actor stood, so the steps between that checkpoint and the rejoin (the crash window) are counted too.
