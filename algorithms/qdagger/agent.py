@@ -186,16 +186,25 @@ class QDaggerAgent(DQNAgent):
         (`DQNAgent._td_loss`))."""
         c = self.config
         valid = batch["valid"]
+        # A term whose setting is 0 is never computed (the settings are fixed when the step is traced): no teacher
+        # forward pass without distillation or margin, no CQL term without its coefficient.
+        distill = margin = cql = tf.constant(0.0)
         with tf.GradientTape() as tape:
             td, q_all, mean_q, priorities = self._td_loss(batch)
-            teacher_q = self.teacher.q(batch["observation"])
-            distill = losses.weighted_mean(
-                losses.distillation_loss(q_all, teacher_q, c.distillation_temperature), valid
-            )
-            teacher_actions = tf.argmax(teacher_q, axis=-1, output_type=tf.int32)
-            margin = losses.weighted_mean(losses.large_margin_loss(q_all, teacher_actions, c.margin), valid)
-            cql = losses.weighted_mean(losses.cql_loss(q_all, batch["action"], c.distillation_temperature), valid)
-            loss = td + self.coefficient * distill + self.margin_weight * margin + self.cql_weight * cql
+            loss = td
+            if c.distillation_base or c.margin_coefficient:
+                teacher_q = self.teacher.q(batch["observation"])
+            if c.distillation_base:
+                distill = losses.distillation_loss(q_all, teacher_q, c.distillation_temperature)
+                distill = losses.weighted_mean(distill, valid)
+                loss += self.coefficient * distill
+            if c.margin_coefficient:
+                teacher_actions = tf.argmax(teacher_q, axis=-1, output_type=tf.int32)
+                margin = losses.weighted_mean(losses.large_margin_loss(q_all, teacher_actions, c.margin), valid)
+                loss += self.margin_weight * margin
+            if c.cql_coefficient:
+                cql = losses.weighted_mean(losses.cql_loss(q_all, batch["action"], c.distillation_temperature), valid)
+                loss += self.cql_weight * cql
         grads = tape.gradient(loss, self.q.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.q.trainable_variables))
         return td, distill, margin, cql, mean_q, priorities
