@@ -712,6 +712,13 @@ class Actor:
                 "log and status; lower its learning rate."
             )
 
+    @property
+    def episode_steps(self) -> np.ndarray:
+        """int64 [B]: the steps each env has taken in its current episode (0 before its first; read-only)."""
+        view = self._episode_length.view()
+        view.flags.writeable = False
+        return view
+
     def count_steps(self, reward, done) -> None:
         """Counts one batch step; queues the returns of finished episodes for the next heartbeat."""
         self._episode_return += reward

@@ -96,6 +96,7 @@ class ActorContext:
         replay_address: host:port of the replay server to write to.
         stop: a threading.Event, set when the writer must return.
         policy_version: set it to the policy version each step is acted with (heartbeats report it).
+        episode_steps: int64 [B], the steps each env has taken in its current episode (0 before its first).
     Methods (the actor's own):
         start_episodes(venv) -> (rng, first observations): seeds the behaviour policy's RNG and resets the envs.
         check_finite(obs, reward=None): raises ActorError on NaN/inf env output, before it is written.
@@ -117,6 +118,10 @@ class ActorContext:
     @property
     def policy_version(self) -> int:
         return self._actor.policy_version
+
+    @property
+    def episode_steps(self):
+        return self._actor.episode_steps
 
     @policy_version.setter
     def policy_version(self, version: int) -> None:

@@ -383,3 +383,14 @@ class AlgorithmBuilder(abc.ABC, Generic[C]):
             ValueError: it cannot (the message says why and what to give instead).
         """
         raise ValueError(f"--teacher is for algorithms that learn from a teacher; {self.name} does not.")
+
+    def import_teacher(self, model: str, env_id: str, out: str, **settings) -> dict:
+        """Makes the folder `out` a teacher of this algorithm from a model trained elsewhere (`rlfleet
+        import-teacher`; `settings`: where its data comes from, as the algorithm documents); returns the folder's
+        run.json record.
+
+        Raises:
+            ValueError: the model, its data or the env cannot make a teacher (the message says why and what to
+                give instead), or this algorithm takes no teacher.
+        """
+        raise ValueError(f"{self.name} learns from no teacher; import a teacher for an algorithm that does.")

@@ -1,5 +1,6 @@
 """The `rlfleet` command line: `up`, `replay`, `learner`, `actor`, `status`, `health`, `settings`,
-`replay-checkpoint`, and the commands used after a run (`rlfleet.deploy.run_tools`): `eval`, `export`, `report`."""
+`replay-checkpoint`, the commands used after a run (`rlfleet.deploy.run_tools`): `eval`, `export`, `report`, and
+`import-teacher` (`rlfleet.deploy.teacher_tools`)."""
 
 from __future__ import annotations
 
@@ -1358,12 +1359,15 @@ def health_cmd(learner_address, replay_address, timeout, security):
 
 
 def _add_run_tools() -> None:
-    """The commands used after a run (`rlfleet.deploy.run_tools`): eval, export, report."""
+    """The commands used after a run (`rlfleet.deploy.run_tools`): eval, export, report; and the one that makes
+    a teacher of a model trained elsewhere (`rlfleet.deploy.teacher_tools`): import-teacher."""
     from rlfleet.deploy.run_tools import eval_cmd, export_cmd, report_cmd
+    from rlfleet.deploy.teacher_tools import import_teacher_cmd
 
     main.add_command(eval_cmd)
     main.add_command(export_cmd)
     main.add_command(report_cmd)
+    main.add_command(import_teacher_cmd)
 
 
 _add_run_tools()

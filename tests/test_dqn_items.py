@@ -124,3 +124,45 @@ def test_a_teacher_replay_of_another_layout_is_accepted_and_a_run_table_is_not()
     assert "its frames are float32 [6], this run's are float32 [4]" in agent.signature_error(acrobot, source="teacher")
     five_step = dqn_signature((4,), tf.float32, 5, 1, envs=4)
     assert "hold 6 steps" in agent.signature_error(five_step, source="teacher")
+
+
+def _policy(guide_roll_in: int):
+    """Weights whose student always prefers action 0 and whose JSRL guide always prefers action 1."""
+    from rlfleet.actors.actor import Policy
+    from rlfleet.proto import rlfleet_pb2
+
+    zeros = np.zeros((4, 2), np.float32)
+    arrays = {"q/w0": zeros, "q/b0": np.array([1.0, 0.0], np.float32)}
+    arrays.update({"guide/q/w0": zeros, "guide/q/b0": np.array([0.0, 1.0], np.float32)})
+    exploration = rlfleet_pb2.Exploration(epsilon=0.0, guide_roll_in_steps=guide_roll_in)
+    return Policy(7, arrays, exploration)
+
+
+def test_jsrl_guide_acts_the_first_h_steps_of_each_episode_h_drawn_per_episode():
+    """The behaviour's roll-in (JSRL): env i's episode is the guide's for its first h_i steps, h_i in 1..H
+    drawn when the episode begins, then the student's; no guide at H = 0."""
+    import types
+
+    from rlfleet.algorithms.dqn.items import behaviour
+
+    envs, horizon = 300, 3
+    actor = types.SimpleNamespace(
+        config=types.SimpleNamespace(num_envs=envs),
+        episode_steps=np.zeros(envs, np.int64),
+        check_policy_output=lambda *a: None,
+    )
+    act, rng, obs = behaviour(actor), np.random.default_rng(0), np.zeros((envs, 4), np.float32)
+    actions = []
+    for _ in range(6):
+        actions.append(act(_policy(horizon), obs, rng).action)
+        actor.episode_steps = actor.episode_steps + 1
+    actions = np.stack(actions, 1)  # [envs, steps]
+    guided = actions.sum(1)
+    for row, h in zip(actions, guided):
+        assert list(row) == [1] * h + [0] * (6 - h)
+    assert set(guided.tolist()) == {1, 2, 3}  # every length of 1..H is drawn
+    # Episodes that begin again draw their h again; the others stay the student's.
+    actor.episode_steps = np.where(np.arange(envs) < 100, 0, actor.episode_steps)
+    again = act(_policy(horizon), obs, rng).action
+    assert (again[:100] == 1).all() and (again[100:] == 0).all()
+    assert (act(_policy(0), obs, rng).action == 0).all()  # H = 0: the student alone

@@ -172,12 +172,13 @@ def test_qdagger_student_reaches_the_teacher_before_any_env_step(cartpole_teache
         ("pretrain_finetune", True, "cql_loss"),
         ("rehearsal", True, "cql_loss"),
         ("dqfd", True, "margin_loss"),
+        ("jsrl", False, "guide_roll_in_steps"),
     ],
 )
 def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp_path, method, offline, term):
-    """Kickstarting, pretraining + fine-tuning and DQfD (the paper's alternatives to QDagger) from the same
-    teacher: each runs its phases with its own term in the loss (reported in the metrics rows), and its run
-    directory can teach in turn."""
+    """Kickstarting, pretraining + fine-tuning, rehearsal, DQfD and JSRL (the paper's alternatives to QDagger)
+    from the same teacher: each runs its phases with its own term in the loss or its roll-in bound (reported in
+    the metrics rows), and its run directory can teach in turn."""
     logdir = tmp_path / method
     args = ("--algo", method, "--env", "CartPole-v1", "--teacher", cartpole_teacher, "--total-steps", 3000)
     offline_steps = ("--set", "offline_steps=400") if offline else ()  # kickstarting has none
@@ -191,6 +192,10 @@ def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp
     assert rows and all(math.isfinite(r[term]) for r in rows), _rows(logdir)[-3:]
     assert summary["teacher_eval_return_mean"] > summary["random_eval_return_mean"]
     teacher_samples = {t["table"]: t for t in summary["replay"]}["teacher/dqn_replay"]["samples"]
+    if method == "jsrl":  # the teacher's roll-in bound shrinks by 0.8 after each online evaluation
+        bounds = [r[term] for r in rows]
+        assert bounds[0] <= 100 and bounds == sorted(bounds, reverse=True)
+        assert set(bounds) <= {int(100 * 0.8**k) for k in range(40)}, bounds
     if method == "rehearsal":  # online minibatches keep drawing on the teacher's replay
         online, batch = summary["learner_steps"] - 400, summary["config"]["batch_size"]
         assert online > 0 and teacher_samples >= (400 + 0.9 * online) * batch, (teacher_samples, summary)

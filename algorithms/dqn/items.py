@@ -117,14 +117,34 @@ def dqn_tables_for(spec, config, queue_items: int | None = None) -> list:
 TRANSITION_ITEMS_IN_FLIGHT = 32
 
 
+GUIDE_PREFIX = "guide/"  # weights of a JSRL guide's Q-network, beside the student's (`QDaggerAgent.export_weights`)
+
+
 def behaviour(actor):
     """DQN's (and QDagger's) behaviour policy for `rlfleet.actors.adders.collect`: ε-greedy on the Q-values of
-    the latest weights, ε from their `Exploration` message."""
+    the latest weights, ε from their `Exploration` message. When that message sets `guide_roll_in_steps` H > 0
+    (JSRL, Uchendu et al. 2023), the guide's Q-network (the weights under `GUIDE_PREFIX`) acts greedily for the
+    first h steps of each episode, h drawn uniformly from 1..H when the episode begins (reincarnating_rl's
+    JSRLAgent: `num_roll_in_steps`), and the student ε-greedily from then on."""
+    roll_in = np.zeros(actor.config.num_envs, np.int64)  # h of each env's current episode
+    guide: dict = {"arrays": None, "of": None}  # the guide's weights, taken out of each version's arrays once
 
     def act(policy, obs, rng) -> Act:
         q = q_values(policy.arrays, obs)
         actor.check_policy_output(policy.version, q)  # NaN Q-values would silently pick action 0
         action = epsilon_greedy_q(q, rng, policy.exploration.epsilon)
+        bound = policy.exploration.guide_roll_in_steps
+        if bound > 0:
+            steps = actor.episode_steps
+            starting = steps == 0
+            roll_in[starting] = rng.integers(1, bound + 1, int(starting.sum()))
+            guided = np.flatnonzero(steps < roll_in)
+            if len(guided):
+                if guide["of"] is not policy.arrays:
+                    arrays = policy.arrays.items()
+                    guide["arrays"] = {k[len(GUIDE_PREFIX) :]: v for k, v in arrays if k.startswith(GUIDE_PREFIX)}
+                    guide["of"] = policy.arrays
+                action[guided] = q_values(guide["arrays"], obs[guided]).argmax(-1)
         return Act(action, action, {})
 
     return act

@@ -109,9 +109,10 @@ def conv_count(arrays: dict) -> int:
     return sum(1 for k in arrays if k.startswith("q/conv") and k.endswith("/w"))
 
 
-# The actors' compiled CNN, and (the arrays dict its weight tensors were made from, the tensors): converted once
-# per version.
-_cnn: dict = {"function": None, "weights": (None, None)}
+# The actors' compiled CNN, and the weight tensors of the last `_CNN_WEIGHTS` arrays dicts it was called with
+# (the student's and a JSRL guide's), each converted once per version: {id(arrays): (arrays, tensors)}.
+_cnn: dict = {"function": None, "weights": {}}
+_CNN_WEIGHTS = 2
 
 
 def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
@@ -127,14 +128,16 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
 
     if _cnn["function"] is None:
         _cnn["function"] = tf.function(cnn_q)
-    made_from, tensors = _cnn["weights"]
+    made_from, tensors = _cnn["weights"].get(id(arrays), (None, None))
     if made_from is not arrays:
         n_conv = conv_count(arrays)
         n_dense = sum(1 for k in arrays if k.startswith("q/w"))
         tensors = [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + [
             [tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")
         ]
-        _cnn["weights"] = (arrays, tensors)
+        while len(_cnn["weights"]) >= _CNN_WEIGHTS:
+            _cnn["weights"].pop(next(iter(_cnn["weights"])))
+        _cnn["weights"][id(arrays)] = (arrays, tensors)
     return _cnn["function"](tf.constant(obs), *tensors).numpy()
 
 

@@ -32,11 +32,14 @@ import tensorflow as tf
 
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.dqn import losses
-from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_dqn, passed_multiple
-from rlfleet.algorithms.dqn.items import batches
+from rlfleet.algorithms.dqn.agent import DQNAgent, passed_multiple
+from rlfleet.algorithms.dqn.items import GUIDE_PREFIX, batches
 from rlfleet.algorithms.dqn.networks import export_q
+from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
+from rlfleet.algorithms.qdagger.errors import TeacherError
+from rlfleet.algorithms.qdagger.outside import ModelQ
 from rlfleet.algorithms.qdagger.teacher import Teacher
 from rlfleet.common.logs import NOTICE, logger
 from rlfleet.common.progress_line import ProgressLine
@@ -82,6 +85,9 @@ class QDaggerAgent(DQNAgent):
         self.score_played = tf.Variable(0, dtype=tf.int64)
         self.score_return = math.nan  # R_S that λ was last set from
         self._offline_progress = ProgressLine("offline pretraining", "learner steps")
+        # JSRL: the bound H of the teacher's roll-in on the actors, and the teacher's weights they act with.
+        self.guide_bound = tf.Variable(float(config.guide_roll_in_steps), dtype=tf.float64)
+        self._guide_arrays = guide_weights(teacher) if config.guide_roll_in_steps else {}
         self._set_learning_rate()
 
     def checkpoint_items(self) -> dict:
@@ -94,7 +100,24 @@ class QDaggerAgent(DQNAgent):
             items.update(margin_weight=self.margin_weight)
         if self.config.distillation_score_episodes:  # 0: no window of scores to keep
             items.update(distillation_score_returns=self.score_returns, distillation_score_played=self.score_played)
+        if self.config.guide_roll_in_steps:  # a JSRL student's shrinking roll-in bound
+            items.update(guide_roll_in_bound=self.guide_bound)
         return items
+
+    def export_weights(self) -> dict:
+        """The student's Q-network, and while the teacher still guides (H >= 1) its Q-network under
+        `GUIDE_PREFIX`."""
+        weights = super().export_weights()
+        if self._guide_steps():
+            weights.update(self._guide_arrays)
+        return weights
+
+    def exploration(self) -> dict:
+        return dict(super().exploration(), guide_roll_in_steps=self._guide_steps())
+
+    def _guide_steps(self) -> int:
+        """H, the most steps the teacher acts at the start of an episode (0: it does not)."""
+        return int(self.guide_bound.numpy()) if self.config.guide_roll_in_steps else 0
 
     def sync_from_checkpoint(self) -> None:
         if self.phase == ONLINE:
@@ -117,9 +140,14 @@ class QDaggerAgent(DQNAgent):
         c = self.config
         episodes = c.teacher_eval_episodes or c.eval_episodes
         seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else STUDENT_LIKE_EVAL_SEEDS
-        teacher = export_q(self.teacher.q)
+        greedy = np.random.default_rng(seeds[0])
+        teacher = lambda obs: epsilon_greedy_q(self.teacher.numpy_q(obs), greedy, c.epsilon_eval)  # noqa: E731
         self.teacher_return = float(
-            np.mean(evaluate_dqn(teacher, self.spec.env_id, episodes, seeds[0], c.epsilon_eval, "teacher evaluation"))
+            np.mean(
+                run_batched_episodes(
+                    self.spec.env_id, episodes, seeds[0], teacher, progress="teacher evaluation"
+                ).returns
+            )
         )
         rng = np.random.default_rng(1)
         self.random_return = float(
@@ -236,6 +264,8 @@ class QDaggerAgent(DQNAgent):
                 out.update(margin_loss=float(margin), margin_weight=float(self.margin_weight.numpy()))
             if c.cql_coefficient:
                 out.update(cql_loss=float(cql))
+            if c.guide_roll_in_steps:
+                out.update(guide_roll_in_steps=self._guide_steps())
             return out
 
         if steps < c.offline_steps:
@@ -277,8 +307,12 @@ class QDaggerAgent(DQNAgent):
         start = int(self.online_start_env_steps.numpy())
         # Learner steps, not env steps, tell the evaluation at the end of the offline phase: actors already step
         # while it runs.
-        if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0 or not self._reusing():
+        if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0:
             return  # offline (and at its end) the student distils at the base coefficient: no online data yet
+        if c.guide_roll_in_steps:  # JSRL's curriculum: the teacher's roll-in shrinks evaluation by evaluation
+            self.guide_bound.assign(self.guide_bound.numpy() * c.guide_roll_in_decay)
+        if not self._reusing():
+            return
         window = c.distillation_score_episodes
         if window:
             ring, played = self.score_returns.numpy(), int(self.score_played.numpy())
@@ -326,7 +360,26 @@ class QDaggerAgent(DQNAgent):
         }
         if self.config.margin_coefficient:
             extras["margin_weight"] = float(self.margin_weight.numpy())
+        if self.config.guide_roll_in_steps:
+            extras["guide_roll_in_steps"] = self._guide_steps()
         return extras
+
+
+def guide_weights(teacher: Teacher) -> dict:
+    """The teacher's Q-network as the actors' weights under `GUIDE_PREFIX` (JSRL's guide).
+
+    Raises:
+        TeacherError: a teacher given as a model file (`rlfleet import-teacher`): the actors run only rlfleet's
+            own Q-networks.
+    """
+    if isinstance(teacher.q, ModelQ):
+        raise TeacherError(
+            f"--teacher {teacher.directory}: its Q-network is a model file ({teacher.q.fmt}), which the actors "
+            "cannot run, so it cannot guide their episodes (guide_roll_in_steps, JSRL); give an rlfleet DQN run "
+            "as the teacher, or choose a method that uses the teacher on the learner only (qdagger, "
+            "kickstarting, pretrain_finetune, rehearsal, dqfd)."
+        )
+    return {GUIDE_PREFIX + k: v for k, v in export_q(teacher.q).items()}
 
 
 def mix(own: dict, teacher: dict, ratio: float, rng: np.random.Generator) -> dict:

@@ -73,3 +73,10 @@ class QDagger(DQN):
         from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
 
         return check_teacher_dir(directory, spec)
+
+    def import_teacher(self, model: str, env_id: str, out: str, **settings) -> dict:
+        # A folder of a Q-network trained elsewhere and its data (`rlfleet.algorithms.qdagger.importing`); its
+        # items' n_step defaults to this algorithm's for the env.
+        from rlfleet.algorithms.qdagger.importing import ImportSettings, import_teacher
+
+        return import_teacher(model, env_id, out, ImportSettings(**settings), algo=self.name)

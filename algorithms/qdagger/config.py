@@ -18,8 +18,10 @@ class QDaggerConfig(DQNConfig):
     (λ = base) to `learning_rate_final` (λ = 0) with λ/base; with base 0 it is
     `learning_rate` offline and `learning_rate_final` online. The large-margin
     weight decays as λ does (from `margin_coefficient`); the CQL term applies
-    offline only. The alternatives to QDagger (`rlfleet.algorithms.qdagger.methods`)
-    are presets of these settings. The student starts
+    offline only. With `guide_roll_in_steps` H > 0 the teacher acts on the
+    actors for the first steps of each episode (JSRL), H shrinking by
+    `guide_roll_in_decay` after each online evaluation. The alternatives to
+    QDagger (`rlfleet.algorithms.qdagger.methods`) are presets of these settings. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
     λ is set only from online evaluations, from the mean return of the latest
     `distillation_score_episodes` evaluation episodes (λ holds its value until
@@ -40,6 +42,8 @@ class QDaggerConfig(DQNConfig):
     margin_coefficient: NonNegative = 0.0  # weight of DQfD's large-margin term toward the teacher's greedy action
     margin: Positive = 1.0  # the large-margin term's margin ℓ(a_T, a) for actions a ≠ a_T (reward units)
     teacher_data_ratio: Fraction = 0.0  # online: chance that a minibatch transition is the teacher's (rehearsal)
+    guide_roll_in_steps: Count0 = 0  # JSRL: the teacher acts an episode's first h ~ U{1..this} env steps (0: never)
+    guide_roll_in_decay: Fraction = 0.8  # JSRL: factor on that bound after each online evaluation of the student
 
     def __post_init__(self):
         super().__post_init__()

@@ -15,6 +15,13 @@ QDagger student's settings (`rlfleet.algorithms.qdagger.config.QDaggerConfig`) t
   1, reincarnating_rl dqfd_dqn with teacher actions), offline on the teacher's replay and online on the student's,
   the margin's weight decaying with the student's score as λ does in QDagger; no distillation; the learning rate
   stays `learning_rate` online (reincarnating_rl's DQfD: no decay).
+- `jsrl` (Uchendu et al. 2023, "Jump-Start Reinforcement Learning"): the teacher, as the guide policy, acts
+  greedily on the actors for the first h steps of each episode, h drawn from 1..H per episode, and the student
+  ε-greedily after; H starts at 100 (reincarnating_rl jsrl_dqn: `max_roll_in_steps`) and shrinks by 0.8 after
+  each online evaluation (its JSRLAgent's `decay_roll_in_steps`, there per iteration); the student learns by
+  DQN's TD loss from all the data, from random weights (ε from 1), at `learning_rate` throughout; no offline
+  phase, no distillation. reincarnating_rl's Atari config instead lets the student roll in and the teacher act
+  after with a decaying probability (`roll_in_guide` False); rlfleet builds the paper's roll-in form.
 
 Tabula rasa is `--algo dqn` with the student's settings (`benchmarks/reincarnation.py` runs it so).
 """
@@ -75,7 +82,17 @@ class Rehearsal(_Method):
     changes = {"distillation_base": 0.0, "cql_coefficient": 1.0, "teacher_data_ratio": 0.5}
 
 
-class DQfD(_Method):
+class _HeldRate(_Method):
+    """A method whose learning rate stays `learning_rate` online (`learning_rate_final` set to it)."""
+
+    def changed(self, values: dict) -> dict:
+        from rlfleet.algorithms.qdagger.config import QDaggerConfig
+
+        rate = values.get("learning_rate", QDaggerConfig.learning_rate)
+        return {**super().changed(values), "learning_rate_final": rate}
+
+
+class DQfD(_HeldRate):
     """DQfD (module doc): TD + a large margin toward the teacher's greedy action, its weight decaying."""
 
     name = "dqfd"
@@ -87,15 +104,21 @@ class DQfD(_Method):
     }
     progress_values = {"margin_weight": ("margin", "{:.2f}")}
 
-    def changed(self, values: dict) -> dict:
-        """The changes, and the learning rate held online (`learning_rate_final` = the values' learning rate)."""
-        from rlfleet.algorithms.qdagger.config import QDaggerConfig
 
-        rate = values.get("learning_rate", QDaggerConfig.learning_rate)
-        return {**super().changed(values), "learning_rate_final": rate}
+class JSRL(_HeldRate):
+    """Jump-start RL (module doc): the teacher rolls in on the actors, the student learns by DQN from all of it."""
+
+    name = "jsrl"
+    summary = "the teacher acts the first steps of each episode, fewer after each evaluation (no distillation)"
+    changes = {"distillation_base": 0.0, "offline_steps": 0, "epsilon_start": 1.0, "guide_roll_in_steps": 100}
+    status_values = {
+        **QDagger.status_values,
+        "guide_roll_in_steps": ("teacher roll-in (most steps)", "{:,.0f}"),
+    }
+    progress_values = {"guide_roll_in_steps": ("roll-in", "{:,.0f}")}
 
 
 def register_all() -> None:
     """Registers every alternative (after `qdagger`, so that they are listed after it)."""
-    for method in (Kickstarting(), PretrainFinetune(), Rehearsal(), DQfD()):
+    for method in (Kickstarting(), PretrainFinetune(), Rehearsal(), DQfD(), JSRL()):
         register(method)

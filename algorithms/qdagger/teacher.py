@@ -3,8 +3,10 @@
 A finished DQN (or QDagger) run directory is a teacher: `run.json` (algo,
 env, config), `checkpoints/` (its Q-network), `replay/` (a Reverb checkpoint
 of its replay table, written at the end of the run) and `summary.json` (its
-final evaluation return). `load_teacher` checks all of it before anything
-starts and restores the teacher's Q-network.
+final evaluation return). So is a folder of `rlfleet import-teacher` (a
+Q-network trained elsewhere, as ONNX or a SavedModel, and its data:
+`rlfleet.algorithms.qdagger.outside`). `load_teacher` checks all of it before
+anything starts and loads the teacher's Q-network.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 
 import tensorflow as tf
 
+from rlfleet.algorithms.qdagger.errors import TeacherError
+from rlfleet.algorithms.qdagger.outside import IMPORTED, load_model
 from rlfleet.common.logs import logger
 from rlfleet.envs.core import EnvSpec
 from rlfleet.learner.checkpoints import CheckpointError, checkpoint_numbers, restore_newest
@@ -31,17 +35,14 @@ def teacher_algos() -> list[str]:
     return [name for name in algorithms.names() if isinstance(algorithms.get(name), DQN)]
 
 
-class TeacherError(ValueError):
-    """A directory is not a usable teacher; the message says what is wrong and how to fix it."""
-
-
 @dataclasses.dataclass
 class Teacher:
     """A loaded teacher.
 
     Attributes:
         directory: the teacher's run directory.
-        q: its Q-network (maps observations [N, *obs_shape] to Q-values [N, A] float32).
+        q: its Q-network (maps observations [N, *obs_shape] to Q-values [N, A] float32), callable on tensors
+            inside the learner's traced step.
         replay_checkpoint: its latest complete Reverb checkpoint directory.
         final_eval_return: its summary's final evaluation return (None when it has no summary).
     """
@@ -50,6 +51,7 @@ class Teacher:
     q: object
     replay_checkpoint: str
     final_eval_return: float | None
+    numpy_q: object = None  # the same Q-values for numpy observations: [N, *obs_shape] -> float32 [N, A]
 
 
 def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
@@ -59,7 +61,10 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         TeacherError: missing directory, run.json, checkpoint or replay
             checkpoint; another algorithm or env.
     """
-    hint = "pass the --logdir of a finished `rlfleet up --algo dqn` run on the same env"
+    hint = (
+        "pass the --logdir of a finished `rlfleet up --algo dqn` run on the same env, or a folder of "
+        "`rlfleet import-teacher` (a Q-network trained elsewhere)"
+    )
     if not os.path.isdir(directory):
         raise TeacherError(f"--teacher {directory}: no such directory; {hint}.")
     run_path = os.path.join(directory, "run.json")
@@ -68,14 +73,18 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     with open(run_path) as f:
         run = json.load(f)
     teachers = teacher_algos()
-    if run.get("algo") not in teachers:
+    if run.get("algo") not in [*teachers, IMPORTED]:
         raise TeacherError(
             f"--teacher {directory}: it is a {run.get('algo')} run; a teacher must be a run of a DQN Q-network and "
             f"its replay ({', '.join(teachers)}); {hint}."
         )
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
-    if not checkpoint_numbers(os.path.join(directory, "checkpoints")):
+    if run.get("algo") == IMPORTED:
+        model = os.path.join(directory, str(run.get("model", {}).get("file", "")))
+        if not os.path.exists(model):
+            raise TeacherError(f"--teacher {directory}: its model {model} is missing; import the teacher again.")
+    elif not checkpoint_numbers(os.path.join(directory, "checkpoints")):
         raise TeacherError(f"--teacher {directory}: no Q-network checkpoint in {directory}/checkpoints; {hint}.")
     if latest_checkpoint(os.path.join(directory, REPLAY_SUBDIR)) is None:
         raise TeacherError(
@@ -93,10 +102,36 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
         TeacherError: see `check_teacher_dir`; also a Q-network whose shapes do
             not fit `spec` (another action count or observation size).
     """
-    from rlfleet.algorithms.dqn.networks import make_q_network
+    run = check_teacher_dir(directory, spec)
+    q, numpy_q = _model_q(directory, run, spec) if run["algo"] == IMPORTED else _run_q(directory, run, spec)
+    replay, skipped, _ = usable_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
+    if replay is None:  # the replay server serving it (`open_teacher_replay`) would find none either
+        raise TeacherError(f"--teacher {directory}: no replay checkpoint of it can be read ({'; '.join(skipped)})")
+    for line in skipped:
+        log.warning("--teacher %s: skipped the damaged replay checkpoint %s", directory, line)
+    summary_path = os.path.join(directory, "summary.json")
+    final = None
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            final = json.load(f).get("final_eval_return_mean")
+    return Teacher(directory, q, replay, final, numpy_q)
+
+
+def _model_q(directory: str, run: dict, spec: EnvSpec):
+    """(q, numpy_q) of a folder of `rlfleet import-teacher`: its model file, checked against `spec` again."""
+    try:
+        model = load_model(os.path.join(directory, run["model"]["file"]), spec)
+    except TeacherError as e:
+        raise TeacherError(f"--teacher {directory}: {e}") from None
+    return model, model.numpy
+
+
+def _run_q(directory: str, run: dict, spec: EnvSpec):
+    """(q, numpy_q) of an rlfleet run: its Q-network restored from its newest readable checkpoint."""
+    from rlfleet.algorithms.dqn.networks import export_q, make_q_network
+    from rlfleet.algorithms.dqn.policy import q_values
     from rlfleet.algorithms.settings import make_algo_config
 
-    run = check_teacher_dir(directory, spec)
     config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
     q = make_q_network(spec, config, 0, "teacher_q")
     try:
@@ -108,14 +143,5 @@ def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
         ) from None
     for line in skipped:
         log.warning("--teacher %s: skipped the damaged checkpoint %s", directory, line)
-    replay, skipped, _ = usable_checkpoint(os.path.join(directory, REPLAY_SUBDIR))
-    if replay is None:  # the replay server serving it (`open_teacher_replay`) would find none either
-        raise TeacherError(f"--teacher {directory}: no replay checkpoint of it can be read ({'; '.join(skipped)})")
-    for line in skipped:
-        log.warning("--teacher %s: skipped the damaged replay checkpoint %s", directory, line)
-    summary_path = os.path.join(directory, "summary.json")
-    final = None
-    if os.path.exists(summary_path):
-        with open(summary_path) as f:
-            final = json.load(f).get("final_eval_return_mean")
-    return Teacher(directory, q, replay, final)
+    arrays = export_q(q)
+    return q, lambda obs: q_values(arrays, obs)
