@@ -376,8 +376,9 @@ class AlgorithmBuilder(abc.ABC, Generic[C]):
         `export_weights()`; it never trains. The default is `make_agent` with no teacher and no budget."""
         return self.make_agent(spec, config, seed, 0)
 
-    def check_teacher(self, directory: str, spec: EnvSpec) -> dict:
-        """Checks that the run directory `directory` can teach this algorithm on `spec`; returns its run.json.
+    def check_teacher(self, directory: str, spec: EnvSpec, config: C | None = None) -> dict:
+        """Checks that the run directory `directory` can teach this algorithm on `spec` (with the run's settings
+        `config`, where known); returns its run.json.
 
         Raises:
             ValueError: it cannot (the message says why and what to give instead).

@@ -5,7 +5,7 @@ teacher's return, against DQN from scratch (tabula rasa) and against each other.
 2. DQN from scratch: the teacher run itself plus K-1 more seeds, the first from 0 that are not the teacher's
    (K = --scratch-seeds, default --seeds), each for --scratch-steps env steps (default --teacher-steps; at
    least --student-steps, the budget they are compared at).
-3. Students of each method of --methods (qdagger, kickstarting, pretrain_finetune, rehearsal, dqfd; default
+3. Students of each method of --methods (qdagger, kickstarting, pretrain_finetune, rehearsal, dqfd, jsrl; default
    qdagger): seeds 0..K-1 from the same teacher, each for --student-steps online env steps (after the preset's
    offline pretraining, or --offline-steps), with the same --student-set settings.
 Every run is reused when its directory holds a run that completed its budget, or (--records) when its record
@@ -42,6 +42,12 @@ import numpy as np
 import report as report_lib  # benchmarks/report.py (this script's folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _has_offline(method: str) -> bool:
+    """Whether the method pretrains on the teacher's replay (kickstarting and JSRL do not: --offline-steps is not
+    theirs)."""
+    return method not in ("kickstarting", "jsrl")
 
 
 def _completed(summary: dict, budget: int) -> bool:
@@ -147,7 +153,7 @@ def main() -> None:
         "--methods",
         default="qdagger",
         help="comma-separated student algorithms, each from the same teacher (qdagger, kickstarting, "
-        "pretrain_finetune, rehearsal, dqfd)",
+        "pretrain_finetune, rehearsal, dqfd, jsrl)",
     )
     p.add_argument("--workdir", default="runs/reincarnation")
     p.add_argument(
@@ -183,7 +189,7 @@ def main() -> None:
     plan = [(teacher, args.teacher_seed, args.teacher_steps, ["--algo", "dqn"])]
     plan += [(d, s, scratch_steps, ["--algo", "dqn"]) for d, s in zip(scratch[1:], others)]
     plan += [
-        (d, s, args.student_steps, ["--algo", m, "--teacher", teacher, *(offline if m != "kickstarting" else [])])
+        (d, s, args.student_steps, ["--algo", m, "--teacher", teacher, *(offline if _has_offline(m) else [])])
         for m in methods
         for s, d in enumerate(by_method[m])
     ]

@@ -194,7 +194,7 @@ def _plan(run: RunSettings, options: UpOptions) -> LaunchPlan:
         spec = env_spec(run.env_id)
         algorithms.require_action_kind(spec, run.algo)
         if run.teacher:
-            algorithm.check_teacher(run.teacher, spec)
+            algorithm.check_teacher(run.teacher, spec, run.config)
         check_run_dir(o.logdir, o.resume, run)
         security = ClientSecurity(token=token_from_env(None))  # SecurityError (a ValueError): a bad token
     except (EnvError, ValueError) as e:

@@ -81,8 +81,8 @@ def import_teacher_cmd(**o):
         record = builder.import_teacher(model, env_id, out, **settings)
     except (ValueError, StorageError) as e:  # a bad teacher, data or env (each says why)
         fail(str(e))
-    except OSError as e:
-        fail(f"--out {out}: cannot be written ({e}).")
+    except OSError as e:  # reading the model or the data, or writing the folder beside --out
+        fail(f"{e.strerror or e}: {e.filename or out} (nothing was left at --out {out}).")
     data_record = record["data"]
     transitions = data_record.get("transitions") or data_record.get("generated_by_teacher")
     click.echo(

@@ -113,11 +113,14 @@ def test_savedmodel_of_rlfleet_export_and_its_runs_replay_teach_a_dqfd_student(t
     np.testing.assert_allclose(model(tf.constant(obs)).numpy(), served["q_values"].numpy(), rtol=1e-6)
 
     student = tmp_path / "student"
+    # The margin's weight held at 1 (the score window is never full): the teacher's term in every step.
+    held = ("--set", "offline_steps=100", "--set", "distillation_score_episodes=1000", "--report-interval", 1)
     out = rlfleet("up", "--algo", "dqfd", "--env", "CartPole-v1", "--teacher", teacher, "--total-steps", 1000,
-                  "--logdir", student, "--set", "offline_steps=100", timeout=600)  # fmt: skip
+                  "--logdir", student, *held, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (student / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("margin_loss") for r in rows)
+    rows = [r for r in rows if "margin_loss" in r]  # the rows with learner metrics
+    assert rows and all(r["margin_weight"] == 1.0 and r["margin_loss"] >= 0 for r in rows), rows
 
 
 def _minari_dataset(root, env_id: str, dataset_id: str, episodes: int):
@@ -160,18 +163,8 @@ def test_minari_dataset_becomes_the_teachers_replay_transition_for_transition(tm
     # n steps later (or the episode's end within them).
     n = run["config"]["n_step"]
     by_obs = {o[t].tobytes(): (o, a, r, te, t) for o, a, r, te in episodes for t in range(len(a))}
-    work = tmp_path / "copy"
-    table = reverb.Table(TABLE, reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10**6,
-                         reverb.rate_limiters.MinSize(1))  # fmt: skip
-    server = reverb.Server([table], checkpointer=checkpointer(str(work), open_teacher_replay(str(teacher / "replay"),
-                                                                                           str(work))))  # fmt: skip
-    try:
-        client = reverb.Client(f"localhost:{server.port}")
-        assert client.server_info()[TABLE].current_size == total
-        minibatches = batches(f"localhost:{server.port}", 100, n, 1, minibatches=3)  # as the learner reads it
-        got = {k: v.numpy().reshape(300, *v.shape[2:]) for k, v in next(minibatches).items()}
-    finally:
-        server.stop()
+    got, items = _read_back(teacher / "replay", tmp_path, n, 300)
+    assert items == total
     for i in range(300):
         o, a, r, te, t = by_obs[got["observation"][i].tobytes()]
         assert got["action"][i] == a[t]
@@ -184,23 +177,24 @@ def test_minari_dataset_becomes_the_teachers_replay_transition_for_transition(tm
             assert got["done"][i][steps - 1] == 1.0 and te[-1]
 
 
-def _onnx_model(path, inputs: int, outputs: int | None, name="q"):
-    """A linear ONNX model observations [N, inputs] -> [N, outputs] (None: [N], one value per observation)."""
+def _onnx_model(path, inputs: int, outputs: int | None, name="q", batch="N"):
+    """A linear ONNX model observations [batch, inputs] -> [batch, outputs] (None: [batch], one value per
+    observation); `batch` "N": any batch size."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     width = outputs or 1
     weights = numpy_helper.from_array(np.ones((inputs, width), np.float32), "w")
     nodes = [helper.make_node("MatMul", ["obs", "w"], [name if outputs else "y"])]
-    out_shape = ["N", width]
+    out_shape = [batch, width]
     if outputs is None:
         nodes.append(helper.make_node("Squeeze", ["y", "axes"], [name]))
         weights_axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
-        out_shape = ["N"]
+        out_shape = [batch]
     graph = helper.make_graph(
         nodes,
         "q",
-        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["N", inputs])],
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [batch, inputs])],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, out_shape)],
         [weights] + ([weights_axes] if outputs is None else []),
     )
@@ -220,6 +214,8 @@ def _onnx_model(path, inputs: int, outputs: int | None, name="q"):
         ("no data", "give the teacher's data as --data"),
         ("continuous env", "its actions are continuous"),
         ("another env's run", "a dqn run on Acrobot-v1"),
+        ("fixed batch", "its input has a fixed batch size of 1; export it with a dynamic batch axis"),
+        ("for jsrl", "--algo jsrl: its teacher acts on the actors"),
     ],
 )
 def test_bad_teachers_are_refused_with_exit_2_and_nothing_written(case, expect, tmp_path):
@@ -242,6 +238,10 @@ def test_bad_teachers_are_refused_with_exit_2_and_nothing_written(case, expect, 
         data = []
     elif case == "continuous env":
         env_id = "Pendulum-v1"
+    elif case == "fixed batch":
+        model = _onnx_model(tmp_path / "fixed.onnx", 4, 2, batch=1)
+    elif case == "for jsrl":
+        data = [*data, "--algo", "jsrl"]
     elif case == "another env's run":
         other = tmp_path / "acrobot-run"
         other.mkdir()
@@ -252,3 +252,49 @@ def test_bad_teachers_are_refused_with_exit_2_and_nothing_written(case, expect, 
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert expect in done.stderr and "Traceback" not in done.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".rlfleet-teacher")]
+
+
+def _read_back(replay_root, tmp_path, n_step: int, transitions: int):
+    """`transitions` transitions sampled from a teacher's replay checkpoint as the learner decodes them, and the
+    table's size in items."""
+    work = tmp_path / "copy"
+    table = reverb.Table(TABLE, reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10**6,
+                         reverb.rate_limiters.MinSize(1))  # fmt: skip
+    copy = open_teacher_replay(str(replay_root), str(work))
+    server = reverb.Server([table], checkpointer=checkpointer(str(work), copy))
+    try:
+        size = reverb.Client(f"localhost:{server.port}").server_info()[TABLE].current_size
+        minibatches = batches(f"localhost:{server.port}", transitions, n_step, 1)
+        got = {k: v.numpy()[0] for k, v in next(minibatches).items()}
+    finally:
+        server.stop()
+    return got, size
+
+
+def test_generated_data_is_one_item_per_transition_and_never_bootstraps_from_padding(tmp_path):
+    """The teacher's own acting as data: items of several envs (as the student's actors would write them); the
+    episodes still running when the data ends are cut there, so no transition trains on the padding after it."""
+    teacher = tmp_path / "teacher"
+    _ok(_import("--env", "CartPole-v1", "--model", _onnx_model(tmp_path / "q.onnx", 4, 2), "--generate-steps", 400,
+                "--out", teacher, "--eval-episodes", 0))  # fmt: skip
+    run = json.loads((teacher / "run.json").read_text())
+    assert run["data"]["generated_by_teacher"] == 400
+    got, items = _read_back(teacher / "replay", tmp_path, run["config"]["n_step"], 512)
+    assert items * 8 == 400  # 8 envs to an item (the qdagger CartPole batch of 64 reads 8 items)
+    trained = (got["valid"] == 1) & (got["done"].max(1) == 0)
+    assert trained.sum() > 100
+    assert not np.any(np.all(got["next_observation"][trained] == 0, axis=1))
+
+
+def test_jsrl_with_an_imported_teacher_is_refused_before_anything_starts(tmp_path):
+    """JSRL's teacher acts on the actors, which run only rlfleet's Q-networks: a model file is refused with the
+    reason, exit 2, and no run directory is made."""
+    teacher = tmp_path / "teacher"
+    _ok(_import("--env", "CartPole-v1", "--model", _onnx_model(tmp_path / "q.onnx", 4, 2), "--generate-steps", 64,
+                "--out", teacher, "--eval-episodes", 0))  # fmt: skip
+    logdir = tmp_path / "student"
+    done = rlfleet("up", "--algo", "jsrl", "--env", "CartPole-v1", "--teacher", teacher, "--total-steps", 1000,
+                   "--logdir", logdir, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "its Q-network is a model file (onnx), which the actors cannot run" in done.stderr
+    assert "Traceback" not in done.stderr and not logdir.exists()

@@ -123,3 +123,13 @@ def test_hard_cutoff_stops_distillation():
     agent.consume(make_batch(cfg, rng, minibatches=1), 1, env_steps=500)
     assert float(agent.coefficient.numpy()) == 0.0
     assert math.isclose(float(agent.optimizer.learning_rate.numpy()), cfg.learning_rate_final, rel_tol=1e-5)
+
+
+def test_jsrl_roll_in_bound_decays_as_reincarnating_rl_truncating_each_time():
+    """int(H · 0.8) once per period: 100, 80, 64, 51, 40, 32, 25, 20, 16, 12, 9, 7, 5, 4, 3, 2, 1, 0 (17 decays)."""
+    from rlfleet.algorithms.qdagger.agent import guide_bound
+
+    seen = [guide_bound(100, 0.8, 1000, k * 1000) for k in range(19)]
+    assert seen == [100, 80, 64, 51, 40, 32, 25, 20, 16, 12, 9, 7, 5, 4, 3, 2, 1, 0, 0]
+    assert guide_bound(100, 0.8, 1000, 999) == 100 and guide_bound(100, 0.8, 1000, 1000) == 80
+    assert guide_bound(100, 0.8, 0, 10**9) == 100 and guide_bound(0, 0.8, 1, 50) == 0

@@ -21,7 +21,7 @@ from rlfleet.algorithms.dqn.items import envs_per_item
 from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.dqn.policy import q_values
 from rlfleet.algorithms.library.evaluation import evaluation_seed
-from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED
+from rlfleet.algorithms.qdagger.agent import TEACHER_EVAL_SEED, guide_bound
 from rlfleet.algorithms.qdagger.teacher import TeacherError, check_teacher_dir, load_teacher
 from rlfleet.envs.core import env_spec
 from rlfleet.envs.video import read_video
@@ -181,7 +181,9 @@ def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp
     the metrics rows), and its run directory can teach in turn."""
     logdir = tmp_path / method
     args = ("--algo", method, "--env", "CartPole-v1", "--teacher", cartpole_teacher, "--total-steps", 3000)
-    offline_steps = ("--set", "offline_steps=400") if offline else ()  # kickstarting has none
+    offline_steps = ("--set", "offline_steps=400") if offline else ()  # kickstarting and JSRL have none
+    if method == "jsrl":
+        offline_steps = ("--set", "guide_roll_in_period_env_steps=500")  # several decays within the budget
     out = _up(*args, *offline_steps, "--logdir", logdir, "--report-interval", 1)
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["algo"] == method and summary["env_steps"] >= 3000, out.stdout[-2000:]
@@ -192,10 +194,10 @@ def test_the_papers_alternatives_run_from_the_same_teacher(cartpole_teacher, tmp
     assert rows and all(math.isfinite(r[term]) for r in rows), _rows(logdir)[-3:]
     assert summary["teacher_eval_return_mean"] > summary["random_eval_return_mean"]
     teacher_samples = {t["table"]: t for t in summary["replay"]}["teacher/dqn_replay"]["samples"]
-    if method == "jsrl":  # the teacher's roll-in bound shrinks by 0.8 after each online evaluation
+    if method == "jsrl":  # the teacher's roll-in bound: 100, then int(0.8 · H) every 500 online env steps
         bounds = [r[term] for r in rows]
-        assert bounds[0] <= 100 and bounds == sorted(bounds, reverse=True)
-        assert set(bounds) <= {int(100 * 0.8**k) for k in range(40)}, bounds
+        reference = {guide_bound(100, 0.8, 1, k) for k in range(30)}  # 100, 80, 64, 51, 40, ..., 1, 0
+        assert bounds == sorted(bounds, reverse=True) and set(bounds) <= reference and bounds[-1] <= 64, bounds
     if method == "rehearsal":  # online minibatches keep drawing on the teacher's replay
         online, batch = summary["learner_steps"] - 400, summary["config"]["batch_size"]
         assert online > 0 and teacher_samples >= (400 + 0.9 * online) * batch, (teacher_samples, summary)

@@ -68,7 +68,7 @@ def test_toy_algorithm_runs_to_a_finished_run(tmp_path, how):
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )  # fmt: skip
         assert where.returncode == 0, where.stderr
-        builtins = "['ppo', 'dqn', 'qdagger', 'kickstarting', 'pretrain_finetune', 'rehearsal', 'dqfd', 'toy_reinfor"
+        builtins = "['ppo', 'dqn', 'qdagger', 'kickstarting', 'pretrain_finetune', 'rehearsal', 'dqfd', 'jsrl', 'toy_"
         assert where.stdout.startswith(builtins) and str(tmp_path) in where.stdout
     run = tmp_path / "run"
     out = subprocess.run(
@@ -101,7 +101,7 @@ def test_toy_algorithm_settings_and_unknown_names():
     assert wrong_env.returncode == 2 and "needs discrete actions" in wrong_env.stderr
     unknown = _rlfleet("up", "--algo", "impala", "--env", "CartPole-v1", "--show-config", timeout=120)
     assert unknown.returncode == 2
-    registered = "ppo, dqn, qdagger, kickstarting, pretrain_finetune, rehearsal, dqfd, toy_reinforce"
+    registered = "ppo, dqn, qdagger, kickstarting, pretrain_finetune, rehearsal, dqfd, jsrl, toy_reinforce"
     assert f"--algo impala: no such algorithm (registered: {registered})" in unknown.stderr
 
 

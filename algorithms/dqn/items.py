@@ -144,7 +144,10 @@ def behaviour(actor):
                     arrays = policy.arrays.items()
                     guide["arrays"] = {k[len(GUIDE_PREFIX) :]: v for k, v in arrays if k.startswith(GUIDE_PREFIX)}
                     guide["of"] = policy.arrays
-                action[guided] = q_values(guide["arrays"], obs[guided]).argmax(-1)
+                # The whole batch (one shape: a compiled CNN is not traced again for each count of guided envs).
+                guide_q = q_values(guide["arrays"], obs)
+                actor.check_policy_output(policy.version, guide_q)
+                action[guided] = guide_q[guided].argmax(-1)
         return Act(action, action, {})
 
     return act

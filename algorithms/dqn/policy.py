@@ -9,6 +9,8 @@ that an actor of a vector env never loads TensorFlow's Python.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from rlfleet.algorithms.library.policy import mlp_forward
@@ -110,9 +112,11 @@ def conv_count(arrays: dict) -> int:
 
 
 # The actors' compiled CNN, and the weight tensors of the last `_CNN_WEIGHTS` arrays dicts it was called with
-# (the student's and a JSRL guide's), each converted once per version: {id(arrays): (arrays, tensors)}.
+# (the student's and a JSRL guide's), each converted once per version: {id(arrays): (arrays, tensors)}; threads
+# (an actor's envs, the learner's evaluations and videos) take the lock to change it.
 _cnn: dict = {"function": None, "weights": {}}
 _CNN_WEIGHTS = 2
+_cnn_lock = threading.Lock()
 
 
 def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
@@ -126,18 +130,19 @@ def q_values(arrays: dict, obs: np.ndarray) -> np.ndarray:
         return mlp_forward(arrays, np.asarray(obs, np.float32), "q")
     import tensorflow as tf
 
-    if _cnn["function"] is None:
-        _cnn["function"] = tf.function(cnn_q)
-    made_from, tensors = _cnn["weights"].get(id(arrays), (None, None))
-    if made_from is not arrays:
-        n_conv = conv_count(arrays)
-        n_dense = sum(1 for k in arrays if k.startswith("q/w"))
-        tensors = [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + [
-            [tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")
-        ]
-        while len(_cnn["weights"]) >= _CNN_WEIGHTS:
-            _cnn["weights"].pop(next(iter(_cnn["weights"])))
-        _cnn["weights"][id(arrays)] = (arrays, tensors)
+    with _cnn_lock:
+        if _cnn["function"] is None:
+            _cnn["function"] = tf.function(cnn_q)
+        made_from, tensors = _cnn["weights"].get(id(arrays), (None, None))
+        if made_from is not arrays:
+            n_conv = conv_count(arrays)
+            n_dense = sum(1 for k in arrays if k.startswith("q/w"))
+            tensors = [[tf.constant(arrays[conv_names(i)[j]]) for i in range(n_conv)] for j in (0, 1)] + [
+                [tf.constant(arrays[f"q/{p}{i}"]) for i in range(n_dense)] for p in ("w", "b")
+            ]
+            while len(_cnn["weights"]) >= _CNN_WEIGHTS:
+                _cnn["weights"].pop(next(iter(_cnn["weights"])))
+            _cnn["weights"][id(arrays)] = (arrays, tensors)
     return _cnn["function"](tf.constant(obs), *tensors).numpy()
 
 

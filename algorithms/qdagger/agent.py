@@ -38,9 +38,8 @@ from rlfleet.algorithms.dqn.networks import export_q
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
-from rlfleet.algorithms.qdagger.errors import TeacherError
-from rlfleet.algorithms.qdagger.outside import ModelQ
-from rlfleet.algorithms.qdagger.teacher import Teacher
+from rlfleet.algorithms.qdagger.outside import IMPORTED, ModelQ
+from rlfleet.algorithms.qdagger.teacher import Teacher, check_guide
 from rlfleet.common.logs import NOTICE, logger
 from rlfleet.common.progress_line import ProgressLine
 from rlfleet.envs.core import EnvSpec
@@ -85,8 +84,8 @@ class QDaggerAgent(DQNAgent):
         self.score_played = tf.Variable(0, dtype=tf.int64)
         self.score_return = math.nan  # R_S that λ was last set from
         self._offline_progress = ProgressLine("offline pretraining", "learner steps")
-        # JSRL: the bound H of the teacher's roll-in on the actors, and the teacher's weights they act with.
-        self.guide_bound = tf.Variable(float(config.guide_roll_in_steps), dtype=tf.float64)
+        # JSRL: the bound H of the teacher's roll-in on the actors (`guide_bound`), and the teacher's weights.
+        self._guide_h = config.guide_roll_in_steps
         self._guide_arrays = guide_weights(teacher) if config.guide_roll_in_steps else {}
         self._set_learning_rate()
 
@@ -100,8 +99,6 @@ class QDaggerAgent(DQNAgent):
             items.update(margin_weight=self.margin_weight)
         if self.config.distillation_score_episodes:  # 0: no window of scores to keep
             items.update(distillation_score_returns=self.score_returns, distillation_score_played=self.score_played)
-        if self.config.guide_roll_in_steps:  # a JSRL student's shrinking roll-in bound
-            items.update(guide_roll_in_bound=self.guide_bound)
         return items
 
     def export_weights(self) -> dict:
@@ -117,7 +114,15 @@ class QDaggerAgent(DQNAgent):
 
     def _guide_steps(self) -> int:
         """H, the most steps the teacher acts at the start of an episode (0: it does not)."""
-        return int(self.guide_bound.numpy()) if self.config.guide_roll_in_steps else 0
+        return self._guide_h
+
+    def _set_guide(self, env_steps: int) -> None:
+        """H at `env_steps` (`guide_bound`); the online phase's start is a checkpointed variable, so H needs no
+        state of its own."""
+        c, start = self.config, int(self.online_start_env_steps.numpy())
+        online_steps = env_steps - start if start >= 0 else 0
+        self._guide_h = guide_bound(c.guide_roll_in_steps, c.guide_roll_in_decay, c.guide_roll_in_period_env_steps,
+                                    online_steps)  # fmt: skip
 
     def sync_from_checkpoint(self) -> None:
         if self.phase == ONLINE:
@@ -204,7 +209,14 @@ class QDaggerAgent(DQNAgent):
 
     @tf.function
     def _qdagger_steps(self, minibatches):
-        """`_distillation_step` on each of the K minibatches of `minibatches` in one graph (`_steps_in_graph`)."""
+        """`_distillation_step` on each of the K minibatches of `minibatches` in one graph (`_steps_in_graph`),
+        the teacher's Q-values of all K labelled first in one forward pass (one host call for an ONNX teacher)."""
+        c = self.config
+        if c.distillation_base or c.margin_coefficient:
+            obs = minibatches["observation"]
+            shape = tf.shape(obs)
+            teacher_q = self.teacher.q(tf.reshape(obs, tf.concat([[-1], shape[2:]], 0)))
+            minibatches = dict(minibatches, teacher_q=tf.reshape(teacher_q, [shape[0], shape[1], -1]))
         return self._steps_in_graph(self._distillation_step, minibatches)
 
     def _distillation_step(self, batch):
@@ -220,8 +232,7 @@ class QDaggerAgent(DQNAgent):
         with tf.GradientTape() as tape:
             td, q_all, mean_q, priorities = self._td_loss(batch)
             loss = td
-            if c.distillation_base or c.margin_coefficient:
-                teacher_q = self.teacher.q(batch["observation"])
+            teacher_q = batch.get("teacher_q")  # [N, A], with distillation or a margin (`_qdagger_steps`)
             if c.distillation_base:
                 distill = losses.distillation_loss(q_all, teacher_q, c.distillation_temperature)
                 distill = losses.weighted_mean(distill, valid)
@@ -291,6 +302,7 @@ class QDaggerAgent(DQNAgent):
         if not passed_multiple(steps, k, c.publish_every):
             return StepResult(gradient_steps=k)
         self.epsilon = losses.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self._set_guide(env_steps)
         return StepResult(gradient_steps=k, updated=True, metrics=metrics())
 
     def on_resume(self, env_steps: int) -> None:
@@ -299,6 +311,7 @@ class QDaggerAgent(DQNAgent):
         start = int(self.online_start_env_steps.numpy())
         online_steps = env_steps - start if start >= 0 else 0
         self.epsilon = losses.linear_epsilon(online_steps, c.epsilon_start, c.epsilon_end, c.epsilon_decay_env_steps)
+        self._set_guide(env_steps)
 
     def on_evaluation(self, returns: list[float], env_steps: int) -> None:
         """Online: records the evaluation's episode returns and sets λ (and the learning rate with it) from the
@@ -309,8 +322,6 @@ class QDaggerAgent(DQNAgent):
         # while it runs.
         if int(self.learner_steps.numpy()) <= c.offline_steps or start < 0:
             return  # offline (and at its end) the student distils at the base coefficient: no online data yet
-        if c.guide_roll_in_steps:  # JSRL's curriculum: the teacher's roll-in shrinks evaluation by evaluation
-            self.guide_bound.assign(self.guide_bound.numpy() * c.guide_roll_in_decay)
         if not self._reusing():
             return
         window = c.distillation_score_episodes
@@ -365,6 +376,18 @@ class QDaggerAgent(DQNAgent):
         return extras
 
 
+def guide_bound(first: int, decay: float, period: int, online_steps: int) -> int:
+    """JSRL's roll-in bound H after `online_steps` online env steps: `first`, made int(H · decay) once every
+    `period` env steps (reincarnating_rl's JSRLAgent: `max_roll_in_steps = int(max_roll_in_steps ·
+    decay_roll_in_steps)` once per iteration). 0 stays 0; `period` 0 never decays."""
+    h = first
+    for _ in range(online_steps // period if period else 0):
+        if h == 0:
+            break
+        h = int(h * decay)
+    return h
+
+
 def guide_weights(teacher: Teacher) -> dict:
     """The teacher's Q-network as the actors' weights under `GUIDE_PREFIX` (JSRL's guide).
 
@@ -373,12 +396,7 @@ def guide_weights(teacher: Teacher) -> dict:
             own Q-networks.
     """
     if isinstance(teacher.q, ModelQ):
-        raise TeacherError(
-            f"--teacher {teacher.directory}: its Q-network is a model file ({teacher.q.fmt}), which the actors "
-            "cannot run, so it cannot guide their episodes (guide_roll_in_steps, JSRL); give an rlfleet DQN run "
-            "as the teacher, or choose a method that uses the teacher on the learner only (qdagger, "
-            "kickstarting, pretrain_finetune, rehearsal, dqfd)."
-        )
+        check_guide(teacher.directory, {"algo": IMPORTED, "model": {"format": teacher.q.fmt}})
     return {GUIDE_PREFIX + k: v for k, v in export_q(teacher.q).items()}
 
 

@@ -69,10 +69,13 @@ class QDagger(DQN):
 
         return DQNAgent(spec, config, seed)
 
-    def check_teacher(self, directory: str, spec: EnvSpec) -> dict:
-        from rlfleet.algorithms.qdagger.teacher import check_teacher_dir
+    def check_teacher(self, directory: str, spec: EnvSpec, config: QDaggerConfig | None = None) -> dict:
+        from rlfleet.algorithms.qdagger.teacher import check_guide, check_teacher_dir
 
-        return check_teacher_dir(directory, spec)
+        run = check_teacher_dir(directory, spec)
+        if config is not None and config.guide_roll_in_steps:
+            check_guide(directory, run)
+        return run
 
     def import_teacher(self, model: str, env_id: str, out: str, **settings) -> dict:
         # A folder of a Q-network trained elsewhere and its data (`rlfleet.algorithms.qdagger.importing`); its

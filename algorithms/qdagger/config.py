@@ -20,7 +20,7 @@ class QDaggerConfig(DQNConfig):
     weight decays as λ does (from `margin_coefficient`); the CQL term applies
     offline only. With `guide_roll_in_steps` H > 0 the teacher acts on the
     actors for the first steps of each episode (JSRL), H shrinking by
-    `guide_roll_in_decay` after each online evaluation. The alternatives to
+    `guide_roll_in_decay` every `guide_roll_in_period_env_steps` online env steps. The alternatives to
     QDagger (`rlfleet.algorithms.qdagger.methods`) are presets of these settings. The student starts
     from the teacher's competence, so ε starts at `epsilon_start` = ε_end.
     λ is set only from online evaluations, from the mean return of the latest
@@ -43,7 +43,8 @@ class QDaggerConfig(DQNConfig):
     margin: Positive = 1.0  # the large-margin term's margin ℓ(a_T, a) for actions a ≠ a_T (reward units)
     teacher_data_ratio: Fraction = 0.0  # online: chance that a minibatch transition is the teacher's (rehearsal)
     guide_roll_in_steps: Count0 = 0  # JSRL: the teacher acts an episode's first h ~ U{1..this} env steps (0: never)
-    guide_roll_in_decay: Fraction = 0.8  # JSRL: factor on that bound after each online evaluation of the student
+    guide_roll_in_decay: Fraction = 0.8  # JSRL: that bound becomes int(bound · this) every period below
+    guide_roll_in_period_env_steps: Count0 = 125_000  # JSRL: online env steps between decays (0: never decays)
 
     def __post_init__(self):
         super().__post_init__()
@@ -80,6 +81,7 @@ _QDAGGER_CLASSIC = dict(
     offline_steps=3000,
     distillation_temperature=1.0,
     distillation_cutoff_env_steps=50_000,
+    guide_roll_in_period_env_steps=2_500,
 )
 QDAGGER_ENV_OVERRIDES = {
     ("default", "CartPole-v1"): _QDAGGER_CLASSIC,

@@ -16,7 +16,7 @@ import types
 import numpy as np
 
 from rlfleet.actors.adders import Act, Step, WindowAdder
-from rlfleet.algorithms.dqn.items import TABLE, dqn_signature
+from rlfleet.algorithms.dqn.items import TABLE, dqn_signature, envs_per_item
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
 from rlfleet.algorithms.qdagger.errors import TeacherError
 from rlfleet.algorithms.qdagger.outside import (
@@ -41,47 +41,51 @@ GENERATE_ENVS = 8  # envs stepped as one batch while the teacher generates its d
 
 class _LocalWriter:
     """What the actors' `WindowAdder` needs of an actor, for writing into a replay server of this process: its
-    items of one env each go to `TABLE`, and every write waits for the server (nothing samples this table)."""
+    items of `envs_per_item` envs each go to `TABLE`, and every write waits for the server (nothing samples this
+    table)."""
 
-    def __init__(self, address: str, num_envs: int):
+    def __init__(self, address: str, num_envs: int, envs_per_item: int):
         self.replay_address = address
-        self.config = types.SimpleNamespace(envs_per_item=1, table=TABLE, num_envs=num_envs)
+        self.config = types.SimpleNamespace(envs_per_item=envs_per_item, table=TABLE, num_envs=num_envs)
 
     def wait_written(self, writer, epoch: int, in_flight: int = 1) -> bool:
         writer.flush(block_until_num_items=in_flight)
         return True
 
 
-def write_replay(root: str, spec, n_step: int, capacity: int, num_envs: int, feed) -> int:
-    """Writes a Reverb checkpoint of DQN items (`dqn_signature`, one env per item) into `root` (a teacher's
-    `replay/`): `feed(adder)` hands the steps of `num_envs` streams of episodes to the actors' writer (`start`,
-    then `add` per batch step) and returns how many batch steps it gave. Returns the transitions written (one
-    item each)."""
+def write_replay(root: str, spec, n_step: int, capacity: int, num_envs: int, feed, envs_per_item: int = 1) -> int:
+    """Writes a Reverb checkpoint of DQN items (`dqn_signature`, `envs_per_item` envs each) into `root` (a
+    teacher's `replay/`): `feed(adder)` hands the steps of `num_envs` streams of episodes to the actors' writer
+    (`start`, then `add` per batch step) and returns how many batch steps it gave; each stream's last step must
+    end its episode (terminated or cut). Returns the transitions written (one per env and batch step)."""
     import reverb
 
     from rlfleet.replay.checkpoints import checkpointer
 
+    g = envs_per_item
     table = reverb.Table(
         name=TABLE,
         sampler=reverb.selectors.Uniform(),
         remover=reverb.selectors.Fifo(),
-        max_size=max(capacity, 1),
+        max_size=max(-(-capacity // g), 1),
         rate_limiter=reverb.rate_limiters.MinSize(1),
-        signature=dqn_signature(spec.frame_shape, np.dtype(spec.obs_dtype), n_step, spec.frame_stack, 1),
+        signature=dqn_signature(spec.frame_shape, np.dtype(spec.obs_dtype), n_step, spec.frame_stack, g),
     )
     server = reverb.Server(tables=[table], checkpointer=checkpointer(root))
     try:
         address = f"localhost:{server.port}"
-        adder = WindowAdder(_LocalWriter(address, num_envs), 0, n_step + spec.frame_stack, spec.frame_stack, 32)
+        writer = _LocalWriter(address, num_envs, g)
+        adder = WindowAdder(writer, 0, n_step + spec.frame_stack, spec.frame_stack, 32)
         try:
             steps = feed(adder)
-            # n steps that end every stream (cut, zero frames) complete the windows of its last n transitions:
-            # one item per transition written; those whose window reaches the cut are never trained on.
+            # n padding steps after every stream's last (ended) step complete the windows of its last n
+            # transitions: one item per transition written. A window reaching past the episode's end is masked
+            # (`transitions`): a terminal one ends there, a cut one is never trained on.
             zeros = np.zeros((num_envs, *spec.obs_shape), np.dtype(spec.obs_dtype))
-            cut = np.ones(num_envs, bool)
+            no, cut = np.zeros(num_envs, bool), np.ones(num_envs, bool)
             act = Act(np.zeros(num_envs, np.int32), np.zeros(num_envs, np.int32), {})
             for _ in range(n_step):
-                adder.add(Step(zeros, act, np.zeros(num_envs, np.float32), ~cut, cut, {}, zeros), -1, 0)
+                adder.add(Step(zeros, act, np.zeros(num_envs, np.float32), no, cut, {}, zeros), -1, 0)
             for writer in adder.writers:
                 writer.flush()
         finally:
@@ -110,6 +114,8 @@ def generate(q, spec, steps: int, seed: int, epsilon: tuple[float, float]):
                 action = epsilon_greedy_q(q.numpy(obs), rng, eps)
                 next_obs, reward, terminated, truncated, info = venv.step(action)
                 next_obs = policy_observations(next_obs)
+                if t == batch_steps - 1:  # the data ends here: every episode still running is cut
+                    truncated = np.ones_like(truncated, bool)
                 adder.add(Step(obs, Act(action, action, {}), reward, terminated, truncated, info, next_obs), 0, t)
                 obs = next_obs
             return batch_steps
@@ -142,6 +148,8 @@ def minari_dataset(ref: str, spec):
     env = getattr(dataset.env_spec, "id", None)
     if env is not None and env != gym_id(spec.env_id):
         raise TeacherError(f"--data {ref}: a dataset of {env}, not of {spec.env_id}; give a dataset of the same env.")
+    if not dataset.total_steps:
+        raise TeacherError(f"--data {ref}: the dataset holds no steps; give one with the teacher's transitions.")
     obs_shape = tuple(getattr(dataset.observation_space, "shape", None) or ())
     actions = getattr(dataset.action_space, "n", None)
     if obs_shape != tuple(spec.obs_shape) or actions is None or int(actions) != spec.action_dim:
@@ -160,6 +168,8 @@ def minari_feed(dataset):
     def feed(adder) -> int:
         steps, started = 0, False
         for episode in dataset.iterate_episodes():
+            if len(episode.actions) == 0:
+                continue
             obs = policy_observations(np.asarray(episode.observations))
             actions = np.asarray(episode.actions, np.int64)
             rewards = np.asarray(episode.rewards, np.float32)
@@ -191,8 +201,14 @@ def run_replay(run_dir: str, spec) -> tuple[str, int]:
     path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(path):
         raise TeacherError(f"--data {run_dir}: no run.json; give an rlfleet run directory, or minari:DATASET_ID.")
-    with open(path) as f:
-        run = json.load(f)
+    try:
+        with open(path) as f:
+            run = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TeacherError(
+            f"--data {run_dir}: its run.json cannot be read ({e}); give an intact run directory."
+        ) from None
+    run = run if isinstance(run, dict) else {}
     if run.get("algo") not in teacher_algos() or run.get("env_id") != spec.env_id:
         raise TeacherError(
             f"--data {run_dir}: a {run.get('algo')} run on {run.get('env_id')}; its replay is a teacher's data "
@@ -255,6 +271,8 @@ def import_teacher(model: str, env_id: str, out: str, settings: ImportSettings, 
         TeacherError: a bad model, data or combination of them (nothing is written then).
         rlfleet.envs.core.EnvError: an unknown env id.
     """
+    from rlfleet.algorithms.settings import make_algo_config
+
     spec = env_spec(env_id)
     if spec.action_kind != "discrete":
         raise TeacherError(f"--env {env_id}: its actions are continuous; a Q-network teacher needs discrete ones.")
@@ -262,6 +280,13 @@ def import_teacher(model: str, env_id: str, out: str, settings: ImportSettings, 
         raise TeacherError(
             "give the teacher's data as --data (an rlfleet run directory, or minari:DATASET_ID) or have the "
             "teacher generate it with --generate-steps N: one of the two."
+        )
+    if make_algo_config(algo, "default", env_id).guide_roll_in_steps:
+        raise TeacherError(
+            f"--algo {algo}: its teacher acts on the actors (guide_roll_in_steps), which run only rlfleet's own "
+            "Q-networks, so a model file cannot be its teacher; give it an rlfleet DQN run as --teacher, or import "
+            "for a method that uses the teacher on the learner (qdagger, kickstarting, pretrain_finetune, "
+            "rehearsal, dqfd)."
         )
     q = load_model(model, spec)
     source = _data_source(settings, spec, algo)
@@ -300,11 +325,12 @@ def _data_source(settings: ImportSettings, spec, algo: str):
             raise TeacherError(f"--data {data}: its items are {run_n}-step; --n-step {n_step} cannot change that.")
 
         def copy(q, root):
-            shutil.copytree(checkpoint, os.path.join(root, os.path.basename(checkpoint)))
+            shutil.copytree(checkpoint, os.path.join(root, os.path.basename(checkpoint)), copy_function=_link)
             return dict(run=os.path.abspath(data), checkpoint=os.path.basename(checkpoint), n_step=run_n)
 
         return copy
-    n_step = n_step or make_algo_config(algo, "default", spec.env_id).n_step
+    config = make_algo_config(algo, "default", spec.env_id)
+    n_step = n_step or config.n_step
     if data:
         dataset = minari_dataset(data, spec)
 
@@ -317,12 +343,21 @@ def _data_source(settings: ImportSettings, spec, algo: str):
     steps, seed, epsilon = settings.generate_steps, settings.seed, settings.epsilon
 
     def generated(q, root):
-        written = write_replay(
-            root, spec, n_step, steps + GENERATE_ENVS, GENERATE_ENVS, generate(q, spec, steps, seed, epsilon)
-        )
+        # Items of several envs each, as an actor of the student's settings would write (cheaper to read).
+        g = envs_per_item(GENERATE_ENVS, config.batch_size)
+        feed = generate(q, spec, steps, seed, epsilon)
+        written = write_replay(root, spec, n_step, steps + GENERATE_ENVS, GENERATE_ENVS, feed, g)
         return dict(generated_by_teacher=written, epsilon=list(epsilon), seed=seed, n_step=n_step)
 
     return generated
+
+
+def _link(src: str, dst: str) -> None:
+    """A hard link of `src` at `dst` where the file system allows (replay checkpoints are large), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _copy_model(q, staging: str) -> str:
@@ -339,9 +374,10 @@ def _finish(staging: str, out: str, record: dict, returns: list[float]) -> None:
     summary["final_eval_return_mean"] = float(np.mean(returns)) if returns else None
     atomic_write(os.path.join(staging, "summary.json"), json.dumps(summary, indent=2))
     atomic_write(os.path.join(staging, "run.json"), json.dumps(record, indent=2))
-    for folder, _, files in os.walk(staging):
+    for folder, _, files in os.walk(staging, topdown=False):
         for name in files:
             fsync_path(os.path.join(folder, name))
+        fsync_path(folder)
     if os.path.isdir(out):
         os.rmdir(out)
     os.rename(staging, out)

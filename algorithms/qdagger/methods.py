@@ -17,8 +17,10 @@ QDagger student's settings (`rlfleet.algorithms.qdagger.config.QDaggerConfig`) t
   stays `learning_rate` online (reincarnating_rl's DQfD: no decay).
 - `jsrl` (Uchendu et al. 2023, "Jump-Start Reinforcement Learning"): the teacher, as the guide policy, acts
   greedily on the actors for the first h steps of each episode, h drawn from 1..H per episode, and the student
-  ε-greedily after; H starts at 100 (reincarnating_rl jsrl_dqn: `max_roll_in_steps`) and shrinks by 0.8 after
-  each online evaluation (its JSRLAgent's `decay_roll_in_steps`, there per iteration); the student learns by
+  ε-greedily after; H starts at 100 (reincarnating_rl jsrl_dqn: `max_roll_in_steps`) and becomes int(0.8 · H)
+  (its JSRLAgent's `decay_roll_in_steps`) once per `guide_roll_in_period_env_steps` online env steps (125k, one
+  iteration of jsrl_dqn.gin's `Runner.training_steps`; 2,500 on CartPole and Acrobot, whose students run ~15k
+  online steps: rlfleet's choice); the student learns by
   DQN's TD loss from all the data, from random weights (ε from 1), at `learning_rate` throughout; no offline
   phase, no distillation. reincarnating_rl's Atari config instead lets the student roll in and the teacher act
   after with a decaying probability (`roll_in_guide` False); rlfleet builds the paper's roll-in form.

@@ -121,6 +121,11 @@ def _check_input(path: str, spec, shape: list, count: int) -> None:
     the env's observations."""
     if count != 1:
         raise TeacherError(f"--model {path}: it takes {count} inputs; a teacher takes one, the observations.")
+    if shape and isinstance(shape[0], int):
+        raise TeacherError(
+            f"--model {path}: its input has a fixed batch size of {shape[0]}; export it with a dynamic batch axis "
+            "(PyTorch: torch.onnx.export(..., input_names=['input'], dynamic_axes={'input': {0: 'batch'}}))."
+        )
     want = [None, *spec.obs_shape]
     fits = len(shape) == len(want) and all(not isinstance(d, int) or w is None or d == w for d, w in zip(shape, want))
     if not fits:

@@ -53,6 +53,14 @@ class Teacher:
     final_eval_return: float | None
     numpy_q: object = None  # the same Q-values for numpy observations: [N, *obs_shape] -> float32 [N, A]
 
+    def __post_init__(self):
+        if self.numpy_q is None:  # an rlfleet Q-network: the actors' numpy forward pass of its weights
+            from rlfleet.algorithms.dqn.networks import export_q
+            from rlfleet.algorithms.dqn.policy import q_values
+
+            arrays = export_q(self.q)
+            self.numpy_q = lambda obs: q_values(arrays, obs)
+
 
 def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     """Checks that `directory` is a teacher for `spec` without loading its network; returns its run.json.
@@ -70,8 +78,13 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     run_path = os.path.join(directory, "run.json")
     if not os.path.exists(run_path):
         raise TeacherError(f"--teacher {directory}: no run.json, so this is not an rlfleet run directory; {hint}.")
-    with open(run_path) as f:
-        run = json.load(f)
+    try:
+        with open(run_path) as f:
+            run = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TeacherError(f"--teacher {directory}: its run.json cannot be read ({e}); {hint}.") from None
+    if not isinstance(run, dict):
+        raise TeacherError(f"--teacher {directory}: its run.json is not a run's record; {hint}.")
     teachers = teacher_algos()
     if run.get("algo") not in [*teachers, IMPORTED]:
         raise TeacherError(
@@ -81,7 +94,12 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--teacher {directory}: it was trained on {run.get('env_id')}, not {spec.env_id}; {hint}.")
     if run.get("algo") == IMPORTED:
-        model = os.path.join(directory, str(run.get("model", {}).get("file", "")))
+        from rlfleet.algorithms.qdagger.outside import ONNX_FILE, SAVEDMODEL_DIR
+
+        named = run.get("model") if isinstance(run.get("model"), dict) else {}
+        if named.get("file") not in (ONNX_FILE, SAVEDMODEL_DIR):
+            raise TeacherError(f"--teacher {directory}: its run.json names no model of its own; import it again.")
+        model = os.path.join(directory, named["file"])
         if not os.path.exists(model):
             raise TeacherError(f"--teacher {directory}: its model {model} is missing; import the teacher again.")
     elif not checkpoint_numbers(os.path.join(directory, "checkpoints")):
@@ -93,6 +111,22 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
             "replay server, started with --checkpoint-dir, runs)."
         )
     return run
+
+
+def check_guide(directory: str, run: dict) -> None:
+    """Refuses a teacher that cannot guide the actors' episodes (JSRL): one imported from a model file, which the
+    actors cannot run (`run`: its run.json).
+
+    Raises:
+        TeacherError: with the reason and what to give instead.
+    """
+    if run.get("algo") == IMPORTED:
+        raise TeacherError(
+            f"--teacher {directory}: its Q-network is a model file ({run.get('model', {}).get('format')}), which "
+            "the actors cannot run, so it cannot guide their episodes (guide_roll_in_steps, JSRL); give an rlfleet "
+            "DQN run as the teacher, or choose a method that uses the teacher on the learner only (qdagger, "
+            "kickstarting, pretrain_finetune, rehearsal, dqfd)."
+        )
 
 
 def load_teacher(directory: str, spec: EnvSpec) -> Teacher:
@@ -128,8 +162,7 @@ def _model_q(directory: str, run: dict, spec: EnvSpec):
 
 def _run_q(directory: str, run: dict, spec: EnvSpec):
     """(q, numpy_q) of an rlfleet run: its Q-network restored from its newest readable checkpoint."""
-    from rlfleet.algorithms.dqn.networks import export_q, make_q_network
-    from rlfleet.algorithms.dqn.policy import q_values
+    from rlfleet.algorithms.dqn.networks import make_q_network
     from rlfleet.algorithms.settings import make_algo_config
 
     config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
@@ -143,5 +176,4 @@ def _run_q(directory: str, run: dict, spec: EnvSpec):
         ) from None
     for line in skipped:
         log.warning("--teacher %s: skipped the damaged checkpoint %s", directory, line)
-    arrays = export_q(q)
-    return q, lambda obs: q_values(arrays, obs)
+    return q, None  # `Teacher` makes the numpy forward pass of its weights
