@@ -327,6 +327,11 @@ def main() -> None:
         zoom = longest_other if longest_other < args.teacher_steps else None
         report_lib.plot(runs, os.path.join(args.workdir, f"{name}-curves.png"), target=target, zoom_env_steps=zoom)
         print(f"plot: {os.path.join(args.workdir, name + '-curves.png')}")
+        # One line per method (the median over its seeds, the band their interquartile range), to the DQN runs'
+        # budget.
+        methods_plot = os.path.join(args.workdir, f"{name}-methods.png")
+        report_lib.plot_groups(runs, methods_plot, target=target, max_env_steps=dqn_budget)
+        print(f"plot: {methods_plot}")
     except ImportError as e:
         print(f"(no IQM / plot: {e}; pip install -e '.[cpu,report]')")
     with open(os.path.join(args.workdir, f"{name}-reincarnation.json"), "w") as f:

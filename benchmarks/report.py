@@ -242,6 +242,57 @@ def plot(runs: list[dict], path: str, target: float | None = None, zoom_env_step
     fig.savefig(path, dpi=120)
 
 
+def latest_returns(rows: list[dict], grid) -> list[float | None]:
+    """The latest evaluation return at or before each env-step count of `grid` (None before the first)."""
+    pts = eval_points(rows)
+    out, i, latest = [], 0, None
+    for x in grid:
+        while i < len(pts) and pts[i][0] <= x:
+            latest = pts[i][1]
+            i += 1
+        out.append(latest)
+    return out
+
+
+def _latest_until(rows: list[dict], grid, end: float) -> list[float]:
+    """`latest_returns` as floats, NaN before the first evaluation and past `end` env steps."""
+    return [np.nan if v is None or x > end else v for x, v in zip(grid, latest_returns(rows, grid))]
+
+
+def plot_groups(runs: list[dict], path: str, target: float | None = None, max_env_steps: int | None = None) -> None:
+    """Evaluation return against env steps, one line per algorithm: the median over its runs of each run's latest
+    evaluation at or before each point (to the env steps all its runs reached), with the band between the
+    runs' 25th and 75th percentiles (matplotlib, PNG, up to `max_env_steps`); `target` draws a horizontal line at
+    that return."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["summary"]["algo"], []).append(r)
+    end = max_env_steps or max(r["summary"]["env_steps"] for r in runs)
+    grid = np.linspace(0, end, 200)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for algo, members in groups.items():
+        # To the env steps every run of the group has reached (no median of fewer runs at the end).
+        common = min(r["summary"]["env_steps"] for r in members)
+        curves = np.array([_latest_until(r["rows"], grid, common) for r in members])
+        seen = ~np.all(np.isnan(curves), axis=0)
+        median = np.nanmedian(curves[:, seen], axis=0)
+        line = ax.plot(grid[seen], median, label=f"{algo} (median of {len(members)})")[0]
+        low, high = np.nanpercentile(curves[:, seen], [25, 75], axis=0)
+        ax.fill_between(grid[seen], low, high, color=line.get_color(), alpha=0.12, linewidth=0)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.1f}")
+    ax.set_xlabel("env steps (online, for students)")
+    ax.set_ylabel("evaluation return (latest)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories (with summary.json), or run records (.json)")

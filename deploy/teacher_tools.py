@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import shlex
+import sys
 
 import click
 
 from rlfleet.deploy.cli_common import Path, fail, quiet_tf
+from rlfleet.deploy.run_tools import EXIT_STOPPED  # stopped by SIGINT/SIGTERM: nothing partial is left
 
 
 @click.command("import-teacher")
@@ -37,7 +39,8 @@ from rlfleet.deploy.cli_common import Path, fail, quiet_tf
     "--generate-steps",
     type=click.IntRange(min=1),
     default=None,
-    help="Instead of --data: the teacher acts for this many env steps and its transitions are the data.",
+    help="Instead of --data: the teacher acts for this many env steps (rounded up to a multiple of its 8 envs) "
+    "and its transitions are the data.",
 )
 @click.option("--epsilon-start", type=click.FloatRange(0, 1), default=1.0, show_default=True,
               help="--generate-steps: ε of the teacher's ε-greedy actions at the first step.")  # fmt: skip
@@ -48,7 +51,7 @@ from rlfleet.deploy.cli_common import Path, fail, quiet_tf
 @click.option("--eval-episodes", type=click.IntRange(min=0), default=10, show_default=True,
               help="Episodes of the teacher's evaluation (its summary.json).")  # fmt: skip
 @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
-              help="Env seeds of the generating envs (the evaluation's start one above).")  # fmt: skip
+              help="Env seeds of the generating envs (the evaluation's start 8 above).")  # fmt: skip
 def import_teacher_cmd(**o):
     """Make a teacher folder from a Q-network trained elsewhere and its data.
 
@@ -77,20 +80,45 @@ def import_teacher_cmd(**o):
     if not builder.uses_teacher:
         with_teacher = [name for name in algorithms.names() if algorithms.get(name).uses_teacher]
         fail(f"--algo {o['algo']} learns from no teacher; choose one that does: {', '.join(with_teacher)}.")
+    from rlfleet.algorithms.library import evaluation
+    from rlfleet.common.stopping import on_stop_signals
+
+    on_stop_signals(evaluation.STOP.set)
     try:
         record = builder.import_teacher(model, env_id, out, **settings)
+    except evaluation.EvaluationInterrupted:
+        click.echo(f"rlfleet import-teacher: stopped; nothing was left at --out {out}.", err=True)
+        sys.exit(EXIT_STOPPED)
     except (ValueError, StorageError) as e:  # a bad teacher, data or env (each says why)
         fail(str(e))
     except OSError as e:  # reading the model or the data, or writing the folder beside --out
         fail(f"{e.strerror or e}: {e.filename or out} (nothing was left at --out {out}).")
-    data_record = record["data"]
-    transitions = data_record.get("transitions") or data_record.get("generated_by_teacher")
+    _said(record, o["algo"], env_id, out)
+
+
+def _said(record: dict, algo: str, env_id: str, out: str) -> None:
+    """What was imported, the teacher's evaluation, and the command that learns from it (with the items'
+    n_step where the algorithm's default differs)."""
+    import json
+    import os
+
+    from rlfleet.algorithms.settings import make_algo_config
+
+    data, n_step = record["data"], record["config"]["n_step"]
+    transitions = data.get("transitions") or data.get("generated_by_teacher")
     click.echo(
         f"rlfleet import-teacher: {record['model']['format']} Q-network for {env_id}, "
-        + (f"{transitions:,} transitions of data" if transitions else f"the replay of {data_record.get('run')}")
-        + f" ({record['config']['n_step']}-step items) -> {out}"
+        + (f"{transitions:,} transitions of data" if transitions else f"the replay of {data.get('run')}")
+        + f" ({n_step}-step items) -> {out}"
     )
-    click.echo(
-        "learn from it: "
-        + shlex.join(["rlfleet", "up", "--algo", o["algo"], "--env", env_id, "--teacher", out, "--logdir", "RUN_DIR"])
-    )
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    if summary.get("final_eval_episodes"):
+        click.echo(
+            f"  teacher evaluation: {summary['final_eval_return_mean']:.1f} over {summary['final_eval_episodes']} "
+            "episodes (ε 0.001; the students measure it again at their start)"
+        )
+    command = ["rlfleet", "up", "--algo", algo, "--env", env_id, "--teacher", out, "--logdir", "RUN_DIR"]
+    if make_algo_config(algo, "default", env_id).n_step != n_step:
+        command += ["--set", f"n_step={n_step}"]
+    click.echo("learn from it: " + shlex.join(command))

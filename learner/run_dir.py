@@ -76,6 +76,7 @@ def check_run_dir(logdir: str, resume: str | None, settings: RunSettings) -> Non
 
 
 SETTINGS_FILE = "settings.json"  # RUN/settings.json: the resolved settings `up` gives every process
+TEACHER_KIND = "teacher"  # run.json "kind" of a folder that only teaches (an imported teacher): not a run
 
 
 def read_run_settings(path: str) -> RunSettings:
@@ -92,6 +93,11 @@ def read_run_settings(path: str) -> RunSettings:
             run = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise RunDirError(f"{path}: cannot read it ({e}); pass a run.json or a settings file.") from None
+    if isinstance(run, dict) and run.get("kind") == TEACHER_KIND:
+        raise RunDirError(
+            f"{path}: a teacher folder (`rlfleet import-teacher`), not a run: it has no checkpoint or settings of "
+            "its own; give it to a student as --teacher (its summary.json holds the teacher's evaluation)."
+        )
     try:
         return RunSettings.from_json(run, path)
     except ValueError as e:

@@ -4,8 +4,10 @@ students learn from them through the whole cluster (real processes, loopback); b
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -213,7 +215,7 @@ def _onnx_model(path, inputs: int, outputs: int | None, name="q", batch="N"):
         ("other env's dataset", "a dataset of Acrobot-v1, not of CartPole-v1"),
         ("no data", "give the teacher's data as --data"),
         ("continuous env", "its actions are continuous"),
-        ("another env's run", "a dqn run on Acrobot-v1"),
+        ("another env's run", "a run on Acrobot-v1; give a run on CartPole-v1"),
         ("fixed batch", "its input has a fixed batch size of 1; export it with a dynamic batch axis"),
         ("for jsrl", "--algo jsrl: its teacher acts on the actors"),
     ],
@@ -286,15 +288,56 @@ def test_generated_data_is_one_item_per_transition_and_never_bootstraps_from_pad
     assert not np.any(np.all(got["next_observation"][trained] == 0, axis=1))
 
 
-def test_jsrl_with_an_imported_teacher_is_refused_before_anything_starts(tmp_path):
-    """JSRL's teacher acts on the actors, which run only rlfleet's Q-networks: a model file is refused with the
-    reason, exit 2, and no run directory is made."""
+def test_students_an_imported_teacher_cannot_teach_are_refused_before_anything_starts(tmp_path):
+    """JSRL's teacher acts on the actors, which run only rlfleet's Q-networks, and a student reads the teacher's
+    items with its own n_step: a model-file teacher for JSRL, and a student of another n_step, are refused with
+    the reason, exit 2, and no run directory is made. The folder is a teacher, not a run (eval refuses it), and
+    can be the data of another import, whose printed command carries the n_step its items need."""
     teacher = tmp_path / "teacher"
     _ok(_import("--env", "CartPole-v1", "--model", _onnx_model(tmp_path / "q.onnx", 4, 2), "--generate-steps", 64,
                 "--out", teacher, "--eval-episodes", 0))  # fmt: skip
-    logdir = tmp_path / "student"
-    done = rlfleet("up", "--algo", "jsrl", "--env", "CartPole-v1", "--teacher", teacher, "--total-steps", 1000,
-                   "--logdir", logdir, timeout=300)  # fmt: skip
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "its Q-network is a model file (onnx), which the actors cannot run" in done.stderr
-    assert "Traceback" not in done.stderr and not logdir.exists()
+    refusals = [
+        (("--algo", "jsrl"), "its Q-network is a model file (onnx), which the actors cannot run"),
+        (("--algo", "qdagger", "--set", "n_step=1"), "its replay items hold 3-step returns, and the student's n_step "
+         "is 1; give the student --set n_step=3"),
+    ]  # fmt: skip
+    for args, expect in refusals:
+        logdir = tmp_path / "student"
+        done = rlfleet("up", *args, "--env", "CartPole-v1", "--teacher", teacher, "--total-steps", 1000,
+                       "--logdir", logdir, timeout=300)  # fmt: skip
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        assert expect in done.stderr and "Traceback" not in done.stderr and not logdir.exists(), done.stderr
+    done = rlfleet("eval", teacher, timeout=300)
+    assert done.returncode == 2 and "a teacher folder (`rlfleet import-teacher`), not a run" in done.stderr
+    again = tmp_path / "again"
+    done = _ok(_import("--env", "CartPole-v1", "--model", teacher / "model.onnx", "--data", teacher, "--out", again,
+                       "--eval-episodes", 0))  # fmt: skip
+    assert json.loads((again / "run.json").read_text())["data"]["run"] == str(teacher)
+    one_step = tmp_path / "one-step"
+    done = _ok(_import("--env", "CartPole-v1", "--model", teacher / "model.onnx", "--generate-steps", 16,
+                       "--n-step", 1, "--out", one_step, "--eval-episodes", 0))  # fmt: skip
+    assert f"--teacher {one_step} --logdir RUN_DIR --set n_step=1" in done.stdout
+
+
+def test_import_stopped_by_sigterm_leaves_nothing(tmp_path):
+    """SIGTERM while the teacher generates its data: exit 130, no teacher folder, no staging folder."""
+    out = tmp_path / "teacher"
+    log = open(tmp_path / "import.log", "wb")
+    cmd = [sys.executable, "-m", "rlfleet.deploy.cli", "import-teacher", "--env", "CartPole-v1", "--model",
+           str(_onnx_model(tmp_path / "q.onnx", 4, 2)), "--generate-steps", "100000000", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".rlfleet-teacher") for p in tmp_path.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "import.log").read_text()
+            time.sleep(0.2)
+        time.sleep(3)  # into the teacher's acting
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 130, (tmp_path / "import.log").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    assert "stopped; nothing was left at --out" in (tmp_path / "import.log").read_text()
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".rlfleet-teacher")]

@@ -70,11 +70,13 @@ class QDagger(DQN):
         return DQNAgent(spec, config, seed)
 
     def check_teacher(self, directory: str, spec: EnvSpec, config: QDaggerConfig | None = None) -> dict:
-        from rlfleet.algorithms.qdagger.teacher import check_guide, check_teacher_dir
+        from rlfleet.algorithms.qdagger.teacher import check_guide, check_items, check_teacher_dir
 
         run = check_teacher_dir(directory, spec)
-        if config is not None and config.guide_roll_in_steps:
-            check_guide(directory, run)
+        if config is not None:
+            check_items(directory, run, spec, config)
+            if config.guide_roll_in_steps:
+                check_guide(directory, run)
         return run
 
     def import_teacher(self, model: str, env_id: str, out: str, **settings) -> dict:

@@ -34,7 +34,7 @@ class QDaggerConfig(DQNConfig):
     distillation_base: NonNegative = 3.0  # λ, the distillation coefficient, at the start of the online phase
     distillation_temperature: Positive = 0.1  # τ of the teacher's softmax over Q-values (reward units)
     distillation_cutoff_env_steps: Count0 = 1_000_000  # online env steps after which λ = 0 (0: no cutoff)
-    epsilon_start: Fraction = 0.01  # actors' ε at env step 0 (the student starts competent: ε_end)
+    epsilon_start: Fraction = 0.01  # actors' ε at env step 0 (qdagger's student starts competent: ε_end)
     random_eval_episodes: Count = 10  # episodes of a uniform-random policy for the status baseline
     teacher_eval_episodes: Count0 = 30  # episodes of the teacher's evaluation at start, λ's R_T (0: eval_episodes)
     distillation_score_episodes: Count0 = 30  # latest online eval episodes averaged to set λ (0: each evaluation alone)

@@ -18,6 +18,7 @@ import numpy as np
 from rlfleet.actors.adders import Act, Step, WindowAdder
 from rlfleet.algorithms.dqn.items import TABLE, dqn_signature, envs_per_item
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
+from rlfleet.algorithms.library.evaluation import STOP, EvaluationInterrupted
 from rlfleet.algorithms.qdagger.errors import TeacherError
 from rlfleet.algorithms.qdagger.outside import (
     EVAL_EPSILON,
@@ -27,9 +28,10 @@ from rlfleet.algorithms.qdagger.outside import (
     SAVEDMODEL_DIR,
     load_model,
 )
-from rlfleet.algorithms.qdagger.teacher import teacher_algos
+from rlfleet.algorithms.qdagger.teacher import items_n_step, teacher_algos
 from rlfleet.common.files import atomic_write, fsync_path
 from rlfleet.common.logs import logger
+from rlfleet.common.progress_line import ProgressLine
 from rlfleet.envs import gym_id
 from rlfleet.envs.core import env_seeds, env_spec, is_atari, make_batched_env, policy_observations
 from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpoint_replay, usable_checkpoint
@@ -37,6 +39,13 @@ from rlfleet.replay.checkpoints import REPLAY_SUBDIR, checkpoint_replay, usable_
 log = logger("qdagger")
 
 GENERATE_ENVS = 8  # envs stepped as one batch while the teacher generates its data
+
+
+def _check_stop() -> None:
+    """Raises `EvaluationInterrupted` once the command is stopping (SIGINT/SIGTERM set evaluation's `STOP`): the
+    import ends and leaves nothing."""
+    if STOP.is_set():
+        raise EvaluationInterrupted("import-teacher stopped")
 
 
 class _LocalWriter:
@@ -109,7 +118,10 @@ def generate(q, spec, steps: int, seed: int, epsilon: tuple[float, float]):
             obs = policy_observations(venv.reset(seed=env_seeds(seed, n))[0])
             adder.start(obs)
             batch_steps = -(-steps // n)
+            line = ProgressLine("teacher acting", "env steps")
             for t in range(batch_steps):
+                _check_stop()
+                line.update(t * n, batch_steps * n)
                 eps = epsilon[0] + (epsilon[1] - epsilon[0]) * t / max(batch_steps - 1, 1)
                 action = epsilon_greedy_q(q.numpy(obs), rng, eps)
                 next_obs, reward, terminated, truncated, info = venv.step(action)
@@ -138,13 +150,17 @@ def minari_dataset(ref: str, spec):
         import minari
     except ImportError as e:
         raise TeacherError(f'--data {ref} needs Minari ({e}): pip install -e ".[cpu,minari]".') from None
+    if not dataset_id:
+        raise TeacherError(f"--data {ref}: no dataset id after {MINARI_PREFIX} (e.g. minari:D4RL/door/human-v2).")
     try:
         dataset = minari.load_dataset(dataset_id)
-    except Exception as e:  # Minari's own errors: unknown id, unreadable files
+    except FileNotFoundError:
         raise TeacherError(
-            f"--data {ref}: no local Minari dataset {dataset_id!r} can be loaded ({str(e)[:300]}); download it "
-            "first (minari download ID) or set MINARI_DATASETS_PATH to where it is."
+            f"--data {ref}: no Minari dataset {dataset_id!r} is stored here; download it first (`minari download "
+            f"{dataset_id}`) or set MINARI_DATASETS_PATH to the folder that holds it."
         ) from None
+    except Exception as e:  # Minari's other errors: a malformed id, unreadable files
+        raise TeacherError(f"--data {ref}: Minari cannot load {dataset_id!r}: {str(e)[:300]}") from None
     env = getattr(dataset.env_spec, "id", None)
     if env is not None and env != gym_id(spec.env_id):
         raise TeacherError(f"--data {ref}: a dataset of {env}, not of {spec.env_id}; give a dataset of the same env.")
@@ -168,6 +184,7 @@ def minari_feed(dataset):
     def feed(adder) -> int:
         steps, started = 0, False
         for episode in dataset.iterate_episodes():
+            _check_stop()
             if len(episode.actions) == 0:
                 continue
             obs = policy_observations(np.asarray(episode.observations))
@@ -196,8 +213,9 @@ def run_replay(run_dir: str, spec) -> tuple[str, int]:
     Raises:
         TeacherError: not a run of a DQN-style algorithm on the same env, or no readable replay checkpoint.
     """
-    from rlfleet.algorithms.settings import make_algo_config
 
+    if not os.path.isdir(run_dir):
+        raise TeacherError(f"--data {run_dir}: no such directory; give an rlfleet run directory, or minari:ID.")
     path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(path):
         raise TeacherError(f"--data {run_dir}: no run.json; give an rlfleet run directory, or minari:DATASET_ID.")
@@ -205,20 +223,20 @@ def run_replay(run_dir: str, spec) -> tuple[str, int]:
         with open(path) as f:
             run = json.load(f)
     except (OSError, ValueError) as e:
-        raise TeacherError(
-            f"--data {run_dir}: its run.json cannot be read ({e}); give an intact run directory."
-        ) from None
+        raise TeacherError(f"--data {run_dir}: its run.json cannot be read ({e}); give an intact run.") from None
     run = run if isinstance(run, dict) else {}
-    if run.get("algo") not in teacher_algos() or run.get("env_id") != spec.env_id:
+    teachers = [*teacher_algos(), IMPORTED]
+    if run.get("env_id") != spec.env_id:
+        raise TeacherError(f"--data {run_dir}: a run on {run.get('env_id')}; give a run on {spec.env_id}.")
+    if run.get("algo") not in teachers:
         raise TeacherError(
-            f"--data {run_dir}: a {run.get('algo')} run on {run.get('env_id')}; its replay is a teacher's data "
-            f"only for a run of {', '.join(teacher_algos())} on {spec.env_id}."
+            f"--data {run_dir}: a {run.get('algo')} run, which keeps no replay a teacher's data can come from; give "
+            f"a run of {', '.join(teacher_algos())} or a teacher folder of `rlfleet import-teacher`."
         )
     checkpoint, skipped, _ = usable_checkpoint(os.path.join(run_dir, REPLAY_SUBDIR))
     if checkpoint is None:
         raise TeacherError(f"--data {run_dir}: no readable replay checkpoint ({'; '.join(skipped) or 'none'}).")
-    config = make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config"))
-    return checkpoint, config.n_step
+    return checkpoint, items_n_step(run, spec)
 
 
 def _evaluate(q, env_id: str, episodes: int, seed: int) -> list[float]:
@@ -250,7 +268,7 @@ class ImportSettings:
         epsilon: (first, last) ε of the generating teacher's ε-greedy actions, linear over the steps.
         n_step: the items' n (None: the student algorithm's default for the env, or the run directory's own); a
             student reads them with the same n_step.
-        seed: env seeds of the generating envs start here, of the evaluation one above.
+        seed: env seeds of the generating envs start here, of the evaluation `GENERATE_ENVS` above.
         eval_episodes: episodes of the teacher's evaluation (summary.json; 0: none).
     """
 
@@ -270,6 +288,7 @@ def import_teacher(model: str, env_id: str, out: str, settings: ImportSettings, 
     Raises:
         TeacherError: a bad model, data or combination of them (nothing is written then).
         rlfleet.envs.core.EnvError: an unknown env id.
+        EvaluationInterrupted: `rlfleet.algorithms.library.evaluation.STOP` was set (nothing is left).
     """
     from rlfleet.algorithms.settings import make_algo_config
 
@@ -294,8 +313,10 @@ def import_teacher(model: str, env_id: str, out: str, settings: ImportSettings, 
     try:
         fmt = _copy_model(q, staging)
         data = source(q, os.path.join(staging, REPLAY_SUBDIR))
-        returns = _evaluate(q, env_id, settings.eval_episodes, settings.seed + 1) if settings.eval_episodes else []
+        first = settings.seed + GENERATE_ENVS  # past the generating envs' seeds
+        returns = _evaluate(q, env_id, settings.eval_episodes, first) if settings.eval_episodes else []
         record = dict(
+            kind="teacher",  # not a run (rlfleet.learner.run_dir.TEACHER_KIND): eval, export and resume refuse it
             algo=IMPORTED,
             env_id=env_id,
             model=dict(format=fmt, file=ONNX_FILE if fmt == "onnx" else SAVEDMODEL_DIR, source=os.path.abspath(model)),

@@ -10,9 +10,9 @@ QDagger scripts fill the teacher's replay when none is kept; the paper's Fig. A.
 way the data is written as DQN's replay items (`rlfleet.algorithms.dqn.items`, by the actors' own writer) into
 a Reverb checkpoint in the folder, so the rest of rlfleet serves and reads it as any teacher's replay.
 
-A teacher folder made here holds `run.json` (algo `imported`, env id, the model's format and file, where the
-model and data came from, the items' n_step), the model (`model.onnx` or the SavedModel folder `model`),
-`replay/` and `summary.json` (the teacher's evaluation return).
+A teacher folder made here holds `run.json` (kind `teacher`, algo `imported`, env id, the model's format and file,
+where the model and data came from, the items' n_step), the model (`model.onnx` or the SavedModel folder
+`model`), `replay/` and `summary.json` (the teacher's evaluation return).
 """
 
 from __future__ import annotations

@@ -113,6 +113,31 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     return run
 
 
+def items_n_step(run: dict, spec: EnvSpec) -> int:
+    """The n of the n-step items in the replay of the teacher whose run.json is `run`."""
+    if run.get("algo") == IMPORTED:
+        return int(run.get("config", {}).get("n_step", 0))
+    from rlfleet.algorithms.settings import make_algo_config
+
+    return make_algo_config(run["algo"], run.get("preset", "default"), spec.env_id, run.get("config")).n_step
+
+
+def check_items(directory: str, run: dict, spec: EnvSpec, config) -> None:
+    """Refuses a student (settings `config`) whose n_step differs from the n of its teacher's replay items, which
+    it reads as they are.
+
+    Raises:
+        TeacherError: with both values and the two ways to make them agree.
+    """
+    n = items_n_step(run, spec)
+    if config.n_step != n:
+        raise TeacherError(
+            f"--teacher {directory}: its replay items hold {n}-step returns, and the student's n_step is "
+            f"{config.n_step}; give the student --set n_step={n} (or, for a teacher of `rlfleet import-teacher`, "
+            f"import it again with --n-step {config.n_step})."
+        )
+
+
 def check_guide(directory: str, run: dict) -> None:
     """Refuses a teacher that cannot guide the actors' episodes (JSRL): one imported from a model file, which the
     actors cannot run (`run`: its run.json).
