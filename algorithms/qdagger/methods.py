@@ -111,7 +111,7 @@ class JSRL(_HeldRate):
     """Jump-start RL (module doc): the teacher rolls in on the actors, the student learns by DQN from all of it."""
 
     name = "jsrl"
-    summary = "the teacher acts the first steps of each episode, fewer after each evaluation (no distillation)"
+    summary = "the teacher acts the first steps of each episode, fewer as training goes on (no distillation)"
     changes = {"distillation_base": 0.0, "offline_steps": 0, "epsilon_start": 1.0, "guide_roll_in_steps": 100}
     status_values = {
         **QDagger.status_values,
