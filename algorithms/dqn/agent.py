@@ -17,7 +17,7 @@ from rlfleet.algorithms.dqn import losses
 from rlfleet.algorithms.dqn.config import DQNConfig
 from rlfleet.algorithms.dqn.items import TABLE, batches, dqn_signature, envs_per_item, table_envs
 from rlfleet.algorithms.dqn.networks import export_q, make_q_network, network_kind
-from rlfleet.algorithms.dqn.policy import epsilon_greedy
+from rlfleet.algorithms.dqn.policy import epsilon_greedy, epsilon_greedy_q, q_values
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.envs.core import EnvSpec
 
@@ -32,8 +32,21 @@ def evaluate_dqn(
     Raises:
         EvaluationInterrupted: the learner is stopping (`rlfleet.algorithms.library.evaluation.STOP`).
     """
-    policy = dqn_policy(arrays, epsilon, seed)
-    return run_batched_episodes(env_id, episodes, seed, policy, progress=progress).returns
+    return evaluate_q(lambda obs: q_values(arrays, obs), env_id, episodes, seed, epsilon, progress)
+
+
+def evaluate_q(
+    q, env_id: str, episodes: int, seed: int, epsilon: float = 0.001, progress: str | None = None
+) -> list[float]:
+    """`evaluate_dqn` for any Q-function `q`: numpy observations [B, ...] -> Q-values [B, actions] (a teacher's
+    model file too); ε-greedy draws seeded by `seed`.
+
+    Raises:
+        EvaluationInterrupted: the learner is stopping (`rlfleet.algorithms.library.evaluation.STOP`).
+    """
+    rng = np.random.default_rng(seed)
+    act = lambda obs: epsilon_greedy_q(q(obs), rng, epsilon)  # noqa: E731
+    return run_batched_episodes(env_id, episodes, seed, act, progress=progress).returns
 
 
 def passed_multiple(steps: int, k: int, period: int) -> bool:

@@ -32,10 +32,9 @@ import tensorflow as tf
 
 from rlfleet.algorithms.base import StepResult
 from rlfleet.algorithms.dqn import losses
-from rlfleet.algorithms.dqn.agent import DQNAgent, passed_multiple
+from rlfleet.algorithms.dqn.agent import DQNAgent, evaluate_q, passed_multiple
 from rlfleet.algorithms.dqn.items import GUIDE_PREFIX, batches
 from rlfleet.algorithms.dqn.networks import export_q
-from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
 from rlfleet.algorithms.library.evaluation import run_batched_episodes
 from rlfleet.algorithms.qdagger.config import QDaggerConfig
 from rlfleet.algorithms.qdagger.outside import IMPORTED, ModelQ
@@ -145,15 +144,10 @@ class QDaggerAgent(DQNAgent):
         c = self.config
         episodes = c.teacher_eval_episodes or c.eval_episodes
         seeds = (TEACHER_EVAL_SEED, RANDOM_EVAL_SEED) if c.teacher_eval_episodes else STUDENT_LIKE_EVAL_SEEDS
-        greedy = np.random.default_rng(seeds[0])
-        teacher = lambda obs: epsilon_greedy_q(self.teacher.numpy_q(obs), greedy, c.epsilon_eval)  # noqa: E731
-        self.teacher_return = float(
-            np.mean(
-                run_batched_episodes(
-                    self.spec.env_id, episodes, seeds[0], teacher, progress="teacher evaluation"
-                ).returns
-            )
+        returns = evaluate_q(
+            self.teacher.numpy_q, self.spec.env_id, episodes, seeds[0], c.epsilon_eval, "teacher evaluation"
         )
+        self.teacher_return = float(np.mean(returns))
         rng = np.random.default_rng(1)
         self.random_return = float(
             np.mean(
@@ -382,9 +376,10 @@ def guide_bound(first: int, decay: float, period: int, online_steps: int) -> int
     decay_roll_in_steps)` once per iteration). 0 stays 0; `period` 0 never decays."""
     h = first
     for _ in range(online_steps // period if period else 0):
-        if h == 0:
+        shrunk = int(h * decay)
+        if shrunk == h:  # 0, or a decay of 1: no more change (at most `first` turns of the loop)
             break
-        h = int(h * decay)
+        h = shrunk
     return h
 
 

@@ -16,6 +16,7 @@ import types
 import numpy as np
 
 from rlfleet.actors.adders import Act, Step, WindowAdder
+from rlfleet.algorithms.dqn.agent import evaluate_q
 from rlfleet.algorithms.dqn.items import TABLE, dqn_signature, envs_per_item
 from rlfleet.algorithms.dqn.policy import epsilon_greedy_q
 from rlfleet.algorithms.library.evaluation import STOP, EvaluationInterrupted
@@ -28,7 +29,7 @@ from rlfleet.algorithms.qdagger.outside import (
     SAVEDMODEL_DIR,
     load_model,
 )
-from rlfleet.algorithms.qdagger.teacher import items_n_step, teacher_algos
+from rlfleet.algorithms.qdagger.teacher import items_n_step, read_run_record, teacher_algos
 from rlfleet.common.files import atomic_write, fsync_path
 from rlfleet.common.logs import logger
 from rlfleet.common.progress_line import ProgressLine
@@ -214,17 +215,7 @@ def run_replay(run_dir: str, spec) -> tuple[str, int]:
         TeacherError: not a run of a DQN-style algorithm on the same env, or no readable replay checkpoint.
     """
 
-    if not os.path.isdir(run_dir):
-        raise TeacherError(f"--data {run_dir}: no such directory; give an rlfleet run directory, or minari:ID.")
-    path = os.path.join(run_dir, "run.json")
-    if not os.path.isfile(path):
-        raise TeacherError(f"--data {run_dir}: no run.json; give an rlfleet run directory, or minari:DATASET_ID.")
-    try:
-        with open(path) as f:
-            run = json.load(f)
-    except (OSError, ValueError) as e:
-        raise TeacherError(f"--data {run_dir}: its run.json cannot be read ({e}); give an intact run.") from None
-    run = run if isinstance(run, dict) else {}
+    run = read_run_record(run_dir, "--data", "give an rlfleet run directory, or minari:DATASET_ID")
     teachers = [*teacher_algos(), IMPORTED]
     if run.get("env_id") != spec.env_id:
         raise TeacherError(f"--data {run_dir}: a run on {run.get('env_id')}; give a run on {spec.env_id}.")
@@ -237,14 +228,6 @@ def run_replay(run_dir: str, spec) -> tuple[str, int]:
     if checkpoint is None:
         raise TeacherError(f"--data {run_dir}: no readable replay checkpoint ({'; '.join(skipped) or 'none'}).")
     return checkpoint, items_n_step(run, spec)
-
-
-def _evaluate(q, env_id: str, episodes: int, seed: int) -> list[float]:
-    from rlfleet.algorithms.library.evaluation import run_batched_episodes
-
-    rng = np.random.default_rng(seed)
-    act = lambda obs: epsilon_greedy_q(q.numpy(obs), rng, EVAL_EPSILON)  # noqa: E731
-    return run_batched_episodes(env_id, episodes, seed, act, progress="teacher evaluation").returns
 
 
 def _staging(out: str) -> str:
@@ -313,8 +296,8 @@ def import_teacher(model: str, env_id: str, out: str, settings: ImportSettings, 
     try:
         fmt = _copy_model(q, staging)
         data = source(q, os.path.join(staging, REPLAY_SUBDIR))
-        first = settings.seed + GENERATE_ENVS  # past the generating envs' seeds
-        returns = _evaluate(q, env_id, settings.eval_episodes, first) if settings.eval_episodes else []
+        first, episodes = settings.seed + GENERATE_ENVS, settings.eval_episodes  # past the generating envs' seeds
+        returns = evaluate_q(q.numpy, env_id, episodes, first, EVAL_EPSILON, "teacher evaluation") if episodes else []
         record = dict(
             kind="teacher",  # not a run (rlfleet.learner.run_dir.TEACHER_KIND): eval, export and resume refuse it
             algo=IMPORTED,

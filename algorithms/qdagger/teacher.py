@@ -62,6 +62,28 @@ class Teacher:
             self.numpy_q = lambda obs: q_values(arrays, obs)
 
 
+def read_run_record(directory: str, option: str, hint: str) -> dict:
+    """The run.json of the folder `directory` that the command-line option `option` named.
+
+    Raises:
+        TeacherError: no such folder, no run.json, or one that does not read as a run's record (each message
+            names `option` and ends with `hint`, what to give instead).
+    """
+    if not os.path.isdir(directory):
+        raise TeacherError(f"{option} {directory}: no such directory; {hint}.")
+    run_path = os.path.join(directory, "run.json")
+    if not os.path.exists(run_path):
+        raise TeacherError(f"{option} {directory}: no run.json, so this is not an rlfleet run directory; {hint}.")
+    try:
+        with open(run_path) as f:
+            run = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TeacherError(f"{option} {directory}: its run.json cannot be read ({e}); {hint}.") from None
+    if not isinstance(run, dict):
+        raise TeacherError(f"{option} {directory}: its run.json is not a run's record; {hint}.")
+    return run
+
+
 def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
     """Checks that `directory` is a teacher for `spec` without loading its network; returns its run.json.
 
@@ -73,18 +95,7 @@ def check_teacher_dir(directory: str, spec: EnvSpec) -> dict:
         "pass the --logdir of a finished `rlfleet up --algo dqn` run on the same env, or a folder of "
         "`rlfleet import-teacher` (a Q-network trained elsewhere)"
     )
-    if not os.path.isdir(directory):
-        raise TeacherError(f"--teacher {directory}: no such directory; {hint}.")
-    run_path = os.path.join(directory, "run.json")
-    if not os.path.exists(run_path):
-        raise TeacherError(f"--teacher {directory}: no run.json, so this is not an rlfleet run directory; {hint}.")
-    try:
-        with open(run_path) as f:
-            run = json.load(f)
-    except (OSError, ValueError) as e:
-        raise TeacherError(f"--teacher {directory}: its run.json cannot be read ({e}); {hint}.") from None
-    if not isinstance(run, dict):
-        raise TeacherError(f"--teacher {directory}: its run.json is not a run's record; {hint}.")
+    run = read_run_record(directory, "--teacher", hint)
     teachers = teacher_algos()
     if run.get("algo") not in [*teachers, IMPORTED]:
         raise TeacherError(
